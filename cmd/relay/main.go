@@ -1,0 +1,46 @@
+// Command relay is Relay's command line: apply migrations, run the demo, and
+// (as later parts land) run workers, serve the admin API, prove and bench.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+const usage = `relay — a job queue and workflow engine on PostgreSQL
+
+Usage:
+  relay migrate [--database-url URL]   apply pending migrations
+  relay demo    [--database-url URL]   run the demo (a throwaway PostgreSQL when no URL)
+
+The database URL defaults to $DATABASE_URL.
+`
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var err error
+	switch os.Args[1] {
+	case "migrate":
+		err = runMigrate(ctx, os.Args[2:])
+	case "demo":
+		err = runDemo(ctx, os.Args[2:])
+	case "help", "-h", "--help":
+		fmt.Print(usage)
+		return
+	default:
+		fmt.Fprintf(os.Stderr, "relay: unknown command %q\n\n%s", os.Args[1], usage)
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "relay:", err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,102 @@
+package core
+
+import (
+	"context"
+	"encoding/json"
+
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// Cancel cancels a queued or running job. A running job's lease ends at once,
+// so its worker can record nothing more; the worker is told to stop through a
+// notification (delivered when db's transaction commits) and, failing that,
+// at its next heartbeat. Cancelling a job in any other state is
+// ErrIllegalTransition; an unknown id is ErrNotFound.
+func Cancel(ctx context.Context, db DB, id int64) error {
+	ex, err := execerFor(db)
+	if err != nil {
+		return err
+	}
+	if err := transition(ctx, ex, sqlCancel, id, StateCancelled, func(scanner) error { return nil }); err != nil {
+		return fmt.Errorf("core: cancel job %d: %w", id, err)
+	}
+	if _, err := ex.exec(ctx, sqlNotifyCancel, strconv.FormatInt(id, 10)); err != nil {
+		return fmt.Errorf("core: cancel job %d: notify workers: %w", id, err)
+	}
+	return nil
+}
+
+// Requeue puts a dead or cancelled job back in its queue, runnable now, with
+// its attempts reset. Its history is kept. Requeueing a job in any other state
+// is ErrIllegalTransition; an unknown id is ErrNotFound.
+func Requeue(ctx context.Context, db DB, id int64) error {
+	ex, err := execerFor(db)
+	if err != nil {
+		return err
+	}
+	var queue string
+	if err := transition(ctx, ex, sqlRequeue, id, StateQueued, func(r scanner) error { return r.Scan(&queue) }); err != nil {
+		return fmt.Errorf("core: requeue job %d: %w", id, err)
+	}
+	if _, err := ex.exec(ctx, sqlNotifyQueue, queue); err != nil {
+		return fmt.Errorf("core: requeue job %d: notify workers: %w", id, err)
+	}
+	return nil
+}
+
+// transition runs a state-changing statement for one job and, when it
+// changed nothing, says why: no such job, or a state it may not leave for
+// `to`.
+func transition(ctx context.Context, ex execer, sql string, id int64, to JobState, scan func(scanner) error) error {
+	changed := false
+	err := ex.query(ctx, sql, []any{id}, func(r scanner) error { changed = true; return scan(r) })
+	if err != nil {
+		return err
+	}
+	if changed {
+		return nil
+	}
+	var state string
+	found := false
+	if err := ex.query(ctx, sqlJobState, []any{id}, func(r scanner) error { found = true; return r.Scan(&state) }); err != nil {
+		return err
+	}
+	if !found {
+		return ErrNotFound
+	}
+	return fmt.Errorf("%w: %s → %s", ErrIllegalTransition, state, to)
+}
+
+// JobGet reads one job; ErrNotFound if there is none with that id.
+func JobGet(ctx context.Context, db DB, id int64) (*JobRow, error) {
+	ex, err := execerFor(db)
+	if err != nil {
+		return nil, err
+	}
+	var j *JobRow
+	err = ex.query(ctx, sqlGetJob, []any{id}, func(r scanner) error {
+		j = &JobRow{}
+		var state, args, meta, hist string
+		var prio int
+		var attemptedAt *time.Time
+		if err := r.Scan(&j.ID, &j.Kind, &j.Queue, &state, &prio, &j.Attempt, &j.MaxAttempts, &j.RunAt, &j.CreatedAt,
+			&attemptedAt, &j.AttemptedBy, &j.FinalizedAt, &j.LastError, &args, &meta, &hist); err != nil {
+			return err
+		}
+		j.State, j.Priority = JobState(state), prio
+		if attemptedAt != nil {
+			j.AttemptedAt = *attemptedAt
+		}
+		j.EncodedArgs, j.Metadata = json.RawMessage(args), json.RawMessage(meta)
+		return json.Unmarshal([]byte(hist), &j.History)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("core: get job %d: %w", id, err)
+	}
+	if j == nil {
+		return nil, fmt.Errorf("core: get job %d: %w", id, ErrNotFound)
+	}
+	return j, nil
+}

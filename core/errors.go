@@ -1,0 +1,80 @@
+package core
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+var (
+	// ErrNotFound: no job has that id.
+	ErrNotFound = errors.New("core: job not found")
+	// ErrIllegalTransition: the state machine does not allow the change
+	// asked for from the job's current state.
+	ErrIllegalTransition = errors.New("core: illegal job state transition")
+	// ErrLeaseLost: the attempt's lease token no longer matches, because
+	// the lease expired and the job was rescued, or the job was cancelled. The
+	// write was not made.
+	ErrLeaseLost = errors.New("core: lease lost")
+	// ErrUnknownKind: no worker is registered for the job's kind in this
+	// process. The job is retried (another deployment may know the kind) and
+	// ends dead when its attempts run out.
+	ErrUnknownKind = errors.New("core: no worker registered for job kind")
+	// ErrJobCancelled is the cause of a handler's context cancellation when
+	// its job was cancelled (see Cancel) while running.
+	ErrJobCancelled = errors.New("core: job cancelled")
+	// ErrShutdown is the cause of a handler's context cancellation when the
+	// client stops before the handler finished.
+	ErrShutdown = errors.New("core: client stopped")
+	// ErrUnsupportedDB: a DB argument of a type Relay cannot run SQL through.
+	ErrUnsupportedDB = errors.New("core: unsupported database handle")
+)
+
+// ValidationError reports enqueue input refused before anything was written.
+type ValidationError struct {
+	Field  string
+	Reason string
+}
+
+func (e *ValidationError) Error() string {
+	return fmt.Sprintf("core: invalid %s: %s", e.Field, e.Reason)
+}
+
+// permanentError marks a handler error that must not be retried.
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return "permanent: " + e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+// Permanent wraps err so the job fails without further attempts and ends
+// dead, whatever attempts remain.
+func Permanent(err error) error {
+	if err == nil {
+		err = errors.New("failed permanently")
+	}
+	return &permanentError{err: err}
+}
+
+// retryInError asks for the next attempt after a chosen delay.
+type retryInError struct {
+	delay time.Duration
+	err   error
+}
+
+func (e *retryInError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("retry in %s", e.delay)
+	}
+	return fmt.Sprintf("retry in %s: %s", e.delay, e.err)
+}
+func (e *retryInError) Unwrap() error { return e.err }
+
+// RetryIn fails this attempt and schedules the next one after delay instead
+// of the retry policy's backoff. It still counts as an attempt: when none
+// remain the job ends dead. err (may be nil) is recorded as the reason.
+func RetryIn(delay time.Duration, err error) error {
+	if delay < 0 {
+		delay = 0
+	}
+	return &retryInError{delay: delay, err: err}
+}

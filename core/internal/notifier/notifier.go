@@ -1,0 +1,81 @@
+// Package notifier holds one LISTEN connection for a client and hands every
+// notification to a callback. It reconnects by itself after the connection
+// drops, and reports each (re)connection so the caller can look for work it
+// may have missed while deaf.
+package notifier
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Config describes what to listen to and where to report.
+type Config struct {
+	Pool     *pgxpool.Pool // its connection settings are used; no pool slot is held
+	Channels []string
+	// OnNotify is called for every notification, on the listener goroutine:
+	// it must not block.
+	OnNotify func(channel, payload string)
+	// OnConnect is called after every successful LISTEN, the first included.
+	OnConnect func()
+	Logger    *slog.Logger
+	// AppName is the connection's application_name (visible in
+	// pg_stat_activity).
+	AppName string
+}
+
+// Run listens until ctx is done. It returns only then.
+func Run(ctx context.Context, cfg Config) {
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		err := listen(ctx, cfg)
+		if ctx.Err() != nil {
+			return
+		}
+		cfg.Logger.Warn("relay: listener connection lost; reconnecting", "error", err, "retry_in", backoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+// listen connects, LISTENs and delivers notifications until an error.
+func listen(ctx context.Context, cfg Config) error {
+	cc := cfg.Pool.Config().ConnConfig.Copy()
+	if cfg.AppName != "" {
+		cc.RuntimeParams["application_name"] = cfg.AppName
+	}
+	connectCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	conn, err := pgx.ConnectConfig(connectCtx, cc)
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	for _, ch := range cfg.Channels {
+		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
+			return err
+		}
+	}
+	if cfg.OnConnect != nil {
+		cfg.OnConnect()
+	}
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		cfg.OnNotify(n.Channel, n.Payload)
+	}
+}

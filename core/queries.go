@@ -1,0 +1,184 @@
+package core
+
+// All of the core's SQL, in one place. Every UPDATE of state names the state
+// it moves from in its WHERE clause, so it can only make a transition of the
+// state machine (and the table's trigger refuses any other). Every write about
+// a running attempt names the attempt's lease token: that is the fence that
+// keeps a late worker from recording anything once its lease has gone.
+
+// sqlEnqueue inserts a batch of jobs given as one JSON array ($1, text). One
+// statement writes one job or ten thousand, on any driver, since its only
+// parameter is a string. ORDER BY ord keeps RETURNING in the order given.
+// A job's run_at is absolute when given, else database now() plus its delay.
+const sqlEnqueue = `
+INSERT INTO relay_jobs (kind, queue, args, priority, max_attempts, run_at, metadata)
+SELECT j.kind, j.queue, j.args, j.priority, j.max_attempts,
+       coalesce(j.run_at, now() + j.delay_us * interval '1 microsecond'),
+       j.metadata
+FROM ROWS FROM (jsonb_to_recordset($1::jsonb) AS (
+         kind text, queue text, args jsonb, priority smallint, max_attempts integer,
+         run_at timestamptz, delay_us bigint, metadata jsonb))
+     WITH ORDINALITY AS j(kind, queue, args, priority, max_attempts, run_at, delay_us, metadata, ord)
+ORDER BY j.ord
+RETURNING id`
+
+// sqlClaim leases up to $2 runnable jobs of queue $1 to worker $4 for $3
+// milliseconds, in one statement:
+//
+//   - The CTE walks relay_jobs_claim_idx (queue, priority, run_at, id) over
+//     queued rows only, so finished rows cost nothing, and stops at $2 rows.
+//   - FOR UPDATE SKIP LOCKED locks the rows it picks and steps over rows
+//     another worker's claim has locked: claimers never wait on each other,
+//     and no row is picked twice.
+//   - The UPDATE moves them to claimed, counts the attempt now (so a job that
+//     kills its worker still burns attempts), and installs a fresh lease token
+//     and an expiry computed from the database's clock.
+const sqlClaim = `
+WITH picked AS (
+    SELECT id
+    FROM relay_jobs
+    WHERE state = 'queued' AND queue = $1 AND run_at <= now()
+    ORDER BY priority, run_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE relay_jobs AS j
+SET state            = 'claimed',
+    attempt          = j.attempt + 1,
+    attempted_at     = now(),
+    attempted_by     = $4,
+    lease_token      = gen_random_uuid(),
+    lease_expires_at = now() + $3 * interval '1 millisecond'
+FROM picked
+WHERE j.id = picked.id
+RETURNING j.id, j.kind, j.queue, j.priority, j.attempt, j.max_attempts, j.run_at,
+          j.created_at, j.attempted_at, j.args, j.metadata, j.lease_token`
+
+// sqlCompleteMany records the success of a batch of attempts, each fenced by
+// its token. RETURNING names those recorded; the others had lost their lease.
+const sqlCompleteMany = `
+UPDATE relay_jobs AS j
+SET state = 'succeeded', finalized_at = now(), lease_token = NULL, lease_expires_at = NULL
+FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token)
+WHERE j.id = c.id AND j.lease_token = c.token AND j.state = 'claimed'
+RETURNING j.id`
+
+// sqlCompleteOne is sqlCompleteMany for one attempt, in a caller's
+// transaction on any driver (the token travels as text).
+const sqlCompleteOne = `
+UPDATE relay_jobs
+SET state = 'succeeded', finalized_at = now(), lease_token = NULL, lease_expires_at = NULL
+WHERE id = $1 AND lease_token = $2::uuid AND state = 'claimed'`
+
+// sqlFail records a failed attempt ($1 id, $2 token): back to queued after $4
+// microseconds, or dead ($3 names which), with error $5.
+const sqlFail = `
+UPDATE relay_jobs
+SET state            = $3::text,
+    run_at           = CASE WHEN $3::text = 'queued' THEN now() + $4 * interval '1 microsecond' ELSE run_at END,
+    finalized_at     = CASE WHEN $3::text = 'dead' THEN now() END,
+    lease_token      = NULL,
+    lease_expires_at = NULL,
+    last_error       = $5::text,
+    history          = history || jsonb_build_array(jsonb_build_object(
+        'attempt', attempt, 'started_at', attempted_at, 'finished_at', now(),
+        'error', $5::text, 'worker', attempted_by))
+WHERE id = $1 AND lease_token = $2 AND state = 'claimed'`
+
+// sqlRelease returns attempts interrupted by a client's shutdown to the
+// queue at once. The attempt is not counted: a deploy must not burn attempts.
+const sqlRelease = `
+UPDATE relay_jobs AS j
+SET state            = 'queued',
+    attempt          = j.attempt - 1,
+    lease_token      = NULL,
+    lease_expires_at = NULL,
+    history          = j.history || jsonb_build_array(jsonb_build_object(
+        'attempt', j.attempt, 'started_at', j.attempted_at, 'finished_at', now(),
+        'error', 'interrupted: worker shut down; attempt not counted', 'worker', j.attempted_by))
+FROM unnest($1::bigint[], $2::uuid[]) AS r(id, token)
+WHERE j.id = r.id AND j.lease_token = r.token AND j.state = 'claimed'
+RETURNING j.id`
+
+// sqlHeartbeat renews the leases of a batch of running attempts by $3
+// milliseconds from the database's now(). A job missing from RETURNING has
+// lost its lease (rescued or cancelled): its handler must stop.
+const sqlHeartbeat = `
+UPDATE relay_jobs AS j
+SET lease_expires_at = now() + $3 * interval '1 millisecond'
+FROM unnest($1::bigint[], $2::uuid[]) AS h(id, token)
+WHERE j.id = h.id AND j.lease_token = h.token AND j.state = 'claimed'
+RETURNING j.id`
+
+// sqlRescue ends up to $1 expired leases: back to queued, or dead when the
+// job has used all its attempts (a job that keeps killing its workers ends
+// here rather than crash-looping). SKIP LOCKED lets any number of processes
+// rescue at once; a lease renewed meanwhile is re-checked under the row lock.
+const sqlRescue = `
+WITH expired AS (
+    SELECT id
+    FROM relay_jobs
+    WHERE state = 'claimed' AND lease_expires_at < now()
+    ORDER BY lease_expires_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE relay_jobs AS j
+SET state            = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'queued' END,
+    finalized_at     = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
+    lease_token      = NULL,
+    lease_expires_at = NULL,
+    last_error       = 'lease expired: worker ' || coalesce(j.attempted_by, '?') || ' stopped renewing it',
+    history          = j.history || jsonb_build_array(jsonb_build_object(
+        'attempt', j.attempt, 'started_at', j.attempted_at, 'finished_at', now(),
+        'error', 'lease expired', 'worker', j.attempted_by))
+FROM expired
+WHERE j.id = expired.id
+RETURNING j.id, j.kind, j.state`
+
+// sqlCleanup deletes up to $3 jobs in final state $1 finalized more than $2
+// microseconds ago.
+const sqlCleanup = `
+DELETE FROM relay_jobs
+WHERE id IN (
+    SELECT id
+    FROM relay_jobs
+    WHERE state = $1 AND finalized_at < now() - $2 * interval '1 microsecond'
+    ORDER BY finalized_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+)`
+
+// sqlCancel cancels job $1 if it is queued or running. A running job's lease
+// ends with it, which fences out its worker.
+const sqlCancel = `
+UPDATE relay_jobs
+SET state = 'cancelled', finalized_at = now(), lease_token = NULL, lease_expires_at = NULL
+WHERE id = $1 AND state IN ('queued', 'claimed')
+RETURNING id`
+
+// sqlNotifyCancel tells running workers (of any process) to stop job $1 now
+// rather than at their next heartbeat. Delivered at commit.
+const sqlNotifyCancel = `SELECT pg_notify('relay_control', 'cancel:' || $1::text)`
+
+// sqlRequeue puts a dead or cancelled job $1 back in its queue, runnable now,
+// with a fresh set of attempts. Its history is kept.
+const sqlRequeue = `
+UPDATE relay_jobs
+SET state = 'queued', attempt = 0, run_at = now(), finalized_at = NULL
+WHERE id = $1 AND state IN ('dead', 'cancelled')
+RETURNING queue`
+
+// sqlNotifyQueue wakes the workers of queue $1.
+const sqlNotifyQueue = `SELECT pg_notify('relay_jobs', $1::text)`
+
+// sqlJobState reads one job's state (to explain a refused transition).
+const sqlJobState = `SELECT state FROM relay_jobs WHERE id = $1`
+
+// sqlGetJob reads one job.
+const sqlGetJob = `
+SELECT id, kind, queue, state, priority, attempt, max_attempts, run_at, created_at,
+       attempted_at, coalesce(attempted_by, ''), finalized_at, coalesce(last_error, ''),
+       args::text, metadata::text, history::text
+FROM relay_jobs
+WHERE id = $1`

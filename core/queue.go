@@ -1,0 +1,256 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+)
+
+// queue claims and runs the jobs of one named queue for a client.
+type queue struct {
+	client *Client
+	name   string
+	max    int
+	active atomic.Int64
+	// more is set when the last claim filled its limit: the queue probably
+	// holds more runnable jobs, so a freed slot should fetch at once.
+	more atomic.Bool
+	wake chan struct{}
+}
+
+func (q *queue) notify() {
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run is the queue's fetch loop: wait for a reason to look (a notification, a
+// freed slot while more work is likely, or the poll tick), then claim as many
+// jobs as there are free slots, in batches of at most FetchLimit.
+func (q *queue) run(ctx, workCtx context.Context) {
+	c := q.client
+	poll := time.NewTicker(c.cfg.PollInterval)
+	defer poll.Stop()
+	failures := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-q.wake:
+		case <-poll.C:
+		}
+		for ctx.Err() == nil {
+			free := q.max - int(q.active.Load())
+			if free <= 0 {
+				break
+			}
+			limit := min(free, c.cfg.FetchLimit)
+			rows, err := q.claim(ctx, limit)
+			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				failures++
+				wait := min(time.Duration(failures)*100*time.Millisecond, 5*time.Second)
+				c.logger.Warn("relay: claim failed", "queue", q.name, "error", err, "retry_in", wait)
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(wait):
+				}
+				continue
+			}
+			failures = 0
+			q.more.Store(len(rows) == limit)
+			for _, row := range rows {
+				q.active.Add(1)
+				c.jobs.Add(1)
+				go q.execute(workCtx, row)
+			}
+			if len(rows) < limit {
+				break
+			}
+		}
+	}
+}
+
+func (q *queue) claim(ctx context.Context, limit int) ([]*JobRow, error) {
+	c := q.client
+	rows, err := c.pool.Query(ctx, sqlClaim, q.name, limit, c.cfg.LeaseDuration.Milliseconds(), c.cfg.ID)
+	if err != nil {
+		return nil, fmt.Errorf("claim: %w", err)
+	}
+	defer rows.Close()
+	var out []*JobRow
+	for rows.Next() {
+		r := &JobRow{State: StateClaimed, AttemptedBy: c.cfg.ID}
+		var token uuid.UUID
+		var prio int16
+		if err := rows.Scan(&r.ID, &r.Kind, &r.Queue, &prio, &r.Attempt, &r.MaxAttempts, &r.RunAt,
+			&r.CreatedAt, &r.AttemptedAt, &r.EncodedArgs, &r.Metadata, &token); err != nil {
+			return nil, fmt.Errorf("claim: scan: %w", err)
+		}
+		r.Priority = int(prio)
+		r.LeaseToken = token
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("claim: %w", err)
+	}
+	c.stats.claimed.Add(int64(len(out)))
+	return out, nil
+}
+
+// execute runs one claimed job and records its outcome.
+func (q *queue) execute(workCtx context.Context, row *JobRow) {
+	c := q.client
+	defer func() {
+		q.active.Add(-1)
+		c.jobs.Done()
+		if q.more.Load() {
+			q.notify()
+		}
+	}()
+	ctx, cancel := context.WithCancelCause(workCtx)
+	defer cancel(nil)
+	c.inflight.Store(row.ID, &running{row: row, cancel: cancel})
+
+	reg := c.workers[row.Kind]
+	var err error
+	if reg == nil {
+		err = fmt.Errorf("%w %q in this process (registered: %v)", ErrUnknownKind, row.Kind, c.cfg.Workers.Kinds())
+	} else {
+		err = runHandler(ctx, reg, row)
+	}
+	c.inflight.Delete(row.ID)
+	cause := context.Cause(ctx)
+	log := c.logger.With("job_id", row.ID, "kind", row.Kind, "queue", row.Queue, "attempt", row.Attempt)
+
+	switch {
+	case err == nil && row.completedInTx:
+		c.stats.succeeded.Add(1)
+	case err == nil:
+		c.completer.add(row)
+	case errors.Is(cause, ErrLeaseLost):
+		log.Warn("relay: job lost its lease while running; its result is not recorded", "error", err)
+	case errors.Is(cause, ErrJobCancelled):
+		log.Info("relay: running job was cancelled", "error", err)
+	case errors.Is(cause, ErrShutdown):
+		c.release([]*JobRow{row})
+	default:
+		if ctx.Err() != nil && cause != nil && !errors.Is(err, cause) {
+			err = fmt.Errorf("%w (%v)", err, cause)
+		}
+		c.fail(log, reg, row, err)
+	}
+}
+
+// runHandler calls the worker with the job's timeout, turning a panic into
+// an error that carries its stack.
+func runHandler(ctx context.Context, reg *registration, row *JobRow) (err error) {
+	if reg.timeout != nil {
+		if d := reg.timeout(row); d > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeoutCause(ctx, d, fmt.Errorf("core: job timed out after %s", d))
+			defer cancel()
+		}
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("core: worker panicked: %v\n%s", r, debug.Stack())
+		}
+	}()
+	return reg.work(ctx, row)
+}
+
+// fail records a failed attempt: retry after a delay, or dead.
+func (c *Client) fail(log interface {
+	Warn(string, ...any)
+	Error(string, ...any)
+}, reg *registration, row *JobRow, err error) {
+	state, delay := StateQueued, time.Duration(0)
+	var perm *permanentError
+	var rin *retryInError
+	switch {
+	case errors.As(err, &perm), row.Attempt >= row.MaxAttempts:
+		state = StateDead
+	case errors.As(err, &rin):
+		delay = rin.delay
+	case reg != nil && reg.retry != nil:
+		delay = reg.retry.RetryDelay(row.Attempt, err)
+	default:
+		delay = c.cfg.RetryPolicy.RetryDelay(row.Attempt, err)
+	}
+	msg := truncate(err.Error(), 8<<10)
+	ctx, cancel := dbCtx()
+	defer cancel()
+	n, dbErr := pgxExecer{c.pool}.exec(ctx, sqlFail, row.ID, row.LeaseToken, string(state), delay.Microseconds(), msg)
+	switch {
+	case dbErr != nil:
+		log.Error("relay: could not record failed attempt; the lease will expire and the job will be rescued", "error", dbErr, "job_error", msg)
+	case n == 0:
+		c.stats.leaseLost.Add(1)
+		log.Warn("relay: failure not recorded: lease lost", "job_error", msg)
+	case state == StateDead:
+		c.stats.dead.Add(1)
+		log.Warn("relay: job failed and is dead", "error", msg)
+	default:
+		c.stats.retried.Add(1)
+		log.Warn("relay: job failed; will retry", "error", msg, "retry_in", delay)
+	}
+}
+
+// release returns interrupted attempts to the queue.
+func (c *Client) release(rows []*JobRow) {
+	if len(rows) == 0 {
+		return
+	}
+	ids, tokens := idsAndTokens(rows)
+	ctx, cancel := dbCtx()
+	defer cancel()
+	n, err := pgxExecer{c.pool}.exec(ctx, sqlRelease, ids, tokens)
+	if err != nil {
+		c.logger.Error("relay: could not release interrupted jobs; their leases will expire", "jobs", len(rows), "error", err)
+		return
+	}
+	c.stats.released.Add(n)
+}
+
+// releaseAll releases every job still in flight (handlers that ignored their
+// cancelled context), fencing out their eventual writes.
+func (c *Client) releaseAll() {
+	var rows []*JobRow
+	c.inflight.Range(func(k, v any) bool {
+		rows = append(rows, v.(*running).row)
+		c.inflight.Delete(k)
+		return true
+	})
+	c.release(rows)
+}
+
+func idsAndTokens(rows []*JobRow) ([]int64, []uuid.UUID) {
+	ids := make([]int64, len(rows))
+	tokens := make([]uuid.UUID, len(rows))
+	for i, r := range rows {
+		ids[i], tokens[i] = r.ID, r.LeaseToken
+	}
+	return ids, tokens
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	s = s[:n]
+	for !utf8.ValidString(s) {
+		s = s[:len(s)-1]
+	}
+	return s + "…(truncated)"
+}

@@ -1,0 +1,208 @@
+// Package testdb gives each test its own PostgreSQL database, cloned from a
+// migrated template, so that test packages run in parallel and leave nothing
+// behind.
+//
+// The server is, in order: RELAY_TEST_DATABASE_URL when set; a server
+// answering on localhost:5432; or a throwaway cluster started from the local
+// initdb/pg_ctl for the life of the test binary. Call Main from TestMain.
+package testdb
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"hash/fnv"
+	"net/url"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/internal/devpg"
+	"github.com/relayq/relay/migrations"
+)
+
+// EnvURL names the variable that points the tests at a server. The URL must
+// allow CREATE DATABASE.
+const EnvURL = "RELAY_TEST_DATABASE_URL"
+
+type server struct {
+	adminURL string
+	template string
+	cluster  *devpg.Cluster
+}
+
+var (
+	// The server is per test binary: set up once by the first test that asks,
+	// torn down by Main. (Test binaries are processes; this is not state a
+	// library user could ever share.)
+	once   sync.Once
+	srv    *server
+	srvErr error
+)
+
+// Main runs the tests of a package and stops the throwaway cluster, if one
+// was started, before exiting with the tests' code.
+func Main(m *testing.M) {
+	code := m.Run()
+	if srv != nil && srv.cluster != nil {
+		if err := srv.cluster.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+		}
+	}
+	os.Exit(code)
+}
+
+// URL creates a fresh migrated database for the test and returns its URL; the
+// database is dropped when the test ends.
+func URL(t testing.TB) string {
+	t.Helper()
+	once.Do(func() { srv, srvErr = setup() })
+	if srvErr != nil {
+		t.Fatalf("testdb: %v", srvErr)
+	}
+	ctx := context.Background()
+	name := "relay_test_" + randHex(6)
+	admin, err := pgx.Connect(ctx, srv.adminURL)
+	if err != nil {
+		t.Fatalf("testdb: connect: %v", err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, fmt.Sprintf("CREATE DATABASE %s TEMPLATE %s", name, srv.template)); err != nil {
+		t.Fatalf("testdb: clone template: %v", err)
+	}
+	t.Cleanup(func() {
+		c, err := pgx.Connect(ctx, srv.adminURL)
+		if err != nil {
+			t.Errorf("testdb: connect to drop %s: %v", name, err)
+			return
+		}
+		defer c.Close(ctx)
+		if _, err := c.Exec(ctx, fmt.Sprintf("DROP DATABASE IF EXISTS %s WITH (FORCE)", name)); err != nil {
+			t.Errorf("testdb: drop %s: %v", name, err)
+		}
+	})
+	return withDatabase(srv.adminURL, name)
+}
+
+// New is URL with a pool on it, closed when the test ends (before the
+// database is dropped).
+func New(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), URL(t))
+	if err != nil {
+		t.Fatalf("testdb: pool: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func setup() (*server, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s := &server{}
+	switch {
+	case os.Getenv(EnvURL) != "":
+		s.adminURL = os.Getenv(EnvURL)
+	case answers(ctx, "postgres://postgres@localhost:5432/postgres?sslmode=disable"):
+		s.adminURL = "postgres://postgres@localhost:5432/postgres?sslmode=disable"
+	default:
+		c, err := devpg.Start(ctx, devpg.Options{Fast: true})
+		if err != nil {
+			return nil, fmt.Errorf("no PostgreSQL for the tests: %s is unset, nothing answers on localhost:5432, and a throwaway cluster could not start: %w", EnvURL, err)
+		}
+		s.cluster = c
+		s.adminURL = c.URL
+	}
+	if err := s.ensureTemplate(ctx); err != nil {
+		if s.cluster != nil {
+			s.cluster.Stop()
+		}
+		return nil, err
+	}
+	return s, nil
+}
+
+func answers(ctx context.Context, u string) bool {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	c, err := pgx.Connect(ctx, u)
+	if err != nil {
+		return false
+	}
+	c.Close(ctx)
+	return true
+}
+
+// ensureTemplate makes relay_tpl_<fingerprint> once per schema version. Test
+// binaries run in parallel, so creation is serialized by an advisory lock, and
+// the template only gets its final name once fully migrated.
+func (s *server) ensureTemplate(ctx context.Context) error {
+	s.template = "relay_tpl_" + migrations.Fingerprint()
+	admin, err := pgx.Connect(ctx, s.adminURL)
+	if err != nil {
+		return fmt.Errorf("connect to %s: %w", redact(s.adminURL), err)
+	}
+	defer admin.Close(ctx)
+	h := fnv.New64a()
+	h.Write([]byte(s.template))
+	key := int64(h.Sum64())
+	if _, err := admin.Exec(ctx, "SELECT pg_advisory_lock($1)", key); err != nil {
+		return fmt.Errorf("lock template creation: %w", err)
+	}
+	defer admin.Exec(ctx, "SELECT pg_advisory_unlock($1)", key) //nolint:errcheck
+	var exists bool
+	if err := admin.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", s.template).Scan(&exists); err != nil {
+		return fmt.Errorf("look for template: %w", err)
+	}
+	if exists {
+		return nil
+	}
+	building := s.template + "_building"
+	if _, err := admin.Exec(ctx, fmt.Sprintf("DROP DATABASE IF EXISTS %s WITH (FORCE)", building)); err != nil {
+		return fmt.Errorf("drop stale template: %w", err)
+	}
+	if _, err := admin.Exec(ctx, fmt.Sprintf("CREATE DATABASE %s", building)); err != nil {
+		return fmt.Errorf("create template: %w", err)
+	}
+	pool, err := pgxpool.New(ctx, withDatabase(s.adminURL, building))
+	if err != nil {
+		return fmt.Errorf("connect to template: %w", err)
+	}
+	_, err = migrations.Migrate(ctx, pool)
+	pool.Close()
+	if err != nil {
+		return fmt.Errorf("migrate template: %w", err)
+	}
+	if _, err := admin.Exec(ctx, fmt.Sprintf("ALTER DATABASE %s RENAME TO %s", building, s.template)); err != nil {
+		return fmt.Errorf("name template: %w", err)
+	}
+	return nil
+}
+
+func withDatabase(u, db string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return u
+	}
+	p.Path = "/" + db
+	return p.String()
+}
+
+func redact(u string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return p.Redacted()
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
