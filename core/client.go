@@ -269,7 +269,10 @@ func (c *Client) Stop(ctx context.Context) error {
 		return nil
 	}
 	c.stopped = true
+	// Stop claiming. A claim under way completes and its jobs start, so none
+	// is left claimed without a handler; after this no job starts.
 	c.loopCancel()
+	c.loops.Wait()
 
 	drained := make(chan struct{})
 	go func() { c.jobs.Wait(); close(drained) }()
@@ -288,7 +291,6 @@ func (c *Client) Stop(ctx context.Context) error {
 			c.releaseAll()
 		}
 	}
-	c.loops.Wait()
 	c.completer.stop()
 	c.bgCancel()
 	c.background.Wait()

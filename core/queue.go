@@ -52,7 +52,11 @@ func (q *queue) run(ctx, workCtx context.Context) {
 				break
 			}
 			limit := min(free, c.cfg.FetchLimit)
-			rows, err := q.claim(ctx, limit)
+			// Not ctx: a claim cancelled mid-flight may have committed, leaving
+			// jobs claimed with no handler until their leases expire.
+			claimCtx, cancel := dbCtx()
+			rows, err := q.claim(claimCtx, limit)
+			cancel()
 			if err != nil {
 				if ctx.Err() != nil {
 					return

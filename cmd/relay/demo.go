@@ -171,4 +171,3 @@ func waitFinal(ctx context.Context, pool *pgxpool.Pool, results []core.EnqueueRe
 		}
 	}
 }
-

@@ -61,6 +61,18 @@ func Main(m *testing.M) {
 // database is dropped when the test ends.
 func URL(t testing.TB) string {
 	t.Helper()
+	return create(t, true)
+}
+
+// EmptyURL is URL for a database without Relay's schema (for migration
+// tests).
+func EmptyURL(t testing.TB) string {
+	t.Helper()
+	return create(t, false)
+}
+
+func create(t testing.TB, migrated bool) string {
+	t.Helper()
 	once.Do(func() { srv, srvErr = setup() })
 	if srvErr != nil {
 		t.Fatalf("testdb: %v", srvErr)
@@ -72,7 +84,11 @@ func URL(t testing.TB) string {
 		t.Fatalf("testdb: connect: %v", err)
 	}
 	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, fmt.Sprintf("CREATE DATABASE %s TEMPLATE %s", name, srv.template)); err != nil {
+	tpl := srv.template
+	if !migrated {
+		tpl = "template0"
+	}
+	if _, err := admin.Exec(ctx, fmt.Sprintf("CREATE DATABASE %s TEMPLATE %s", name, tpl)); err != nil {
 		t.Fatalf("testdb: clone template: %v", err)
 	}
 	t.Cleanup(func() {

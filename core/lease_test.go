@@ -1,0 +1,214 @@
+package core_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/testdb"
+)
+
+type blockArgs struct{}
+
+func (blockArgs) Kind() string { return "block" }
+
+// blocking registers a worker that reports each start and then waits for
+// release (ignoring its context unless honourCtx), returning what release
+// sends.
+func blocking(honourCtx bool) (*core.Workers, chan *core.Job[blockArgs], chan error, chan error) {
+	started := make(chan *core.Job[blockArgs], 10)
+	release := make(chan error, 10)
+	ctxErr := make(chan error, 10)
+	ws := core.NewWorkers()
+	core.MustAddWorker(ws, core.WorkFunc[blockArgs](func(ctx context.Context, j *core.Job[blockArgs]) error {
+		started <- j
+		if honourCtx {
+			select {
+			case err := <-release:
+				return err
+			case <-ctx.Done():
+				ctxErr <- context.Cause(ctx)
+				return ctx.Err()
+			}
+		}
+		return <-release
+	}))
+	return ws, started, release, ctxErr
+}
+
+// A late worker — whose lease expired and whose job was rescued and run by
+// another worker — cannot overwrite anything; the refused write is counted.
+func TestLateWorkerIsFenced(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	wsA, startedA, releaseA, _ := blocking(false)
+	// A's lease is long, so its own heartbeat cannot race the test.
+	// One slot, busy with the stalled job: A cannot take the job back.
+	a := startClient(t, pool, &core.Config{Workers: wsA, ID: "worker-a", LeaseDuration: time.Minute,
+		Queues: map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: 1}}})
+	res, _ := core.Enqueue(ctx, pool, blockArgs{}, nil)
+	<-startedA
+
+	// A stalls past its lease (simulated: the lease is made to expire).
+	if _, err := pool.Exec(ctx, `UPDATE relay_jobs SET lease_expires_at = now() - interval '1 second' WHERE id = $1`, res.ID); err != nil {
+		t.Fatal(err)
+	}
+	wsB := core.NewWorkers()
+	core.MustAddWorker(wsB, core.WorkFunc[blockArgs](func(ctx context.Context, j *core.Job[blockArgs]) error { return nil }))
+	startClient(t, pool, &core.Config{Workers: wsB, ID: "worker-b", RescueInterval: 20 * time.Millisecond})
+	j := waitState(t, pool, res.ID, core.StateSucceeded)
+	if j.AttemptedBy != "worker-b" || j.Attempt != 2 || len(j.History) != 1 || j.History[0].Error != "lease expired" || j.History[0].Worker != "worker-a" {
+		t.Fatalf("after rescue: %+v", j)
+	}
+
+	// A wakes up and reports success: refused by the fence.
+	releaseA <- nil
+	waitFor(t, "A's refused write counted", func() bool { return a.Stats().LeaseLost == 1 })
+	j2, _ := core.JobGet(ctx, pool, res.ID)
+	if j2.AttemptedBy != "worker-b" || j2.State != core.StateSucceeded || !j2.FinalizedAt.Equal(*j.FinalizedAt) {
+		t.Fatalf("late worker changed the job: %+v", j2)
+	}
+	if a.Stats().Succeeded != 0 {
+		t.Fatal("late success counted as a success")
+	}
+}
+
+// The same fence refuses a late failure.
+func TestLateFailureIsFenced(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	ws, started, release, _ := blocking(false)
+	a := startClient(t, pool, &core.Config{Workers: ws, LeaseDuration: time.Minute})
+	res, _ := core.Enqueue(ctx, pool, blockArgs{}, nil)
+	<-started
+	// The job is taken away from A (as a rescue would do).
+	if _, err := pool.Exec(ctx, `UPDATE relay_jobs SET state = 'queued', lease_token = NULL, lease_expires_at = NULL, run_at = now() + interval '1 hour' WHERE id = $1`, res.ID); err != nil {
+		t.Fatal(err)
+	}
+	release <- errors.New("late failure")
+	waitFor(t, "refused failure counted", func() bool { return a.Stats().LeaseLost == 1 })
+	j, _ := core.JobGet(ctx, pool, res.ID)
+	if j.State != core.StateQueued || j.LastError != "" || len(j.History) != 0 {
+		t.Fatalf("late failure was written: %+v", j)
+	}
+}
+
+// Heartbeats keep a job that runs far longer than its lease from being
+// rescued.
+func TestHeartbeatsRenewLease(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	ws, started, release, _ := blocking(true)
+	startClient(t, pool, &core.Config{Workers: ws, LeaseDuration: 300 * time.Millisecond, RescueInterval: 20 * time.Millisecond})
+	res, _ := core.Enqueue(ctx, pool, blockArgs{}, nil)
+	<-started
+	var first time.Time
+	if err := pool.QueryRow(ctx, `SELECT lease_expires_at FROM relay_jobs WHERE id = $1`, res.ID).Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	// Wait until the lease has been renewed well past several lease lengths.
+	waitFor(t, "lease renewed 5 times over", func() bool {
+		var exp time.Time
+		pool.QueryRow(ctx, `SELECT lease_expires_at FROM relay_jobs WHERE id = $1`, res.ID).Scan(&exp)
+		return exp.Sub(first) > 1500*time.Millisecond
+	})
+	release <- nil
+	j := waitState(t, pool, res.ID, core.StateSucceeded)
+	if j.Attempt != 1 || len(j.History) != 0 {
+		t.Fatalf("long job was rescued or rerun: %+v", j)
+	}
+}
+
+// A heartbeat that finds the lease gone cancels the handler's context with
+// ErrLeaseLost.
+func TestLostLeaseCancelsHandler(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	ws, started, _, ctxErr := blocking(true)
+	c := startClient(t, pool, &core.Config{Workers: ws, LeaseDuration: 300 * time.Millisecond, RescueInterval: -1})
+	res, _ := core.Enqueue(ctx, pool, blockArgs{}, nil)
+	<-started
+	if _, err := pool.Exec(ctx, `UPDATE relay_jobs SET state = 'queued', lease_token = NULL, lease_expires_at = NULL, run_at = now() + interval '1 hour' WHERE id = $1`, res.ID); err != nil {
+		t.Fatal(err)
+	}
+	if cause := <-ctxErr; !errors.Is(cause, core.ErrLeaseLost) {
+		t.Fatalf("handler context cause %v, want ErrLeaseLost", cause)
+	}
+	waitFor(t, "lease loss counted", func() bool { return c.Stats().LeaseLost == 1 })
+	if st := jobState(t, pool, res.ID); st != core.StateQueued {
+		t.Fatalf("state %s", st)
+	}
+}
+
+// A job whose worker keeps dying burns its attempts and ends dead rather than
+// crash-looping; the rescuer records each lost attempt.
+func TestRescuerEndsCrashLoops(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	res, _ := core.Enqueue(ctx, pool, echoArgs{}, &core.EnqueueOpts{MaxAttempts: 2})
+	// A "ghost" worker claims the job and dies: its lease is already expired.
+	ghostClaim := func() {
+		t.Helper()
+		if _, err := pool.Exec(ctx, `UPDATE relay_jobs SET state = 'claimed', attempt = attempt + 1, attempted_at = now(),
+			attempted_by = 'ghost', lease_token = gen_random_uuid(), lease_expires_at = now() - interval '1 second'
+			WHERE id = $1 AND state = 'queued'`, res.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A maintenance-only client (no workers) runs the rescuer.
+	startClient(t, pool, &core.Config{RescueInterval: 20 * time.Millisecond})
+	ghostClaim()
+	j := waitState(t, pool, res.ID, core.StateQueued)
+	if j.Attempt != 1 || len(j.History) != 1 || !strings.Contains(j.LastError, "ghost stopped renewing") {
+		t.Fatalf("after first rescue: %+v", j)
+	}
+	ghostClaim()
+	j = waitState(t, pool, res.ID, core.StateDead)
+	if j.Attempt != 2 || len(j.History) != 2 || j.FinalizedAt == nil {
+		t.Fatalf("after second rescue: %+v", j)
+	}
+}
+
+// Rescuers in many clients at once rescue each expired lease exactly once.
+func TestConcurrentRescuers(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	const n = 3000
+	if _, err := pool.Exec(ctx, `INSERT INTO relay_jobs (kind) SELECT 'echo' FROM generate_series(1, $1)`, n); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE relay_jobs SET state = 'claimed', attempt = 1, attempted_at = now(), attempted_by = 'ghost',
+		lease_token = gen_random_uuid(), lease_expires_at = now() - interval '1 second'`); err != nil {
+		t.Fatal(err)
+	}
+	var clients []*core.Client
+	for i := 0; i < 4; i++ {
+		clients = append(clients, startClient(t, pool, &core.Config{RescueInterval: 5 * time.Millisecond}))
+	}
+	rescued := func() int64 {
+		var sum int64
+		for _, c := range clients {
+			sum += c.Stats().Rescued
+		}
+		return sum
+	}
+	// Counters are bumped just after each batch commits.
+	waitFor(t, "all rescued", func() bool {
+		return count(t, pool, "SELECT count(*) FROM relay_jobs WHERE state = 'queued'") == n && rescued() >= n
+	})
+	if r := rescued(); r != n {
+		t.Fatalf("rescued %d times, want %d", r, n)
+	}
+	if k := count(t, pool, "SELECT count(*) FROM relay_jobs WHERE jsonb_array_length(history) <> 1"); k != 0 {
+		t.Fatalf("%d jobs rescued other than once", k)
+	}
+}

@@ -1,0 +1,141 @@
+package core_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/testdb"
+)
+
+type sleepyArgs struct {
+	Ms    int  `json:"ms"`
+	Block bool `json:"block"` // run until the context is cancelled
+}
+
+func (sleepyArgs) Kind() string { return "sleepy" }
+
+// TestHelperWorkerProcess is not a test: it is the worker process that the
+// shutdown tests start (this test binary, re-executed) and signal. It runs a
+// client until SIGTERM, then stops it within RELAY_HELPER_STOP and exits 0
+// when every job finished, 3 when some were interrupted.
+func TestHelperWorkerProcess(t *testing.T) {
+	url := os.Getenv("RELAY_HELPER_URL")
+	if url == "" {
+		t.Skip("helper process only")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		os.Exit(10)
+	}
+	ws := core.NewWorkers()
+	core.MustAddWorker(ws, core.WorkFunc[sleepyArgs](func(ctx context.Context, j *core.Job[sleepyArgs]) error {
+		if j.Args.Block {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		time.Sleep(time.Duration(j.Args.Ms) * time.Millisecond) // the job's work: deliberately ignores ctx
+		return nil
+	}))
+	c, err := core.NewClient(pool, &core.Config{Workers: ws})
+	if err != nil || c.Start(context.Background()) != nil {
+		os.Exit(11)
+	}
+	<-ctx.Done()
+	timeout, _ := time.ParseDuration(os.Getenv("RELAY_HELPER_STOP"))
+	stopCtx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if err := c.Stop(stopCtx); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(3)
+	}
+	os.Exit(0)
+}
+
+func runHelper(t *testing.T, url, stopTimeout string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperWorkerProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "RELAY_HELPER_URL="+url, "RELAY_HELPER_STOP="+stopTimeout)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	return cmd
+}
+
+func exitCode(t *testing.T, cmd *exec.Cmd) int {
+	t.Helper()
+	err := cmd.Wait()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return 0
+}
+
+// SIGTERM lets the running job finish and records its success before the
+// process exits.
+func TestSIGTERMDrainsRunningJobs(t *testing.T) {
+	t.Parallel()
+	url := testdb.URL(t)
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	res, _ := core.Enqueue(context.Background(), pool, sleepyArgs{Ms: 500}, nil)
+	cmd := runHelper(t, url, "30s")
+	waitState(t, pool, res.ID, core.StateClaimed)
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := exitCode(t, cmd); code != 0 {
+		t.Fatalf("worker exited %d, want 0 (drained)", code)
+	}
+	// Recorded before exit: no waiting needed.
+	j, _ := core.JobGet(context.Background(), pool, res.ID)
+	if j.State != core.StateSucceeded || j.Attempt != 1 {
+		t.Fatalf("after drain: state %s attempt %d", j.State, j.Attempt)
+	}
+}
+
+// SIGTERM with a job that outlasts the stop timeout: the job is cancelled and
+// returned to the queue at once, its attempt not counted.
+func TestSIGTERMReleasesUnfinishedJobs(t *testing.T) {
+	t.Parallel()
+	url := testdb.URL(t)
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	res, _ := core.Enqueue(context.Background(), pool, sleepyArgs{Block: true}, nil)
+	cmd := runHelper(t, url, "200ms")
+	waitState(t, pool, res.ID, core.StateClaimed)
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := exitCode(t, cmd); code != 3 {
+		t.Fatalf("worker exited %d, want 3 (interrupted)", code)
+	}
+	j, _ := core.JobGet(context.Background(), pool, res.ID)
+	if j.State != core.StateQueued || j.Attempt != 0 || len(j.History) != 1 || !strings.Contains(j.History[0].Error, "interrupted") {
+		t.Fatalf("after interrupted stop: %+v", j)
+	}
+}
