@@ -15,6 +15,9 @@ const usage = `relay — a job queue and workflow engine on PostgreSQL
 Usage:
   relay migrate [--database-url URL]   apply pending migrations
   relay demo    [--database-url URL]   run the demo (a throwaway PostgreSQL when no URL)
+  relay prove queue [flags]            prove no job is lost or its effect duplicated
+                                       under kill -9, SIGTERM and database faults
+                                       (relay prove queue -h lists the flags)
 
 The database URL defaults to $DATABASE_URL.
 `
@@ -32,6 +35,10 @@ func main() {
 		err = runMigrate(ctx, os.Args[2:])
 	case "demo":
 		err = runDemo(ctx, os.Args[2:])
+	case "prove":
+		err = runProve(ctx, os.Args[2:])
+	case "prove-worker":
+		err = runProveWorker(ctx, os.Args[2:])
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 		return

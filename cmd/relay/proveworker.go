@@ -1,0 +1,125 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/core"
+)
+
+// proveArgs is the proof's job: run for Ms milliseconds.
+type proveArgs struct {
+	Seq int `json:"seq"`
+	Ms  int `json:"ms"`
+}
+
+func (proveArgs) Kind() string { return "prove.job" }
+
+const proveQueue = "prove"
+
+// proveWorker is the proof's handler. It records that the attempt started
+// (committed on its own, whatever happens next), works, then writes its
+// effect and the job's success in one transaction.
+type proveWorker struct {
+	pool *pgxpool.Pool
+	id   string
+}
+
+func (w *proveWorker) Work(ctx context.Context, job *core.Job[proveArgs]) error {
+	var attemptID int64
+	if err := w.pool.QueryRow(ctx, `INSERT INTO prove_attempts (job_id, attempt, worker) VALUES ($1, $2, $3) RETURNING id`,
+		job.ID, job.Attempt, w.id).Scan(&attemptID); err != nil {
+		return fmt.Errorf("record attempt start: %w", err)
+	}
+	// ended records the end of a failed attempt. The handler does not return
+	// before it is recorded (the database may be restarting), so the audit
+	// never mistakes an attempt that ended for one still running.
+	ended := func() {
+		for try := 0; try < 100; try++ {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_, err := w.pool.Exec(ctx, `UPDATE prove_attempts SET ended_at = clock_timestamp() WHERE id = $1 AND ended_at IS NULL`, attemptID)
+			cancel()
+			if err == nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	select {
+	case <-time.After(time.Duration(job.Args.Ms) * time.Millisecond):
+	case <-ctx.Done():
+		ended()
+		return context.Cause(ctx)
+	}
+	err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO prove_effects (job_id, attempt_id) VALUES ($1, $2)`, job.ID, attemptID); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `UPDATE prove_attempts SET ended_at = clock_timestamp() WHERE id = $1`, attemptID); err != nil {
+			return err
+		}
+		return core.CompleteTx(ctx, tx, job)
+	})
+	if err != nil {
+		ended()
+	}
+	return err
+}
+
+// runProveWorker is one worker process of `relay prove queue` (started by it,
+// not by users). It runs until SIGTERM, then drains.
+func runProveWorker(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("prove-worker", flag.ContinueOnError)
+	url := fs.String("database-url", "", "PostgreSQL URL")
+	id := fs.String("id", "", "worker id")
+	concurrency := fs.Int("concurrency", 8, "jobs at once")
+	lease := fs.Duration("lease", 5*time.Second, "lease duration")
+	drain := fs.Duration("drain", 10*time.Second, "graceful stop timeout")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg, err := pgxpool.ParseConfig(*url)
+	if err != nil {
+		return err
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = "relay-prove-worker"
+	cfg.MaxConns = int32(*concurrency*2 + 4)
+	pool, err := pgxpool.NewWithConfig(context.WithoutCancel(ctx), cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	ws := core.NewWorkers()
+	core.MustAddWorker(ws, core.Worker[proveArgs](&proveWorker{pool: pool, id: *id}))
+	client, err := core.NewClient(pool, &core.Config{
+		Workers:        ws,
+		ID:             *id,
+		Queues:         map[string]core.QueueConfig{proveQueue: {MaxWorkers: *concurrency}},
+		LeaseDuration:  *lease,
+		RescueInterval: *lease / 4,
+		PollInterval:   200 * time.Millisecond,
+		RetryPolicy:    core.Backoff{Base: 50 * time.Millisecond, Max: time.Second},
+		Logger:         slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
+	})
+	if err != nil {
+		return err
+	}
+	if err := client.Start(context.Background()); err != nil {
+		return err
+	}
+	<-ctx.Done() // SIGTERM (main's signal context): drain
+	stopCtx, cancel := context.WithTimeout(context.Background(), *drain)
+	defer cancel()
+	if err := client.Stop(stopCtx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		fmt.Fprintln(os.Stderr, "prove-worker:", err)
+	}
+	return nil
+}
