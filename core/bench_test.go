@@ -70,3 +70,34 @@ func BenchmarkDrain(b *testing.B) {
 	b.StopTimer()
 	c.Stop(ctx)
 }
+
+// BenchmarkPickupLatency: one job at a time into an idle client (polling
+// effectively off, so LISTEN/NOTIFY does the waking); reports the mean time
+// from calling Enqueue (so the commit is included) to the handler's start.
+func BenchmarkPickupLatency(b *testing.B) {
+	pool := testdb.New(b)
+	ctx := context.Background()
+	started := make(chan time.Time, 1)
+	ws := core.NewWorkers()
+	core.MustAddWorker(ws, core.WorkFunc[noopArgs](func(context.Context, *core.Job[noopArgs]) error {
+		started <- time.Now()
+		return nil
+	}))
+	c, err := core.NewClient(pool, &core.Config{Workers: ws, PollInterval: time.Hour})
+	if err != nil {
+		b.Fatal(err)
+	}
+	c.Start(ctx)
+	defer c.Stop(ctx)
+	time.Sleep(100 * time.Millisecond) // let the listener connect before timing
+	var total time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		enqueued := time.Now()
+		if _, err := core.Enqueue(ctx, pool, noopArgs{}, nil); err != nil {
+			b.Fatal(err)
+		}
+		total += (<-started).Sub(enqueued)
+	}
+	b.ReportMetric(float64(total.Microseconds())/float64(b.N)/1000, "pickup-ms")
+}
