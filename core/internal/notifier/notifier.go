@@ -33,9 +33,12 @@ type Config struct {
 func Run(ctx context.Context, cfg Config) {
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
-		err := listen(ctx, cfg)
+		connected, err := listen(ctx, cfg)
 		if ctx.Err() != nil {
 			return
+		}
+		if connected {
+			backoff = 100 * time.Millisecond // a fresh outage starts the backoff over
 		}
 		cfg.Logger.Warn("relay: listener connection lost; reconnecting", "error", err, "retry_in", backoff)
 		select {
@@ -47,8 +50,9 @@ func Run(ctx context.Context, cfg Config) {
 	}
 }
 
-// listen connects, LISTENs and delivers notifications until an error.
-func listen(ctx context.Context, cfg Config) error {
+// listen connects, LISTENs and delivers notifications until an error. It
+// reports whether it got as far as listening.
+func listen(ctx context.Context, cfg Config) (bool, error) {
 	cc := cfg.Pool.Config().ConnConfig.Copy()
 	if cfg.AppName != "" {
 		cc.RuntimeParams["application_name"] = cfg.AppName
@@ -57,12 +61,12 @@ func listen(ctx context.Context, cfg Config) error {
 	conn, err := pgx.ConnectConfig(connectCtx, cc)
 	cancel()
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	for _, ch := range cfg.Channels {
 		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
-			return err
+			return false, err
 		}
 	}
 	if cfg.OnConnect != nil {
@@ -72,9 +76,9 @@ func listen(ctx context.Context, cfg Config) error {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
 			if errors.Is(err, context.Canceled) && ctx.Err() != nil {
-				return nil
+				return true, nil
 			}
-			return err
+			return true, err
 		}
 		cfg.OnNotify(n.Channel, n.Payload)
 	}
