@@ -89,27 +89,43 @@ func exitCode(t *testing.T, cmd *exec.Cmd) int {
 	return 0
 }
 
-// SIGTERM lets the running job finish and records its success before the
-// process exits.
-func TestSIGTERMDrainsRunningJobs(t *testing.T) {
-	t.Parallel()
+// sigtermWhileRunning enqueues one job, starts a worker process with the
+// given stop timeout, sends it SIGTERM once the job is claimed, and returns
+// the process's exit code and the job as the process left it.
+func sigtermWhileRunning(t *testing.T, args sleepyArgs, stopTimeout string) (int, *core.JobRow) {
+	t.Helper()
 	url := testdb.URL(t)
 	pool, err := pgxpool.New(context.Background(), url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	res, _ := core.Enqueue(context.Background(), pool, sleepyArgs{Ms: 500}, nil)
-	cmd := runHelper(t, url, "30s")
+	res, err := core.Enqueue(context.Background(), pool, args, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := runHelper(t, url, stopTimeout)
 	waitState(t, pool, res.ID, core.StateClaimed)
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	if code := exitCode(t, cmd); code != 0 {
+	code := exitCode(t, cmd)
+	// Whatever the process records, it records before exiting: no waiting.
+	j, err := core.JobGet(context.Background(), pool, res.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return code, j
+}
+
+// SIGTERM lets the running job finish and records its success before the
+// process exits.
+func TestSIGTERMDrainsRunningJobs(t *testing.T) {
+	t.Parallel()
+	code, j := sigtermWhileRunning(t, sleepyArgs{Ms: 500}, "30s")
+	if code != 0 {
 		t.Fatalf("worker exited %d, want 0 (drained)", code)
 	}
-	// Recorded before exit: no waiting needed.
-	j, _ := core.JobGet(context.Background(), pool, res.ID)
 	if j.State != core.StateSucceeded || j.Attempt != 1 {
 		t.Fatalf("after drain: state %s attempt %d", j.State, j.Attempt)
 	}
@@ -119,22 +135,10 @@ func TestSIGTERMDrainsRunningJobs(t *testing.T) {
 // returned to the queue at once, its attempt not counted.
 func TestSIGTERMReleasesUnfinishedJobs(t *testing.T) {
 	t.Parallel()
-	url := testdb.URL(t)
-	pool, err := pgxpool.New(context.Background(), url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	res, _ := core.Enqueue(context.Background(), pool, sleepyArgs{Block: true}, nil)
-	cmd := runHelper(t, url, "200ms")
-	waitState(t, pool, res.ID, core.StateClaimed)
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if code := exitCode(t, cmd); code != 3 {
+	code, j := sigtermWhileRunning(t, sleepyArgs{Block: true}, "200ms")
+	if code != 3 {
 		t.Fatalf("worker exited %d, want 3 (interrupted)", code)
 	}
-	j, _ := core.JobGet(context.Background(), pool, res.ID)
 	if j.State != core.StateQueued || j.Attempt != 0 || len(j.History) != 1 || !strings.Contains(j.History[0].Error, "interrupted") {
 		t.Fatalf("after interrupted stop: %+v", j)
 	}
