@@ -1,0 +1,98 @@
+package scheduler
+
+// All of the scheduler's SQL. Tables: migrations/*_scheduler.tx.up.sql.
+
+// sqlDeclare upserts one declared schedule. The next fire is kept unless the
+// timing changed (spec or zone) or the schedule comes back from being
+// disabled: then it restarts from the fresh next fire ($12), so no catch-up
+// runs for a period the schedule did not exist. Paused stays as it was.
+const sqlDeclare = `
+INSERT INTO relay_schedules AS s
+    (name, spec, timezone, kind, args, queue, priority, max_attempts, metadata,
+     catch_up, catch_up_limit, overlap, next_fire_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+ON CONFLICT (name) DO UPDATE SET
+    spec = excluded.spec, timezone = excluded.timezone, kind = excluded.kind,
+    args = excluded.args, queue = excluded.queue, priority = excluded.priority,
+    max_attempts = excluded.max_attempts, metadata = excluded.metadata,
+    catch_up = excluded.catch_up, catch_up_limit = excluded.catch_up_limit,
+    overlap = excluded.overlap,
+    next_fire_at = CASE
+        WHEN s.spec <> excluded.spec OR s.timezone <> excluded.timezone OR s.disabled_at IS NOT NULL
+        THEN excluded.next_fire_at ELSE s.next_fire_at END,
+    disabled_at = NULL,
+    updated_at = now()`
+
+// sqlDisableUndeclared disables the schedules this process does not declare.
+const sqlDisableUndeclared = `
+UPDATE relay_schedules SET disabled_at = now(), updated_at = now()
+WHERE disabled_at IS NULL AND NOT (name = ANY($1::text[]))
+RETURNING name`
+
+// sqlNow reads the database's clock: all due checks use it.
+const sqlNow = `SELECT now()`
+
+// sqlLockDue locks the due schedules that no other scheduler holds. A
+// schedule locked elsewhere is being fired there; skipping it is what keeps
+// the processes from queueing behind each other.
+const sqlLockDue = `
+SELECT name, spec, timezone, kind, args, queue, priority, max_attempts, metadata,
+       catch_up, catch_up_limit, overlap, next_fire_at, last_job_id, now()
+FROM relay_schedules
+WHERE next_fire_at <= now() AND NOT paused AND disabled_at IS NULL
+ORDER BY next_fire_at
+LIMIT $1
+FOR UPDATE SKIP LOCKED`
+
+// sqlRecordFire claims a fire time. The primary key (schedule, fire_time)
+// makes a second claim of the same fire impossible to commit; a fire already
+// recorded returns no row and is not enqueued again.
+const sqlRecordFire = `
+INSERT INTO relay_schedule_fires (schedule, fire_time, outcome)
+VALUES ($1, $2, $3)
+ON CONFLICT (schedule, fire_time) DO NOTHING
+RETURNING fire_time`
+
+const sqlSetFireJob = `
+UPDATE relay_schedule_fires SET job_id = $3 WHERE schedule = $1 AND fire_time = $2`
+
+// sqlAdvance moves a schedule past the fires just handled.
+const sqlAdvance = `
+UPDATE relay_schedules SET
+    next_fire_at = $2,
+    last_fire_at = coalesce($3, last_fire_at),
+    last_job_id  = coalesce($4, last_job_id),
+    updated_at   = now()
+WHERE name = $1`
+
+// sqlNextDue is how long until the soonest enabled schedule is due.
+const sqlNextDue = `
+SELECT coalesce(extract(epoch FROM min(next_fire_at) - now()), 3600)::float8
+FROM relay_schedules WHERE NOT paused AND disabled_at IS NULL`
+
+// sqlDeleteFires removes fire records older than the retention, a batch at
+// a time.
+const sqlDeleteFires = `
+DELETE FROM relay_schedule_fires WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM relay_schedule_fires
+    WHERE recorded_at < now() - make_interval(secs => $1)
+    LIMIT $2))`
+
+const sqlList = `
+SELECT name, spec, timezone, kind, args, queue, catch_up, overlap,
+       next_fire_at, last_fire_at, last_job_id, paused, disabled_at
+FROM relay_schedules ORDER BY name`
+
+const sqlLockOne = `
+SELECT name, spec, timezone, kind, args, queue, priority, max_attempts, metadata,
+       catch_up, catch_up_limit, overlap, next_fire_at, last_job_id, now()
+FROM relay_schedules WHERE name = $1 FOR UPDATE`
+
+const sqlPause = `
+UPDATE relay_schedules SET paused = true, updated_at = now() WHERE name = $1`
+
+// sqlResume restarts a paused schedule from its next fire after now: fires
+// during the pause are not caught up.
+const sqlResume = `
+UPDATE relay_schedules SET paused = false, next_fire_at = $2, updated_at = now()
+WHERE name = $1`

@@ -1,0 +1,395 @@
+package scheduler
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/core"
+)
+
+// Config configures a Scheduler. Only Schedules is needed; the zero value of
+// every other field is a sensible default.
+type Config struct {
+	// Schedules are this process's declarations. Start upserts them and
+	// disables every stored schedule not among them, so every process
+	// sharing a database should declare the same set.
+	Schedules []Schedule
+	// PollInterval is the longest the scheduler sleeps between due checks
+	// (it wakes sooner when a fire is due sooner). Default 1s.
+	PollInterval time.Duration
+	// MisfireGrace is how late a fire may be reached and still count as on
+	// time rather than missed (see CatchUp). Default 30s.
+	MisfireGrace time.Duration
+	// FireRetention is how long the record of each fire is kept. Default
+	// 7 days.
+	FireRetention time.Duration
+	// BatchSize caps the schedules fired in one transaction. Default 50.
+	BatchSize int
+	// Logger receives the scheduler's logs. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Scheduler fires declared schedules: at each schedule's fire time, exactly
+// one process enqueues its job. Run one in as many processes as you like.
+type Scheduler struct {
+	pool  *pgxpool.Pool
+	cfg   Config
+	decls []*declared
+	specs specCache
+
+	lifecycle sync.Mutex
+	cancel    context.CancelFunc
+	done      chan struct{}
+}
+
+// New validates the schedules (a broken spec is an error naming the schedule
+// and the field) and returns a Scheduler that has not started.
+func New(pool *pgxpool.Pool, cfg *Config) (*Scheduler, error) {
+	if pool == nil {
+		return nil, errors.New("scheduler: nil pool")
+	}
+	c := Config{}
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.PollInterval <= 0 {
+		c.PollInterval = time.Second
+	}
+	if c.MisfireGrace <= 0 {
+		c.MisfireGrace = 30 * time.Second
+	}
+	if c.FireRetention <= 0 {
+		c.FireRetention = 7 * 24 * time.Hour
+	}
+	if c.BatchSize <= 0 {
+		c.BatchSize = 50
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	s := &Scheduler{pool: pool, cfg: c}
+	var errs []error
+	seen := map[string]bool{}
+	for _, sc := range c.Schedules {
+		d, err := sc.validate()
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if seen[d.name] {
+			errs = append(errs, fmt.Errorf("scheduler: schedule %q declared twice", d.name))
+		}
+		seen[d.name] = true
+		s.decls = append(s.decls, d)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Start declares the schedules in the database, then fires them in the
+// background until Stop. It returns once the declarations are stored.
+func (s *Scheduler) Start(ctx context.Context) error {
+	s.lifecycle.Lock()
+	defer s.lifecycle.Unlock()
+	if s.done != nil {
+		return errors.New("scheduler: start: already started")
+	}
+	if err := s.declare(ctx); err != nil {
+		return err
+	}
+	loopCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	s.cancel, s.done = cancel, make(chan struct{})
+	go func() { defer close(s.done); s.run(loopCtx) }()
+	return nil
+}
+
+// Stop stops firing. A tick under way finishes (or, when ctx ends first, is
+// abandoned and its transaction rolled back: a fire is never half done).
+func (s *Scheduler) Stop(ctx context.Context) error {
+	s.lifecycle.Lock()
+	defer s.lifecycle.Unlock()
+	if s.done == nil {
+		return nil
+	}
+	s.cancel()
+	select {
+	case <-s.done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("scheduler: stop: %w", ctx.Err())
+	}
+}
+
+// declare upserts every declared schedule and disables the undeclared ones,
+// in one transaction.
+func (s *Scheduler) declare(ctx context.Context) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var now time.Time
+		if err := tx.QueryRow(ctx, sqlNow).Scan(&now); err != nil {
+			return fmt.Errorf("scheduler: read the database clock: %w", err)
+		}
+		names := make([]string, 0, len(s.decls))
+		for _, d := range s.decls {
+			next := d.parsed.Next(now)
+			if _, err := tx.Exec(ctx, sqlDeclare, d.name, d.spec, d.timezone, d.kind, string(d.args), d.queue,
+				d.priority, d.maxAttempts, string(d.metadata), d.catchUp, d.catchUpLimit, d.overlap, next); err != nil {
+				return fmt.Errorf("scheduler: declare schedule %q: %w", d.name, err)
+			}
+			names = append(names, d.name)
+		}
+		rows, err := tx.Query(ctx, sqlDisableUndeclared, names)
+		if err != nil {
+			return fmt.Errorf("scheduler: disable undeclared schedules: %w", err)
+		}
+		disabled, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return fmt.Errorf("scheduler: disable undeclared schedules: %w", err)
+		}
+		if len(disabled) > 0 {
+			s.cfg.Logger.Info("relay: disabled schedules no longer declared", "schedules", disabled)
+		}
+		return nil
+	})
+}
+
+func (s *Scheduler) run(ctx context.Context) {
+	lastCleanup := time.Time{}
+	for {
+		full, err := s.tick(ctx)
+		if err != nil && ctx.Err() == nil {
+			s.cfg.Logger.Error("relay: scheduler tick failed", "err", err)
+		}
+		if time.Since(lastCleanup) > time.Hour {
+			lastCleanup = time.Now()
+			s.cleanup(ctx)
+		}
+		wait := time.Duration(0)
+		if !full {
+			wait = s.untilDue(ctx)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
+}
+
+// untilDue is how long to sleep: until the soonest fire, at most
+// PollInterval.
+func (s *Scheduler) untilDue(ctx context.Context) time.Duration {
+	var secs float64
+	if err := s.pool.QueryRow(ctx, sqlNextDue).Scan(&secs); err != nil {
+		return s.cfg.PollInterval
+	}
+	d := time.Duration(secs * float64(time.Second))
+	return min(max(d, 0), s.cfg.PollInterval)
+}
+
+// tick fires the due schedules this process can lock, in one transaction:
+// the fires' records, their jobs and the schedules' advance commit together
+// or not at all. It reports whether the batch was full (more may be due).
+func (s *Scheduler) tick(ctx context.Context) (full bool, err error) {
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, sqlLockDue, s.cfg.BatchSize)
+		if err != nil {
+			return fmt.Errorf("lock due schedules: %w", err)
+		}
+		due, err := pgx.CollectRows(rows, scanRow)
+		if err != nil {
+			return fmt.Errorf("lock due schedules: %w", err)
+		}
+		full = len(due) == s.cfg.BatchSize
+		for _, r := range due {
+			if err := s.fire(ctx, tx, r); err != nil {
+				return fmt.Errorf("schedule %q: %w", r.name, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("scheduler: %w", err)
+	}
+	return full, nil
+}
+
+// fire handles one locked, due schedule: enqueues the fires its catch-up
+// policy keeps and advances it.
+func (s *Scheduler) fire(ctx context.Context, tx pgx.Tx, r *row) error {
+	spec, err := s.specs.get(r.spec, r.timezone)
+	if err != nil {
+		// Stored by a newer or broken declaration; leave it for a process
+		// that understands it, and say so.
+		s.cfg.Logger.Error("relay: schedule has a spec this process cannot parse", "schedule", r.name, "err", err)
+		return nil
+	}
+	keep := 0
+	switch r.catchUp {
+	case "latest":
+		keep = 1
+	case "all":
+		keep = r.catchUpLimit
+	}
+	p := planFires(spec, r.nextFireAt, r.now, s.cfg.MisfireGrace, keep)
+	if p.missed > 0 {
+		s.cfg.Logger.Warn("relay: schedule missed fires; catch-up policy applied",
+			"schedule", r.name, "catch_up", r.catchUp, "dropped", p.missed, "enqueuing", len(p.fires))
+	}
+	var lastFire *time.Time
+	lastJob := r.lastJobID
+	for _, ft := range p.fires {
+		outcome := "enqueued"
+		if r.overlap == "skip" && lastJob != nil {
+			busy, err := stillRunning(ctx, tx, *lastJob)
+			if err != nil {
+				return err
+			}
+			if busy {
+				outcome = "skipped_overlap"
+			}
+		}
+		recorded, err := recordFire(ctx, tx, r.name, ft, outcome)
+		if err != nil {
+			return err
+		}
+		if !recorded {
+			continue // handled before (the primary key says so)
+		}
+		ft := ft
+		lastFire = &ft
+		if outcome != "enqueued" {
+			s.cfg.Logger.Info("relay: schedule fire skipped; previous job still running", "schedule", r.name, "fire_time", ft, "job_id", *lastJob)
+			continue
+		}
+		id, err := enqueueFire(ctx, tx, r, ft)
+		if err != nil {
+			return err
+		}
+		lastJob = &id
+	}
+	if _, err := tx.Exec(ctx, sqlAdvance, r.name, p.next, lastFire, lastJob); err != nil {
+		return fmt.Errorf("advance: %w", err)
+	}
+	return nil
+}
+
+func recordFire(ctx context.Context, tx pgx.Tx, name string, ft time.Time, outcome string) (bool, error) {
+	rows, err := tx.Query(ctx, sqlRecordFire, name, ft, outcome)
+	if err != nil {
+		return false, fmt.Errorf("record fire %s: %w", ft, err)
+	}
+	n, err := pgx.CollectRows(rows, pgx.RowTo[time.Time])
+	if err != nil {
+		return false, fmt.Errorf("record fire %s: %w", ft, err)
+	}
+	return len(n) == 1, nil
+}
+
+// enqueueFire enqueues a fire's job in tx and links the fire record to it.
+func enqueueFire(ctx context.Context, tx pgx.Tx, r *row, ft time.Time) (int64, error) {
+	meta := map[string]any{}
+	if err := json.Unmarshal(r.metadata, &meta); err != nil {
+		return 0, fmt.Errorf("decode stored metadata: %w", err)
+	}
+	meta[MetaSchedule] = r.name
+	meta[MetaFireTime] = ft.UTC().Format(time.RFC3339Nano)
+	res, err := core.Enqueue(ctx, tx, storedArgs{kind: r.kind, args: r.args}, &core.EnqueueOpts{
+		Queue: r.queue, Priority: r.priority, MaxAttempts: r.maxAttempts, Metadata: meta,
+	})
+	if err != nil {
+		return 0, fmt.Errorf("enqueue fire %s: %w", ft, err)
+	}
+	if _, err := tx.Exec(ctx, sqlSetFireJob, r.name, ft, res.ID); err != nil {
+		return 0, fmt.Errorf("record fire %s: %w", ft, err)
+	}
+	return res.ID, nil
+}
+
+// stillRunning reports whether a schedule's previous job is queued or
+// running. A job deleted by retention is not.
+func stillRunning(ctx context.Context, tx pgx.Tx, id int64) (bool, error) {
+	j, err := core.JobGet(ctx, tx, id)
+	if errors.Is(err, core.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return !j.State.Final(), nil
+}
+
+func (s *Scheduler) cleanup(ctx context.Context) {
+	for {
+		tag, err := s.pool.Exec(ctx, sqlDeleteFires, s.cfg.FireRetention.Seconds(), 1000)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.cfg.Logger.Error("relay: delete old schedule fires", "err", err)
+			}
+			return
+		}
+		if tag.RowsAffected() < 1000 {
+			return
+		}
+	}
+}
+
+// row is a locked schedule row.
+type row struct {
+	name, spec, timezone, kind string
+	args, metadata             json.RawMessage
+	queue                      string
+	priority, maxAttempts      int
+	catchUp                    string
+	catchUpLimit               int
+	overlap                    string
+	nextFireAt                 time.Time
+	lastJobID                  *int64
+	now                        time.Time
+}
+
+func scanRow(r pgx.CollectableRow) (*row, error) {
+	var x row
+	var args, meta string
+	err := r.Scan(&x.name, &x.spec, &x.timezone, &x.kind, &args, &x.queue, &x.priority, &x.maxAttempts, &meta,
+		&x.catchUp, &x.catchUpLimit, &x.overlap, &x.nextFireAt, &x.lastJobID, &x.now)
+	x.args, x.metadata = json.RawMessage(args), json.RawMessage(meta)
+	return &x, err
+}
+
+// specCache keeps parsed specs by text and zone.
+type specCache struct {
+	mu sync.Mutex
+	m  map[string]*Spec
+}
+
+func (c *specCache) get(spec, tz string) (*Spec, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	key := tz + "\x00" + spec
+	if s, ok := c.m[key]; ok {
+		return s, nil
+	}
+	loc, err := time.LoadLocation(tz)
+	if err != nil {
+		return nil, fmt.Errorf("time zone %q: %w", tz, err)
+	}
+	s, err := ParseSpec(spec, loc)
+	if err != nil {
+		return nil, err
+	}
+	if c.m == nil {
+		c.m = map[string]*Spec{}
+	}
+	c.m[key] = s
+	return s, nil
+}
