@@ -15,7 +15,9 @@ func TestPlanFires(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Date(2026, 5, 10, 12, 0, 5, 0, time.UTC)
-	h := func(n int) time.Time { return time.Date(2026, 5, 10, 12, 0, 0, 0, time.UTC).Add(time.Duration(n) * time.Hour) }
+	h := func(n int) time.Time {
+		return time.Date(2026, 5, 10, 12, 0, 0, 0, time.UTC).Add(time.Duration(n) * time.Hour)
+	}
 	cases := []struct {
 		name   string
 		spec   *Spec

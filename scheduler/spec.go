@@ -296,5 +296,3 @@ func lastWeekday(t time.Time) int {
 	}
 	return last.Day()
 }
-
-
