@@ -104,7 +104,7 @@ func (s *Scheduler) Start(ctx context.Context) error {
 	if s.done != nil {
 		return errors.New("scheduler: start: already started")
 	}
-	if err := s.declare(ctx); err != nil {
+	if err := s.Declare(ctx); err != nil {
 		return err
 	}
 	loopCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -130,9 +130,11 @@ func (s *Scheduler) Stop(ctx context.Context) error {
 	}
 }
 
-// declare upserts every declared schedule and disables the undeclared ones,
-// in one transaction.
-func (s *Scheduler) declare(ctx context.Context) error {
+// Declare stores the schedules without firing them: it upserts every
+// declared schedule and disables the stored ones not declared, in one
+// transaction. Start calls it; call it alone from a deploy step or a process
+// that should not fire.
+func (s *Scheduler) Declare(ctx context.Context) error {
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var now time.Time
 		if err := tx.QueryRow(ctx, sqlNow).Scan(&now); err != nil {

@@ -18,6 +18,8 @@ Usage:
   relay prove queue [flags]            prove no job is lost or its effect duplicated
                                        under kill -9, SIGTERM and database faults
                                        (relay prove queue -h lists the flags)
+  relay prove scheduler [flags]        prove every fire time of a schedule gets exactly
+                                       one job across processes under kill -9
 
 The database URL defaults to $DATABASE_URL.
 `
@@ -39,6 +41,8 @@ func main() {
 		err = runProve(ctx, os.Args[2:])
 	case "prove-worker":
 		err = runProveWorker(ctx, os.Args[2:])
+	case "prove-scheduler":
+		err = runProveSchedulerProcess(ctx, os.Args[2:])
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 		return

@@ -47,8 +47,11 @@ type proveConfig struct {
 }
 
 func runProve(ctx context.Context, args []string) error {
+	if len(args) > 0 && args[0] == "scheduler" {
+		return runProveScheduler(ctx, args[1:])
+	}
 	if len(args) == 0 || args[0] != "queue" {
-		return errors.New("prove: usage: relay prove queue [flags] (only the queue proof exists so far)")
+		return errors.New("prove: usage: relay prove queue|scheduler [flags]")
 	}
 	fs := flag.NewFlagSet("prove queue", flag.ContinueOnError)
 	var c proveConfig
@@ -113,7 +116,10 @@ func runProve(ctx context.Context, args []string) error {
 		c.jobs, c.processes, c.concurrency, c.jobTime, c.lease, c.kills, c.sigterms)
 
 	start := time.Now()
-	fleet := &workerFleet{url: schemaURL, cfg: c}
+	fleet := &workerFleet{lease: c.lease, argv: func(id string) []string {
+		return []string{"prove-worker", "--database-url", schemaURL, "--id", id,
+			"--concurrency", fmt.Sprint(c.concurrency), "--lease", c.lease.String()}
+	}}
 	defer fleet.stopAll()
 	for i := 0; i < c.processes; i++ {
 		if err := fleet.start(i); err != nil {
@@ -242,7 +248,7 @@ func superviseProof(ctx context.Context, pool *pgxpool.Pool, fleet *workerFleet,
 		if next < len(faults) && done >= (next+1)*c.jobs*6/10/(len(faults)+1) {
 			switch faults[next] {
 			case "kill":
-				if err := fleet.kill(ctx, pool); err != nil {
+				if err := fleet.kill(func(id string) error { return recordKill(ctx, pool, id) }); err != nil {
 					return kills, terms, err
 				}
 				kills++
@@ -297,15 +303,15 @@ func audit(ctx context.Context, pool *pgxpool.Pool) (map[string]int64, error) {
 	return res, nil
 }
 
-// workerFleet runs the proof's worker processes: this binary, as
-// `relay prove-worker`.
+// workerFleet runs a proof's worker processes: this binary, with the
+// arguments argv gives for each process id.
 type workerFleet struct {
-	url  string
-	cfg  proveConfig
-	mu   sync.Mutex
-	cmds []*exec.Cmd
-	ids  []string
-	gen  int
+	argv  func(id string) []string
+	lease time.Duration // for pause: how long a takeover can take
+	mu    sync.Mutex
+	cmds  []*exec.Cmd
+	ids   []string
+	gen   int
 }
 
 func (f *workerFleet) start(slot int) error {
@@ -317,8 +323,7 @@ func (f *workerFleet) start(slot int) error {
 	}
 	f.gen++
 	id := fmt.Sprintf("w%d-g%d", slot, f.gen)
-	cmd := exec.Command(self, "prove-worker", "--database-url", f.url, "--id", id,
-		"--concurrency", fmt.Sprint(f.cfg.concurrency), "--lease", f.cfg.lease.String())
+	cmd := exec.Command(self, f.argv(id)...)
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // our Ctrl-C is ours to relay
 	if err := cmd.Start(); err != nil {
@@ -338,15 +343,26 @@ func (f *workerFleet) restarts() int {
 	return f.gen - len(f.cmds)
 }
 
-// kill SIGKILLs a random worker, records when it was dead, and restarts it.
-func (f *workerFleet) kill(ctx context.Context, pool *pgxpool.Pool) error {
+// kill SIGKILLs a random worker, calls killed with its id once it is gone,
+// and restarts it.
+func (f *workerFleet) kill(killed func(id string) error) error {
 	slot := rand.IntN(len(f.cmds))
 	f.mu.Lock()
 	cmd, id := f.cmds[slot], f.ids[slot]
 	f.mu.Unlock()
 	cmd.Process.Signal(syscall.SIGKILL) //nolint:errcheck
 	cmd.Wait()                          //nolint:errcheck
-	// Recorded after the process is gone: its attempts ended no later.
+	if killed != nil {
+		if err := killed(id); err != nil {
+			return err
+		}
+	}
+	return f.start(slot)
+}
+
+// recordKill notes in the queue proof's table when a worker was dead
+// (after the process is gone: its attempts ended no later).
+func recordKill(ctx context.Context, pool *pgxpool.Pool, id string) error {
 	for try := 0; ; try++ {
 		_, err := pool.Exec(ctx, `INSERT INTO prove_kills (worker) VALUES ($1)`, id)
 		if err == nil {
@@ -357,7 +373,7 @@ func (f *workerFleet) kill(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	return f.start(slot)
+	return nil
 }
 
 // term SIGTERMs a random worker, waits for it to drain and exit, and
@@ -394,7 +410,7 @@ func (f *workerFleet) pause(ctx context.Context, pool *pgxpool.Pool) error {
 		return nil // nothing held: nothing to show
 	}
 	fmt.Printf("\nprove: paused %s holding job %d\n", id, jobID)
-	deadline = time.Now().Add(3*f.cfg.lease + 10*time.Second)
+	deadline = time.Now().Add(3*f.lease + 10*time.Second)
 	for time.Now().Before(deadline) {
 		var taken bool
 		pool.QueryRow(ctx, `SELECT attempted_by <> $2 FROM relay_jobs WHERE id = $1`, jobID, id).Scan(&taken) //nolint:errcheck

@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -24,16 +25,16 @@ func buildRelay(t *testing.T) string {
 	return bin
 }
 
-// runProof runs `relay prove queue` and returns its summary fields.
+// runProof runs `relay prove <args>` and returns its summary fields.
 func runProof(t *testing.T, bin string, args ...string) map[string]string {
 	t.Helper()
-	cmd := exec.Command(bin, append([]string{"prove", "queue"}, args...)...)
+	cmd := exec.Command(bin, append([]string{"prove"}, args...)...)
 	cmd.Env = append(os.Environ(), "DATABASE_URL=")
 	out, err := cmd.CombinedOutput()
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	last := lines[len(lines)-1]
 	if err != nil {
-		t.Fatalf("relay prove queue %v: %v\n%s", args, err, out)
+		t.Fatalf("relay prove %v: %v\n%s", args, err, out)
 	}
 	if !strings.HasPrefix(last, "proof: ") {
 		t.Fatalf("last line is not the summary: %q\n%s", last, out)
@@ -52,7 +53,7 @@ func TestProveQueueWithFaults(t *testing.T) {
 	t.Parallel()
 	bin := buildRelay(t)
 	url := testdb.URL(t)
-	f := runProof(t, bin, "--database-url", url, "--jobs", "1500", "--processes", "3", "--concurrency", "4",
+	f := runProof(t, bin, "queue", "--database-url", url, "--jobs", "1500", "--processes", "3", "--concurrency", "4",
 		"--job-time", "30ms", "--lease", "1s", "--kill", "3", "--sigterm", "1", "--backend-kill", "2", "--backend-kill-for", "2s", "--pause", "1")
 	for k, want := range map[string]string{"jobs": "1500", "succeeded": "1500", "lost": "0", "duplicate_effects": "0",
 		"overlapping_executions": "0", "kills": "3", "sigterms": "1", "pauses": "1"} {
@@ -68,7 +69,7 @@ func TestProveQueueLongJobs(t *testing.T) {
 	t.Parallel()
 	bin := buildRelay(t)
 	url := testdb.URL(t)
-	f := runProof(t, bin, "--database-url", url, "--jobs", "12", "--processes", "2", "--concurrency", "6",
+	f := runProof(t, bin, "queue", "--database-url", url, "--jobs", "12", "--processes", "2", "--concurrency", "6",
 		"--job-time", "1500ms", "--lease", "400ms")
 	if f["succeeded"] != "12" || f["lost"] != "0" || f["duplicate_effects"] != "0" || f["overlapping_executions"] != "0" || f["re_executions"] != "0" {
 		t.Fatalf("long jobs: %v", f)
@@ -80,9 +81,23 @@ func TestProveQueueLongJobs(t *testing.T) {
 func TestProveQueuePGRestart(t *testing.T) {
 	t.Parallel()
 	bin := buildRelay(t)
-	f := runProof(t, bin, "--jobs", "600", "--processes", "2", "--concurrency", "4", "--job-time", "10ms",
+	f := runProof(t, bin, "queue", "--jobs", "600", "--processes", "2", "--concurrency", "4", "--job-time", "10ms",
 		"--lease", "1s", "--kill", "1", "--pg-restart")
 	if f["succeeded"] != "600" || f["lost"] != "0" || f["duplicate_effects"] != "0" || f["overlapping_executions"] != "0" {
 		t.Fatalf("pg restart: %v", f)
+	}
+}
+
+// Three scheduler processes race for one schedule firing every second while
+// two of them are SIGKILLed: every fire time has exactly one job.
+func TestProveScheduler(t *testing.T) {
+	t.Parallel()
+	bin := buildRelay(t)
+	url := testdb.URL(t)
+	f := runProof(t, bin, "scheduler", "--database-url", url, "--processes", "3", "--spec", "@every 1s",
+		"--duration", "6s", "--kill", "2")
+	if n, _ := strconv.Atoi(f["fires_expected"]); n < 5 || f["enqueued"] != f["fires_expected"] || f["duplicates"] != "0" || f["missed"] != "0" ||
+		f["unexpected"] != "0" || f["kills"] != "2" {
+		t.Fatalf("prove scheduler: %v", f)
 	}
 }
