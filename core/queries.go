@@ -56,11 +56,24 @@ RETURNING j.id, j.kind, j.queue, j.priority, j.attempt, j.max_attempts, j.run_at
 
 // sqlCompleteMany records the success of a batch of attempts, each fenced by
 // its token. RETURNING names those recorded; the others had lost their lease.
+//
+// Batches ($1 ids, $2 their tokens) are matched as two sets, not as pairs
+// joined through unnest: a row's token is a fresh random UUID per claim, so
+// a row whose id and token are both in the batch is one of its pairs.
+//
+// These statements name no state: a lease token is present exactly while a
+// job is claimed (the table's relay_jobs_lease_iff_claimed constraint), so
+// matching the token is matching a claimed attempt. Naming the state would
+// let the planner walk the partial lease index over every claimed row when
+// its statistics say few are claimed (right after a bulk insert and
+// ANALYZE, when workers then claim thousands); without it the plan is a
+// primary-key probe per id. The same holds for sqlRelease, sqlHeartbeat,
+// sqlCompleteOne and sqlFail. TestFencedWritesProbeThePrimaryKey keeps it
+// so.
 const sqlCompleteMany = `
 UPDATE relay_jobs AS j
 SET state = 'succeeded', finalized_at = now(), lease_token = NULL, lease_expires_at = NULL
-FROM unnest($1::bigint[], $2::uuid[]) AS c(id, token)
-WHERE j.id = c.id AND j.lease_token = c.token AND j.state = 'claimed'
+WHERE j.id = ANY($1::bigint[]) AND j.lease_token = ANY($2::uuid[])
 RETURNING j.id`
 
 // sqlCompleteOne is sqlCompleteMany for one attempt, in a caller's
@@ -68,7 +81,7 @@ RETURNING j.id`
 const sqlCompleteOne = `
 UPDATE relay_jobs
 SET state = 'succeeded', finalized_at = now(), lease_token = NULL, lease_expires_at = NULL
-WHERE id = $1 AND lease_token = $2::uuid AND state = 'claimed'`
+WHERE id = $1 AND lease_token = $2::uuid`
 
 // sqlFail records a failed attempt ($1 id, $2 token): back to queued after $4
 // microseconds, or dead ($3 names which), with error $5.
@@ -83,7 +96,7 @@ SET state            = $3::text,
     history          = history || jsonb_build_array(jsonb_build_object(
         'attempt', attempt, 'started_at', attempted_at, 'finished_at', now(),
         'error', $5::text, 'worker', attempted_by))
-WHERE id = $1 AND lease_token = $2 AND state = 'claimed'`
+WHERE id = $1 AND lease_token = $2`
 
 // sqlRelease returns attempts interrupted by a client's shutdown to the
 // queue at once. The attempt is not counted: a deploy must not burn attempts.
@@ -96,8 +109,7 @@ SET state            = 'queued',
     history          = j.history || jsonb_build_array(jsonb_build_object(
         'attempt', j.attempt, 'started_at', j.attempted_at, 'finished_at', now(),
         'error', 'interrupted: worker shut down; attempt not counted', 'worker', j.attempted_by))
-FROM unnest($1::bigint[], $2::uuid[]) AS r(id, token)
-WHERE j.id = r.id AND j.lease_token = r.token AND j.state = 'claimed'
+WHERE j.id = ANY($1::bigint[]) AND j.lease_token = ANY($2::uuid[])
 RETURNING j.id`
 
 // sqlHeartbeat renews the leases of a batch of running attempts by $3
@@ -106,8 +118,7 @@ RETURNING j.id`
 const sqlHeartbeat = `
 UPDATE relay_jobs AS j
 SET lease_expires_at = now() + $3 * interval '1 millisecond'
-FROM unnest($1::bigint[], $2::uuid[]) AS h(id, token)
-WHERE j.id = h.id AND j.lease_token = h.token AND j.state = 'claimed'
+WHERE j.id = ANY($1::bigint[]) AND j.lease_token = ANY($2::uuid[])
 RETURNING j.id`
 
 // sqlRescue ends up to $1 expired leases: back to queued, or dead when the

@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/relayq/relay/internal/bench"
 )
 
 const usage = `relay — a job queue and workflow engine on PostgreSQL
@@ -20,6 +22,9 @@ Usage:
                                        (relay prove queue -h lists the flags)
   relay prove scheduler [flags]        prove every fire time of a schedule gets exactly
                                        one job across processes under kill -9
+  relay bench [flags]                  measure throughput and latency: a burn-down of
+                                       --jobs, or --rate jobs/s for --duration
+                                       (relay bench -h lists the flags)
 
 The database URL defaults to $DATABASE_URL.
 `
@@ -41,6 +46,10 @@ func main() {
 		err = runProve(ctx, os.Args[2:])
 	case "prove-worker":
 		err = runProveWorker(ctx, os.Args[2:])
+	case "bench":
+		err = runBench(ctx, os.Args[2:])
+	case "bench-worker":
+		err = bench.RunChild(ctx, os.Args[2:], []bench.System{bench.Relay{}})
 	case "prove-scheduler":
 		err = runProveSchedulerProcess(ctx, os.Args[2:])
 	case "help", "-h", "--help":

@@ -1,0 +1,92 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/internal/bench"
+	"github.com/relayq/relay/internal/devpg"
+)
+
+// runBench is `relay bench`: a burn-down (pre-inserted jobs drained by
+// worker processes) or, with --rate, a steady offered load. The last line is
+// the machine-readable summary.
+func runBench(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL; the bench runs in a fresh schema of its own (default: a throwaway cluster)")
+	jobs := fs.Int("jobs", 100000, "burn-down: jobs to insert, then drain")
+	workers := fs.Int("workers", 100, "jobs at once per worker process")
+	processes := fs.Int("processes", 1, "worker OS processes")
+	rate := fs.Int("rate", 0, "steady mode: jobs offered per second (0: burn-down mode)")
+	duration := fs.Duration("duration", 30*time.Second, "steady mode: how long the rate is offered")
+	jobSleep := fs.Duration("job-sleep", 0, "each handler sleeps this long")
+	jobHash := fs.Int("job-hash", 0, "each handler runs this many rounds of SHA-256")
+	fill := fs.Int("fill-finished", 0, "burn-down: first fill the table with this many finished jobs")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *jobs < 1 || *workers < 1 || *processes < 1 || *rate < 0 || *fill < 0 {
+		return fmt.Errorf("bench: --jobs, --workers, --processes must be ≥ 1; --rate, --fill-finished ≥ 0")
+	}
+	if *dbURL == "" {
+		fmt.Println("bench: starting a throwaway PostgreSQL cluster (default settings, fsync on)")
+		cluster, err := devpg.Start(ctx, devpg.Options{})
+		if err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		defer cluster.Stop()
+		*dbURL = cluster.URL
+	}
+	schemaURL, drop, err := freshSchema(ctx, *dbURL)
+	if err != nil {
+		return err
+	}
+	defer drop()
+	pool, err := pgxpool.New(ctx, schemaURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	sys := bench.Relay{}
+	if err := sys.Setup(ctx, pool); err != nil {
+		return err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	env := bench.Env{Pool: pool, URL: schemaURL, Out: os.Stdout,
+		Spawn: func(a []string) *exec.Cmd { return exec.Command(self, append([]string{"bench-worker"}, a...)...) }}
+	job := bench.Job{Sleep: *jobSleep, Hash: *jobHash}
+	cfg := bench.WorkerConfig{Workers: *workers, Job: job}
+	fmt.Printf("bench: %s\nbench: relay: %s\n", bench.Machine(ctx, pool), sys.Describe(cfg))
+
+	var res bench.Result
+	if *rate > 0 {
+		fmt.Printf("bench: steady %d jobs/s for %s, %d process(es) × %d workers\n", *rate, *duration, *processes, *workers)
+		res, err = bench.RunSteady(ctx, env, sys, bench.Steady{Rate: *rate, Duration: *duration, Workers: *workers, Processes: *processes, Job: job})
+	} else {
+		if *fill > 0 {
+			fmt.Printf("bench: filling the table with %d finished jobs\n", *fill)
+			if err := sys.FillFinished(ctx, pool, *fill); err != nil {
+				return err
+			}
+			if _, err := pool.Exec(ctx, "VACUUM ANALYZE relay_jobs"); err != nil {
+				return err
+			}
+		}
+		fmt.Printf("bench: burn-down of %d jobs, %d process(es) × %d workers\n", *jobs, *processes, *workers)
+		res, err = bench.RunBurnDown(ctx, env, sys, bench.BurnDown{Jobs: *jobs, Workers: *workers, Processes: *processes, Job: job, KeepTable: *fill > 0})
+	}
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	fmt.Println(res.Line())
+	return nil
+}

@@ -1,0 +1,128 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// The worker-process protocol, over the child's stdin and stdout, one line
+// each:
+//
+//	child → parent  ready            pool connected, waiting
+//	parent → child  go               start working
+//	child → parent  done N           completions so far (every 20 ms)
+//	parent → child  (stdin closed)   stop gracefully
+//	child → parent  hist {json}      pickup latencies, then exit
+
+// childArgs renders a worker process's flags.
+func childArgs(system, url string, cfg WorkerConfig) []string {
+	return []string{"--system", system, "--database-url", url, "--workers", fmt.Sprint(cfg.Workers),
+		"--job-sleep", cfg.Job.Sleep.String(), "--job-hash", fmt.Sprint(cfg.Job.Hash)}
+}
+
+// RunChild is the body of a worker process: args are what the parent
+// passed; systems are those this binary knows.
+func RunChild(ctx context.Context, args []string, systems []System) error {
+	fs := flag.NewFlagSet("bench worker", flag.ContinueOnError)
+	name := fs.String("system", "relay", "system")
+	url := fs.String("database-url", "", "PostgreSQL URL")
+	var cfg WorkerConfig
+	fs.IntVar(&cfg.Workers, "workers", 100, "slots")
+	fs.DurationVar(&cfg.Job.Sleep, "job-sleep", 0, "sleep per job")
+	fs.IntVar(&cfg.Job.Hash, "job-hash", 0, "hash rounds per job")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var sys System
+	for _, s := range systems {
+		if s.Name() == *name {
+			sys = s
+		}
+	}
+	if sys == nil {
+		return fmt.Errorf("bench worker: unknown system %q", *name)
+	}
+	pcfg, err := pgxpool.ParseConfig(*url)
+	if err != nil {
+		return err
+	}
+	pcfg.MaxConns = int32(max(8, min(cfg.Workers+4, 40)))
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := pool.Ping(ctx); err != nil {
+		return err
+	}
+
+	var mu sync.Mutex // serialises stdout lines
+	say := func(format string, a ...any) {
+		mu.Lock()
+		fmt.Fprintf(os.Stdout, format+"\n", a...)
+		mu.Unlock()
+	}
+	say("ready")
+	in := bufio.NewScanner(os.Stdin)
+	if !in.Scan() || in.Text() != "go" {
+		return errors.New("bench worker: no go from the parent")
+	}
+	workCtx, stop := context.WithCancel(ctx)
+	go func() {
+		for in.Scan() {
+		}
+		stop() // stdin closed: the parent says stop
+	}()
+
+	var hist Histogram
+	var histMu sync.Mutex
+	var completed atomic.Int64
+	hooks := Hooks{
+		Started: func(stamp int64) {
+			if stamp == 0 {
+				return
+			}
+			d := time.Since(time.Unix(0, stamp))
+			histMu.Lock()
+			hist.Record(d)
+			histMu.Unlock()
+		},
+		Completed: func(total int64) { completed.Store(total) },
+	}
+	reporterDone := make(chan struct{})
+	go func() {
+		defer close(reporterDone)
+		t := time.NewTicker(20 * time.Millisecond)
+		defer t.Stop()
+		last := int64(-1)
+		for {
+			select {
+			case <-workCtx.Done():
+				return
+			case <-t.C:
+			}
+			if n := completed.Load(); n != last {
+				say("done %d", n)
+				last = n
+			}
+		}
+	}()
+	err = sys.Work(workCtx, pool, cfg, hooks)
+	<-reporterDone
+	say("done %d", completed.Load())
+	histMu.Lock()
+	enc, _ := json.Marshal(&hist)
+	histMu.Unlock()
+	say("hist %s", enc)
+	return err
+}

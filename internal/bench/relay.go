@@ -1,0 +1,141 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/migrations"
+)
+
+// Relay is the System for this repository's core queue.
+type Relay struct{}
+
+type benchArgs struct {
+	Stamp int64 `json:"s"`
+}
+
+func (benchArgs) Kind() string { return "bench" }
+
+func (Relay) Name() string  { return "relay" }
+func (Relay) Table() string { return "relay_jobs" }
+
+// relayConfig is the client configuration the benchmarks use: the
+// defaults, but for the slots.
+func relayConfig(cfg WorkerConfig, ws *core.Workers) *core.Config {
+	return &core.Config{
+		Workers: ws,
+		Queues:  map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: cfg.Workers}},
+		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+}
+
+func (Relay) Describe(cfg WorkerConfig) string {
+	c := relayConfig(cfg, nil)
+	return fmt.Sprintf("MaxWorkers %d, defaults otherwise (FetchLimit 100, PollInterval 1s, LISTEN/NOTIFY on)",
+		c.Queues[core.DefaultQueue].MaxWorkers)
+}
+
+func (Relay) Setup(ctx context.Context, pool *pgxpool.Pool) error {
+	_, err := migrations.Migrate(ctx, pool)
+	return err
+}
+
+func (Relay) Reset(ctx context.Context, pool *pgxpool.Pool) error {
+	_, err := pool.Exec(ctx, `TRUNCATE relay_jobs`)
+	return err
+}
+
+func (Relay) InsertBatch(ctx context.Context, pool *pgxpool.Pool, n int) error {
+	stamp := time.Now().UnixNano()
+	params := make([]core.EnqueueParams, n)
+	for i := range params {
+		params[i] = core.EnqueueParams{Args: benchArgs{Stamp: stamp}}
+	}
+	_, err := core.EnqueueMany(ctx, pool, params)
+	return err
+}
+
+func (Relay) InsertOne(ctx context.Context, pool *pgxpool.Pool, stamp time.Time) error {
+	_, err := core.Enqueue(ctx, pool, benchArgs{Stamp: stamp.UnixNano()}, nil)
+	return err
+}
+
+// FillFinished writes succeeded rows directly. The insert trigger admits
+// only queued rows, so it is switched off for this one statement (in a
+// transaction, so nothing else sees it off).
+func (Relay) FillFinished(ctx context.Context, pool *pgxpool.Pool, n int) error {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	for _, q := range []string{
+		`ALTER TABLE relay_jobs DISABLE TRIGGER USER`,
+		fmt.Sprintf(`INSERT INTO relay_jobs (kind, args, state, attempt, attempted_at, attempted_by, finalized_at)
+		 SELECT 'bench', '{"s":0}', 'succeeded', 1, now(), 'fill', now() FROM generate_series(1, %d)`, n),
+		`ALTER TABLE relay_jobs ENABLE TRIGGER USER`,
+	} {
+		if _, err := tx.Exec(ctx, q); err != nil {
+			return err
+		}
+	}
+	return tx.Commit(ctx)
+}
+
+func (Relay) EndToEnd(ctx context.Context, pool *pgxpool.Pool) (p50, p95, p99 time.Duration, err error) {
+	return EndToEndQuery(ctx, pool, `
+		SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM finalized_at - created_at))
+		FROM relay_jobs WHERE state = 'succeeded' AND attempted_by <> 'fill'`)
+}
+
+func (Relay) Work(ctx context.Context, pool *pgxpool.Pool, cfg WorkerConfig, hooks Hooks) error {
+	ws := core.NewWorkers()
+	core.MustAddWorker(ws, core.WorkFunc[benchArgs](func(_ context.Context, j *core.Job[benchArgs]) error {
+		hooks.Started(j.Args.Stamp)
+		cfg.Job.Do()
+		return nil
+	}))
+	client, err := core.NewClient(pool, relayConfig(cfg, ws))
+	if err != nil {
+		return err
+	}
+	if err := client.Start(ctx); err != nil {
+		return err
+	}
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+		case <-tick.C:
+		}
+		hooks.Completed(client.Stats().Succeeded)
+	}
+	stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = client.Stop(stopCtx)
+	hooks.Completed(client.Stats().Succeeded)
+	return err
+}
+
+// EndToEndQuery runs a query returning a float8[] of three quantiles in
+// seconds, for System.EndToEnd.
+func EndToEndQuery(ctx context.Context, pool *pgxpool.Pool, sql string) (p50, p95, p99 time.Duration, err error) {
+	var qs []*float64
+	if err := pool.QueryRow(ctx, sql).Scan(&qs); err != nil {
+		return 0, 0, 0, err
+	}
+	d := func(i int) time.Duration {
+		if i >= len(qs) || qs[i] == nil {
+			return 0
+		}
+		return time.Duration(*qs[i] * float64(time.Second))
+	}
+	return d(0), d(1), d(2), nil
+}

@@ -1,0 +1,80 @@
+// Package bench is the harness behind `relay bench` and the side-by-side
+// comparison in bench/compare: workloads (burn-down, steady rate), worker
+// processes, a fixed-memory latency histogram, and CPU accounting for
+// PostgreSQL and the workers. A queue under test is a System; Relay's is
+// here, River's lives in the comparison module so that this module does not
+// depend on River.
+package bench
+
+import (
+	"context"
+	"crypto/sha256"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// System is a job queue under test. Every job it inserts carries a stamp
+// (Unix nanoseconds) that its handler hands to Hooks.Started.
+type System interface {
+	// Name is a short lowercase name ("relay").
+	Name() string
+	// Describe says how the system is configured for cfg, for the output.
+	Describe(cfg WorkerConfig) string
+	// Table is the job table, for ANALYZE and VACUUM.
+	Table() string
+	// Setup creates or migrates the system's tables in pool's schema.
+	Setup(ctx context.Context, pool *pgxpool.Pool) error
+	// Reset empties the job table.
+	Reset(ctx context.Context, pool *pgxpool.Pool) error
+	// InsertBatch inserts n jobs in one batch, stamped now.
+	InsertBatch(ctx context.Context, pool *pgxpool.Pool, n int) error
+	// InsertOne inserts one job stamped with stamp, in its own transaction.
+	InsertOne(ctx context.Context, pool *pgxpool.Pool, stamp time.Time) error
+	// FillFinished inserts n jobs that are already finished (successfully).
+	FillFinished(ctx context.Context, pool *pgxpool.Pool, n int) error
+	// EndToEnd returns percentiles of created → finalized over the finished
+	// jobs, from the table.
+	EndToEnd(ctx context.Context, pool *pgxpool.Pool) (p50, p95, p99 time.Duration, err error)
+	// Work runs a client with cfg.Workers slots until ctx is done, then stops
+	// it gracefully.
+	Work(ctx context.Context, pool *pgxpool.Pool, cfg WorkerConfig, hooks Hooks) error
+}
+
+// WorkerConfig shapes one worker process.
+type WorkerConfig struct {
+	// Workers is the number of jobs the process runs at once.
+	Workers int
+	// Job is what each handler does.
+	Job Job
+}
+
+// Job is the handler's work: sleep, then hash.
+type Job struct {
+	Sleep time.Duration
+	// Hash is rounds of SHA-256 over the previous digest.
+	Hash int
+}
+
+// Do performs the work.
+func (j Job) Do() {
+	if j.Sleep > 0 {
+		time.Sleep(j.Sleep)
+	}
+	var sum [32]byte
+	for i := 0; i < j.Hash; i++ {
+		sum = sha256.Sum256(sum[:])
+	}
+	sink = sum[0]
+}
+
+var sink byte // keeps the hashing from being optimised away
+
+// Hooks are how a System reports to the harness.
+type Hooks struct {
+	// Started is called as a handler starts, with the job's stamp.
+	Started func(stamp int64)
+	// Completed is called with the number of completions the system has
+	// recorded durably so far (a running total).
+	Completed func(total int64)
+}
