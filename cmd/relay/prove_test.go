@@ -101,3 +101,37 @@ func TestProveScheduler(t *testing.T) {
 		t.Fatalf("prove scheduler: %v", f)
 	}
 }
+
+// relay bench runs both modes end to end with worker processes and prints
+// its summary line last.
+func TestBench(t *testing.T) {
+	t.Parallel()
+	bin := buildRelay(t)
+	url := testdb.URL(t)
+	for _, args := range [][]string{
+		{"--jobs", "2000", "--workers", "20", "--processes", "2"},
+		{"--rate", "200", "--duration", "1s", "--workers", "10", "--job-hash", "10"},
+	} {
+		out, err := exec.Command(bin, append([]string{"bench", "--database-url", url}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("relay bench %v: %v\n%s", args, err, out)
+		}
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		last := lines[len(lines)-1]
+		fields := map[string]string{}
+		for _, m := range regexp.MustCompile(`(\w+)=(\S+)`).FindAllStringSubmatch(last, -1) {
+			fields[m[1]] = m[2]
+		}
+		if !strings.HasPrefix(last, "bench: ") {
+			t.Fatalf("last line is not the summary: %q", last)
+		}
+		if w, _ := strconv.ParseFloat(fields["worked_per_s"], 64); w <= 0 {
+			t.Errorf("relay bench %v: worked_per_s=%s\n%s", args, fields["worked_per_s"], out)
+		}
+		if args[0] == "--rate" {
+			if p, _ := strconv.ParseFloat(fields["p99_ms"], 64); p <= 0 || fields["jobs"] == "0" {
+				t.Errorf("steady run measured no latency: %s", last)
+			}
+		}
+	}
+}

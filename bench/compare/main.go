@@ -1,0 +1,151 @@
+// Command compare runs the same workloads against Relay and River on one
+// PostgreSQL, alternating the two (A B A B), and prints every figure with
+// the Relay/River ratio. It is its own module so that Relay does not depend
+// on River.
+//
+//	cd bench/compare && go run . [--database-url URL] [--workloads 1,2,3,4] [--rounds 2]
+//
+// Workloads (docs/benchmarks.md has the figures):
+//
+//  1. burn-down: 1,000,000 no-op jobs inserted in batches of 5,000, then drained;
+//  2. steady: 1,000 jobs/s offered for 60 s, pickup and end-to-end latency;
+//  3. slots: 3,000 jobs that sleep 10 ms and hash 1,000 rounds, at 1, 4 and
+//     12 (3 processes × 4) slots, against the limit slots ÷ 10 ms;
+//  4. scale: drain 100,000 jobs from a table holding 5,000,000 finished rows,
+//     against the same drain on an empty table.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/internal/bench"
+	"github.com/relayq/relay/internal/devpg"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var err error
+	if len(os.Args) > 1 && os.Args[1] == "worker" {
+		err = bench.RunChild(ctx, os.Args[2:], []bench.System{bench.Relay{}, &River{}})
+	} else {
+		err = run(ctx, os.Args[1:])
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "compare:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	url       string
+	workloads string
+	rounds    int
+
+	w1Jobs                    int
+	w1RelayWorkers, w1RiverW  int
+	w2Rate                    int
+	w2Duration                time.Duration
+	w2Workers                 int
+	w3Jobs                    int
+	w4Fill, w4Jobs, w4Workers int
+}
+
+func run(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("compare", flag.ContinueOnError)
+	var o options
+	fs.StringVar(&o.url, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL (default: a throwaway cluster with default settings)")
+	fs.StringVar(&o.workloads, "workloads", "1,2,3,4", "which workloads to run")
+	fs.IntVar(&o.rounds, "rounds", 2, "rounds per workload; each round runs Relay then River")
+	fs.IntVar(&o.w1Jobs, "w1-jobs", 1_000_000, "workload 1: jobs")
+	fs.IntVar(&o.w1RelayWorkers, "w1-relay-workers", 100, "workload 1: Relay's workers")
+	fs.IntVar(&o.w1RiverW, "w1-river-workers", 2000, "workload 1: River's workers (riverbench uses 2,000)")
+	fs.IntVar(&o.w2Rate, "w2-rate", 1000, "workload 2: jobs/s offered")
+	fs.DurationVar(&o.w2Duration, "w2-duration", 60*time.Second, "workload 2: duration")
+	fs.IntVar(&o.w2Workers, "w2-workers", 100, "workload 2: workers (both)")
+	fs.IntVar(&o.w3Jobs, "w3-jobs", 3000, "workload 3: jobs")
+	fs.IntVar(&o.w4Fill, "w4-fill", 5_000_000, "workload 4: finished rows in the table")
+	fs.IntVar(&o.w4Jobs, "w4-jobs", 100_000, "workload 4: jobs drained")
+	fs.IntVar(&o.w4Workers, "w4-workers", 100, "workload 4: workers (both)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if o.url == "" {
+		fmt.Println("compare: starting a throwaway PostgreSQL cluster (default settings, fsync on)")
+		cluster, err := devpg.Start(ctx, devpg.Options{})
+		if err != nil {
+			return err
+		}
+		defer cluster.Stop()
+		o.url = cluster.URL
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	systems := []bench.System{bench.Relay{}, &River{}}
+	envs := map[string]bench.Env{}
+	for _, sys := range systems {
+		u, err := schema(ctx, o.url, "bench_"+sys.Name())
+		if err != nil {
+			return err
+		}
+		pool, err := pgxpool.New(ctx, u)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		if err := sys.Setup(ctx, pool); err != nil {
+			return fmt.Errorf("%s setup: %w", sys.Name(), err)
+		}
+		envs[sys.Name()] = bench.Env{Pool: pool, URL: u, Out: os.Stdout,
+			Spawn: func(a []string) *exec.Cmd { return exec.Command(self, append([]string{"worker"}, a...)...) }}
+	}
+	fmt.Printf("compare: %s\n", bench.Machine(ctx, envs["relay"].Pool))
+	fmt.Printf("compare: %d round(s) per workload, Relay then River in each\n", o.rounds)
+
+	want := strings.Split(o.workloads, ",")
+	c := &comparison{o: o, systems: systems, envs: envs}
+	for _, w := range []struct {
+		id  string
+		run func(context.Context) error
+	}{{"1", c.burnDown}, {"2", c.steady}, {"3", c.slots}, {"4", c.scale}} {
+		if slices.Contains(want, w.id) {
+			if err := w.run(ctx); err != nil {
+				return fmt.Errorf("workload %s: %w", w.id, err)
+			}
+		}
+	}
+	c.summary()
+	return nil
+}
+
+// schema creates (afresh) a schema and returns a URL whose connections use
+// it.
+func schema(ctx context.Context, url, name string) (string, error) {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, fmt.Sprintf("DROP SCHEMA IF EXISTS %s CASCADE; CREATE SCHEMA %s", name, name)); err != nil {
+		return "", err
+	}
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	return url + sep + "search_path=" + name, nil
+}

@@ -1,0 +1,201 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/relayq/relay/internal/bench"
+)
+
+type comparison struct {
+	o       options
+	systems []bench.System
+	envs    map[string]bench.Env
+	rows    []summaryRow
+}
+
+// summaryRow is one figure of the final table: the mean over the rounds
+// for each system.
+type summaryRow struct {
+	workload, metric string
+	relay, river     float64
+	lowerIsBetter    bool
+}
+
+func (c *comparison) add(workload, metric string, lower bool, vals map[string][]float64) {
+	c.rows = append(c.rows, summaryRow{workload: workload, metric: metric, lowerIsBetter: lower,
+		relay: mean(vals["relay"]), river: mean(vals["river"])})
+}
+
+func mean(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	var s float64
+	for _, x := range xs {
+		s += x
+	}
+	return s / float64(len(xs))
+}
+
+func msf(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// perK is a CPU duration per 1,000 jobs, in ms (NaN-free: -1 when unknown).
+func perK(d time.Duration, jobs int) float64 {
+	if d < 0 || jobs == 0 {
+		return -1
+	}
+	return msf(d) * 1000 / float64(jobs)
+}
+
+// each runs f for every round and system, A B A B, printing each result.
+func (c *comparison) each(title string, workers func(sys bench.System) int, f func(sys bench.System, env bench.Env, workers int) (bench.Result, error)) (map[string][]bench.Result, error) {
+	fmt.Printf("\n== %s\n", title)
+	for _, sys := range c.systems {
+		fmt.Printf("   %s: %s\n", sys.Name(), sys.Describe(bench.WorkerConfig{Workers: workers(sys)}))
+	}
+	out := map[string][]bench.Result{}
+	for r := 1; r <= c.o.rounds; r++ {
+		for _, sys := range c.systems {
+			fmt.Printf("-- round %d: %s\n", r, sys.Name())
+			res, err := f(sys, c.envs[sys.Name()], workers(sys))
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", sys.Name(), err)
+			}
+			fmt.Println(res.Line())
+			out[sys.Name()] = append(out[sys.Name()], res)
+		}
+	}
+	return out, nil
+}
+
+func collect(res map[string][]bench.Result, f func(bench.Result) float64) map[string][]float64 {
+	out := map[string][]float64{}
+	for name, rs := range res {
+		for _, r := range rs {
+			out[name] = append(out[name], f(r))
+		}
+	}
+	return out
+}
+
+func (c *comparison) burnDown(ctx context.Context) error {
+	workers := func(sys bench.System) int {
+		if sys.Name() == "river" {
+			return c.o.w1RiverW
+		}
+		return c.o.w1RelayWorkers
+	}
+	res, err := c.each(fmt.Sprintf("workload 1: burn-down of %d no-op jobs (batches of 5,000), one worker process", c.o.w1Jobs), workers,
+		func(sys bench.System, env bench.Env, w int) (bench.Result, error) {
+			return bench.RunBurnDown(ctx, env, sys, bench.BurnDown{Jobs: c.o.w1Jobs, Workers: w, Processes: 1})
+		})
+	if err != nil {
+		return err
+	}
+	c.add("1 burn-down", "inserts/s", false, collect(res, func(r bench.Result) float64 { return r.InsertsPerSec }))
+	c.add("1 burn-down", "worked jobs/s", false, collect(res, func(r bench.Result) float64 { return r.WorkedPerSec }))
+	c.add("1 burn-down", "PostgreSQL CPU ms / 1k jobs (drain)", true, collect(res, func(r bench.Result) float64 { return perK(r.PGCPU, r.Jobs) }))
+	c.add("1 burn-down", "worker CPU ms / 1k jobs (drain)", true, collect(res, func(r bench.Result) float64 { return perK(r.WorkerCPU, r.Jobs) }))
+	return nil
+}
+
+func (c *comparison) steady(ctx context.Context) error {
+	res, err := c.each(fmt.Sprintf("workload 2: steady %d jobs/s for %s, %d workers", c.o.w2Rate, c.o.w2Duration, c.o.w2Workers),
+		func(bench.System) int { return c.o.w2Workers },
+		func(sys bench.System, env bench.Env, w int) (bench.Result, error) {
+			return bench.RunSteady(ctx, env, sys, bench.Steady{Rate: c.o.w2Rate, Duration: c.o.w2Duration, Workers: w, Processes: 1})
+		})
+	if err != nil {
+		return err
+	}
+	c.add("2 steady", "completed jobs/s", false, collect(res, func(r bench.Result) float64 { return r.WorkedPerSec }))
+	for i, q := range []string{"p50", "p95", "p99"} {
+		c.add("2 steady", "pickup "+q+" ms", true, collect(res, func(r bench.Result) float64 { return msf(r.Pickup[i]) }))
+	}
+	c.add("2 steady", "end-to-end p99 ms", true, collect(res, func(r bench.Result) float64 { return msf(r.EndToEnd[2]) }))
+	c.add("2 steady", "PostgreSQL CPU ms / 1k jobs", true, collect(res, func(r bench.Result) float64 { return perK(r.PGCPU, r.Jobs) }))
+	return nil
+}
+
+func (c *comparison) slots(ctx context.Context) error {
+	job := bench.Job{Sleep: 10 * time.Millisecond, Hash: 1000}
+	for _, shape := range []struct{ processes, workers int }{{1, 1}, {1, 4}, {3, 4}} {
+		slots := shape.processes * shape.workers
+		limit := float64(slots) / job.Sleep.Seconds()
+		res, err := c.each(fmt.Sprintf("workload 3: %d jobs (sleep 10ms + 1,000 SHA-256 rounds), %d slot(s) = %d process(es) × %d; limit %.0f jobs/s",
+			c.o.w3Jobs, slots, shape.processes, shape.workers, limit),
+			func(bench.System) int { return shape.workers },
+			func(sys bench.System, env bench.Env, w int) (bench.Result, error) {
+				return bench.RunBurnDown(ctx, env, sys, bench.BurnDown{Jobs: c.o.w3Jobs, Workers: w, Processes: shape.processes, Job: job})
+			})
+		if err != nil {
+			return err
+		}
+		name := fmt.Sprintf("3 slots=%d", slots)
+		c.add(name, "worked jobs/s", false, collect(res, func(r bench.Result) float64 { return r.WorkedPerSec }))
+		c.add(name, "% of the slot limit", false, collect(res, func(r bench.Result) float64 { return 100 * r.WorkedPerSec / limit }))
+	}
+	return nil
+}
+
+func (c *comparison) scale(ctx context.Context) error {
+	drain := func(keep bool) func(sys bench.System, env bench.Env, w int) (bench.Result, error) {
+		return func(sys bench.System, env bench.Env, w int) (bench.Result, error) {
+			return bench.RunBurnDown(ctx, env, sys, bench.BurnDown{Jobs: c.o.w4Jobs, Workers: w, Processes: 1, KeepTable: keep})
+		}
+	}
+	workers := func(bench.System) int { return c.o.w4Workers }
+	empty, err := c.each(fmt.Sprintf("workload 4a: drain %d jobs from an empty table", c.o.w4Jobs), workers, drain(false))
+	if err != nil {
+		return err
+	}
+	fmt.Printf("\n== workload 4: filling each table with %d finished jobs (then VACUUM ANALYZE)\n", c.o.w4Fill)
+	for _, sys := range c.systems {
+		env := c.envs[sys.Name()]
+		start := time.Now()
+		if err := sys.Reset(ctx, env.Pool); err != nil {
+			return err
+		}
+		if err := sys.FillFinished(ctx, env.Pool, c.o.w4Fill); err != nil {
+			return fmt.Errorf("%s fill: %w", sys.Name(), err)
+		}
+		if _, err := env.Pool.Exec(ctx, "VACUUM ANALYZE "+sys.Table()); err != nil {
+			return err
+		}
+		fmt.Printf("   %s: filled in %s\n", sys.Name(), time.Since(start).Round(time.Second))
+	}
+	full, err := c.each(fmt.Sprintf("workload 4b: drain %d jobs from a table holding %d finished jobs", c.o.w4Jobs, c.o.w4Fill), workers, drain(true))
+	if err != nil {
+		return err
+	}
+	e := collect(empty, func(r bench.Result) float64 { return r.WorkedPerSec })
+	f := collect(full, func(r bench.Result) float64 { return r.WorkedPerSec })
+	c.add("4 scale", "worked jobs/s, empty table", false, e)
+	c.add("4 scale", fmt.Sprintf("worked jobs/s, %dM finished rows", c.o.w4Fill/1_000_000), false, f)
+	ratio := map[string][]float64{}
+	for name := range e {
+		ratio[name] = []float64{100 * mean(f[name]) / mean(e[name])}
+	}
+	c.add("4 scale", "full ÷ empty, %", false, ratio)
+	return nil
+}
+
+func (c *comparison) summary() {
+	fmt.Printf("\n== summary (mean of %d rounds; ratio = Relay ÷ River)\n", c.o.rounds)
+	fmt.Printf("%-14s %-40s %12s %12s %8s\n", "workload", "figure", "relay", "river", "ratio")
+	fmt.Println(strings.Repeat("-", 90))
+	for _, r := range c.rows {
+		ratio := "n/a"
+		if r.river > 0 && r.relay >= 0 {
+			ratio = fmt.Sprintf("%.2f", r.relay/r.river)
+		}
+		note := ""
+		if r.lowerIsBetter {
+			note = " (lower is better)"
+		}
+		fmt.Printf("%-14s %-40s %12.2f %12.2f %8s\n", r.workload, r.metric+note, r.relay, r.river, ratio)
+	}
+}
