@@ -153,3 +153,49 @@ func TestFencedWritesProbeThePrimaryKey(t *testing.T) {
 		}
 	}
 }
+
+// The claim turns synchronous_commit off for its own transaction only.
+func TestClaimCommitsAsynchronously(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO relay_jobs (kind) VALUES ('a')`); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	show := func(q interface {
+		QueryRow(context.Context, string, ...any) pgx.Row
+	}) string {
+		var v string
+		if err := q.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	if v := show(tx); v != "on" {
+		t.Fatalf("before the claim: synchronous_commit=%s", v)
+	}
+	rows, err := tx.Query(ctx, sqlClaim, "default", 10, 30000, "w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows.Close()
+	if v := show(tx); v != "off" {
+		t.Errorf("in the claim's transaction: synchronous_commit=%s, want off", v)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if v := show(conn); v != "on" {
+		t.Errorf("after the claim's transaction: synchronous_commit=%s, want on", v)
+	}
+}

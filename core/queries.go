@@ -33,6 +33,16 @@ RETURNING id`
 //   - The UPDATE moves them to claimed, counts the attempt now (so a job that
 //     kills its worker still burns attempts), and installs a fresh lease token
 //     and an expiry computed from the database's clock.
+//   - Its commit is asynchronous (synchronous_commit off for this transaction
+//     only): it does not wait for the WAL flush. Losing it is safe. Only a
+//     PostgreSQL crash in the next few hundred milliseconds can lose it, and
+//     then the job is simply queued again, as if never claimed; whatever the
+//     worker records under the lost lease is refused by the fence, and any
+//     later synchronous commit (a CompleteTx, a success) flushes the claim
+//     with it, since WAL is flushed in order. A job or an effect is never
+//     lost; at worst an attempt runs again, which at-least-once allows. The
+//     claim is on every job's critical path, so its fsync was the largest
+//     single cost of a slot-bound worker (see docs/benchmarks.md).
 const sqlClaim = `
 WITH picked AS (
     SELECT id
@@ -49,7 +59,7 @@ SET state            = 'claimed',
     attempted_by     = $4,
     lease_token      = gen_random_uuid(),
     lease_expires_at = now() + $3 * interval '1 millisecond'
-FROM picked
+FROM picked, (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
 WHERE j.id = picked.id
 RETURNING j.id, j.kind, j.queue, j.priority, j.attempt, j.max_attempts, j.run_at,
           j.created_at, j.attempted_at, j.args, j.metadata, j.lease_token`

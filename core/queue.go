@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -17,6 +18,13 @@ type queue struct {
 	client *Client
 	name   string
 	max    int
+	// prefetch jobs may be claimed beyond max; they wait, in claim order,
+	// for a running job to hand its slot over.
+	prefetch int
+	mu       sync.Mutex
+	running  int        // jobs holding a slot (≤ max)
+	waiting  []*running // prefetched jobs, oldest first
+	// active counts claimed jobs of this client: running or waiting.
 	active atomic.Int64
 	// more is set when the last claim filled its limit: the queue probably
 	// holds more runnable jobs, so a freed slot should fetch at once.
@@ -47,7 +55,7 @@ func (q *queue) run(ctx, workCtx context.Context) {
 		case <-poll.C:
 		}
 		for ctx.Err() == nil {
-			free := q.max - int(q.active.Load())
+			free := q.max + q.prefetch - int(q.active.Load())
 			if free <= 0 {
 				break
 			}
@@ -76,7 +84,20 @@ func (q *queue) run(ctx, workCtx context.Context) {
 			for _, row := range rows {
 				q.active.Add(1)
 				c.jobs.Add(1)
-				go q.execute(workCtx, row)
+				// The context is made now so that a cancel or a lost lease
+				// reaches a prefetched job too; heartbeats cover it from here.
+				ctx, cancel := context.WithCancelCause(workCtx)
+				r := &running{row: row, ctx: ctx, cancel: cancel}
+				c.inflight.Store(row.ID, r)
+				q.mu.Lock()
+				if q.running < q.max {
+					q.running++
+					q.mu.Unlock()
+					go q.execute(r)
+				} else {
+					q.waiting = append(q.waiting, r)
+					q.mu.Unlock()
+				}
 			}
 			if len(rows) < limit {
 				break
@@ -112,19 +133,51 @@ func (q *queue) claim(ctx context.Context, limit int) ([]*JobRow, error) {
 	return out, nil
 }
 
-// execute runs one claimed job and records its outcome.
-func (q *queue) execute(workCtx context.Context, row *JobRow) {
-	c := q.client
+// execute runs a claimed job holding a slot, then the prefetched jobs
+// waiting for that slot, oldest first, in the same goroutine (the handover
+// costs no scheduling).
+func (q *queue) execute(r *running) {
+	for r != nil {
+		q.executeOne(r)
+		r = q.handOver()
+	}
+}
+
+// handOver gives the finished job's slot to the oldest waiting job, or
+// frees it.
+func (q *queue) handOver() *running {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.waiting) > 0 {
+		next := q.waiting[0]
+		q.waiting = q.waiting[1:]
+		return next
+	}
+	q.running--
+	return nil
+}
+
+// executeOne runs one job and records its outcome.
+func (q *queue) executeOne(r *running) {
+	c, row, ctx := q.client, r.row, r.ctx
 	defer func() {
+		r.cancel(nil)
 		q.active.Add(-1)
 		c.jobs.Done()
 		if q.more.Load() {
 			q.notify()
 		}
 	}()
-	ctx, cancel := context.WithCancelCause(workCtx)
-	defer cancel(nil)
-	c.inflight.Store(row.ID, &running{row: row, cancel: cancel})
+	if ctx.Err() != nil {
+		// Cancelled, lease lost or shutting down before it started (a
+		// prefetched job): nothing ran. Only a shutdown has a lease to give
+		// back.
+		c.inflight.Delete(row.ID)
+		if errors.Is(context.Cause(ctx), ErrShutdown) {
+			c.release([]*JobRow{row})
+		}
+		return
+	}
 
 	reg := c.workers[row.Kind]
 	var err error
@@ -134,14 +187,18 @@ func (q *queue) execute(workCtx context.Context, row *JobRow) {
 		err = runHandler(ctx, reg, row)
 	}
 	c.inflight.Delete(row.ID)
+	if err == nil { // the hot path: nothing to log, nothing to allocate
+		if row.completedInTx {
+			c.stats.succeeded.Add(1)
+		} else {
+			c.completer.add(row)
+		}
+		return
+	}
 	cause := context.Cause(ctx)
 	log := c.logger.With("job_id", row.ID, "kind", row.Kind, "queue", row.Queue, "attempt", row.Attempt)
 
 	switch {
-	case err == nil && row.completedInTx:
-		c.stats.succeeded.Add(1)
-	case err == nil:
-		c.completer.add(row)
 	case errors.Is(cause, ErrLeaseLost):
 		log.Warn("relay: job lost its lease while running; its result is not recorded", "error", err)
 	case errors.Is(cause, ErrJobCancelled):

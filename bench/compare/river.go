@@ -46,7 +46,7 @@ func riverConfig(cfg bench.WorkerConfig, ws *river.Workers) *river.Config {
 }
 
 func (*River) Describe(cfg bench.WorkerConfig) string {
-	return fmt.Sprintf("v0.51.2, riverpgxv5; MaxWorkers %d, FetchCooldown 2ms, FetchPollInterval 20ms (riverbench's tuning); InsertManyFast (COPY) for batches",
+	return fmt.Sprintf("v0.51.2, riverpgxv5; MaxWorkers %d, FetchCooldown 2ms, FetchPollInterval 20ms (riverbench's tuning); InsertManyFast (COPY) for batches; no prefetch setting",
 		cfg.Workers)
 }
 
@@ -122,7 +122,7 @@ func (*River) Work(ctx context.Context, pool *pgxpool.Pool, cfg bench.WorkerConf
 	ws := river.NewWorkers()
 	river.AddWorker(ws, river.WorkFunc(func(_ context.Context, j *river.Job[riverArgs]) error {
 		hooks.Started(j.Args.Stamp)
-		cfg.Job.Do()
+		hooks.Worked(cfg.Job.Do())
 		return nil
 	}))
 	client, err := river.NewClient(riverpgxv5.New(pool), riverConfig(cfg, ws))

@@ -28,6 +28,7 @@ func runBench(ctx context.Context, args []string) error {
 	jobSleep := fs.Duration("job-sleep", 0, "each handler sleeps this long")
 	jobHash := fs.Int("job-hash", 0, "each handler runs this many rounds of SHA-256")
 	fill := fs.Int("fill-finished", 0, "burn-down: first fill the table with this many finished jobs")
+	prefetch := fs.Int("prefetch", 0, "jobs each process may claim beyond --workers (QueueConfig.Prefetch)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -64,13 +65,13 @@ func runBench(ctx context.Context, args []string) error {
 	env := bench.Env{Pool: pool, URL: schemaURL, Out: os.Stdout,
 		Spawn: func(a []string) *exec.Cmd { return exec.Command(self, append([]string{"bench-worker"}, a...)...) }}
 	job := bench.Job{Sleep: *jobSleep, Hash: *jobHash}
-	cfg := bench.WorkerConfig{Workers: *workers, Job: job}
+	cfg := bench.WorkerConfig{Workers: *workers, Prefetch: *prefetch, Job: job}
 	fmt.Printf("bench: %s\nbench: relay: %s\n", bench.Machine(ctx, pool), sys.Describe(cfg))
 
 	var res bench.Result
 	if *rate > 0 {
 		fmt.Printf("bench: steady %d jobs/s for %s, %d process(es) × %d workers\n", *rate, *duration, *processes, *workers)
-		res, err = bench.RunSteady(ctx, env, sys, bench.Steady{Rate: *rate, Duration: *duration, Workers: *workers, Processes: *processes, Job: job})
+		res, err = bench.RunSteady(ctx, env, sys, bench.Steady{Rate: *rate, Duration: *duration, Workers: *workers, Prefetch: *prefetch, Processes: *processes, Job: job})
 	} else {
 		if *fill > 0 {
 			fmt.Printf("bench: filling the table with %d finished jobs\n", *fill)
@@ -82,7 +83,7 @@ func runBench(ctx context.Context, args []string) error {
 			}
 		}
 		fmt.Printf("bench: burn-down of %d jobs, %d process(es) × %d workers\n", *jobs, *processes, *workers)
-		res, err = bench.RunBurnDown(ctx, env, sys, bench.BurnDown{Jobs: *jobs, Workers: *workers, Processes: *processes, Job: job, KeepTable: *fill > 0})
+		res, err = bench.RunBurnDown(ctx, env, sys, bench.BurnDown{Jobs: *jobs, Workers: *workers, Prefetch: *prefetch, Processes: *processes, Job: job, KeepTable: *fill > 0})
 	}
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)

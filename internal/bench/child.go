@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,12 +23,13 @@ import (
 //	parent → child  go               start working
 //	child → parent  done N           completions so far (every 20 ms)
 //	parent → child  (stdin closed)   stop gracefully
-//	child → parent  hist {json}      pickup latencies, then exit
+//	child → parent  hist {json}      pickup latencies
+//	child → parent  work {json}      handler work durations, then exit
 
 // childArgs renders a worker process's flags.
 func childArgs(system, url string, cfg WorkerConfig) []string {
 	return []string{"--system", system, "--database-url", url, "--workers", fmt.Sprint(cfg.Workers),
-		"--job-sleep", cfg.Job.Sleep.String(), "--job-hash", fmt.Sprint(cfg.Job.Hash)}
+		"--job-sleep", cfg.Job.Sleep.String(), "--job-hash", fmt.Sprint(cfg.Job.Hash), "--prefetch", fmt.Sprint(cfg.Prefetch)}
 }
 
 // RunChild is the body of a worker process: args are what the parent
@@ -38,10 +40,23 @@ func RunChild(ctx context.Context, args []string, systems []System) error {
 	url := fs.String("database-url", "", "PostgreSQL URL")
 	var cfg WorkerConfig
 	fs.IntVar(&cfg.Workers, "workers", 100, "slots")
+	fs.IntVar(&cfg.Prefetch, "prefetch", 0, "jobs claimed beyond the slots")
 	fs.DurationVar(&cfg.Job.Sleep, "job-sleep", 0, "sleep per job")
 	fs.IntVar(&cfg.Job.Hash, "job-hash", 0, "hash rounds per job")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if path := os.Getenv("RELAY_BENCH_CPUPROFILE"); path != "" {
+		// One profile per worker process: path.<pid>.
+		f, err := os.Create(fmt.Sprintf("%s.%d", path, os.Getpid()))
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	var sys System
 	for _, s := range systems {
@@ -84,7 +99,7 @@ func RunChild(ctx context.Context, args []string, systems []System) error {
 		stop() // stdin closed: the parent says stop
 	}()
 
-	var hist Histogram
+	var hist, work Histogram
 	var histMu sync.Mutex
 	var completed atomic.Int64
 	hooks := Hooks{
@@ -95,6 +110,11 @@ func RunChild(ctx context.Context, args []string, systems []System) error {
 			d := time.Since(time.Unix(0, stamp))
 			histMu.Lock()
 			hist.Record(d)
+			histMu.Unlock()
+		},
+		Worked: func(d time.Duration) {
+			histMu.Lock()
+			work.Record(d)
 			histMu.Unlock()
 		},
 		Completed: func(total int64) { completed.Store(total) },
@@ -122,7 +142,9 @@ func RunChild(ctx context.Context, args []string, systems []System) error {
 	say("done %d", completed.Load())
 	histMu.Lock()
 	enc, _ := json.Marshal(&hist)
+	wenc, _ := json.Marshal(&work)
 	histMu.Unlock()
 	say("hist %s", enc)
+	say("work %s", wenc)
 	return err
 }

@@ -12,6 +12,7 @@ import (
 type Histogram struct {
 	counts [59 * subBuckets]uint64
 	n      uint64
+	sum    time.Duration
 }
 
 const subBuckets = 64
@@ -40,6 +41,15 @@ func (h *Histogram) Record(d time.Duration) {
 	}
 	h.counts[bucket(uint64(d))]++
 	h.n++
+	h.sum += d
+}
+
+// Mean is the exact mean of the values recorded (zero when empty).
+func (h *Histogram) Mean() time.Duration {
+	if h.n == 0 {
+		return 0
+	}
+	return h.sum / time.Duration(h.n)
 }
 
 // Count is the number of values recorded.
@@ -51,6 +61,7 @@ func (h *Histogram) Merge(o *Histogram) {
 		h.counts[i] += c
 	}
 	h.n += o.n
+	h.sum += o.sum
 }
 
 // Quantile returns the value at quantile q (0..1), as the midpoint of its
@@ -71,6 +82,11 @@ func (h *Histogram) Quantile(q float64) time.Duration {
 	return 0
 }
 
+type histJSON struct {
+	Buckets map[int]uint64 `json:"b"`
+	Sum     time.Duration  `json:"s"`
+}
+
 // MarshalJSON writes the non-empty buckets only.
 func (h *Histogram) MarshalJSON() ([]byte, error) {
 	m := map[int]uint64{}
@@ -79,17 +95,17 @@ func (h *Histogram) MarshalJSON() ([]byte, error) {
 			m[i] = c
 		}
 	}
-	return json.Marshal(m)
+	return json.Marshal(histJSON{Buckets: m, Sum: h.sum})
 }
 
 // UnmarshalJSON reads what MarshalJSON wrote.
 func (h *Histogram) UnmarshalJSON(b []byte) error {
-	var m map[int]uint64
-	if err := json.Unmarshal(b, &m); err != nil {
+	var j histJSON
+	if err := json.Unmarshal(b, &j); err != nil {
 		return err
 	}
-	*h = Histogram{}
-	for i, c := range m {
+	*h = Histogram{sum: j.Sum}
+	for i, c := range j.Buckets {
 		if i >= 0 && i < len(h.counts) {
 			h.counts[i] += c
 			h.n += c

@@ -36,6 +36,13 @@ func TestHistogramQuantiles(t *testing.T) {
 	if a.Count() != uint64(len(all)) {
 		t.Fatalf("count %d, want %d", a.Count(), len(all))
 	}
+	var sum time.Duration
+	for _, d := range all {
+		sum += d
+	}
+	if a.Mean() != sum/time.Duration(len(all)) {
+		t.Errorf("mean %s, want %s", a.Mean(), sum/time.Duration(len(all)))
+	}
 	slices.Sort(all)
 	for _, q := range []float64{0.5, 0.95, 0.99, 0.999} {
 		exact := all[int(q*float64(len(all)-1))]

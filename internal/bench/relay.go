@@ -30,15 +30,16 @@ func (Relay) Table() string { return "relay_jobs" }
 func relayConfig(cfg WorkerConfig, ws *core.Workers) *core.Config {
 	return &core.Config{
 		Workers: ws,
-		Queues:  map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: cfg.Workers}},
+		Queues:  map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: cfg.Workers, Prefetch: cfg.Prefetch}},
 		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
 }
 
 func (Relay) Describe(cfg WorkerConfig) string {
 	c := relayConfig(cfg, nil)
-	return fmt.Sprintf("MaxWorkers %d, defaults otherwise (FetchLimit 100, PollInterval 1s, LISTEN/NOTIFY on)",
-		c.Queues[core.DefaultQueue].MaxWorkers)
+	q := c.Queues[core.DefaultQueue]
+	return fmt.Sprintf("MaxWorkers %d, Prefetch %d, defaults otherwise (FetchLimit 100, PollInterval 1s, LISTEN/NOTIFY on)",
+		q.MaxWorkers, q.Prefetch)
 }
 
 func (Relay) Setup(ctx context.Context, pool *pgxpool.Pool) error {
@@ -98,7 +99,7 @@ func (Relay) Work(ctx context.Context, pool *pgxpool.Pool, cfg WorkerConfig, hoo
 	ws := core.NewWorkers()
 	core.MustAddWorker(ws, core.WorkFunc[benchArgs](func(_ context.Context, j *core.Job[benchArgs]) error {
 		hooks.Started(j.Args.Stamp)
-		cfg.Job.Do()
+		hooks.Worked(cfg.Job.Do())
 		return nil
 	}))
 	client, err := core.NewClient(pool, relayConfig(cfg, ws))

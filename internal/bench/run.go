@@ -47,6 +47,7 @@ type Result struct {
 	Pickup   [3]time.Duration // p50, p95, p99: insert → handler start
 	EndToEnd [3]time.Duration // p50, p95, p99: created → finalized (from the table)
 
+	WorkMean  time.Duration // mean time in Job.Do per job (the handler's own work)
 	Elapsed   time.Duration // the measured phase
 	PGCPU     time.Duration // PostgreSQL's CPU during the measured phase (-1: unknown)
 	WorkerCPU time.Duration // the worker processes' CPU
@@ -74,7 +75,7 @@ func (r Result) Line() string {
 		}
 		return ms(d * 1000 / time.Duration(r.Jobs))
 	}
-	fmt.Fprintf(&b, " pg_cpu_ms_per_1k=%s worker_cpu_ms_per_1k=%s", per1k(r.PGCPU), per1k(r.WorkerCPU))
+	fmt.Fprintf(&b, " work_mean_ms=%s pg_cpu_ms_per_1k=%s worker_cpu_ms_per_1k=%s", ms(r.WorkMean), per1k(r.PGCPU), per1k(r.WorkerCPU))
 	return b.String()
 }
 
@@ -82,6 +83,7 @@ func (r Result) Line() string {
 type BurnDown struct {
 	Jobs      int
 	Workers   int // per process
+	Prefetch  int
 	Processes int
 	Job       Job
 	// Batch is the jobs per insert batch. Default 5000.
@@ -118,7 +120,7 @@ func RunBurnDown(ctx context.Context, env Env, sys System, o BurnDown) (Result, 
 		return r, err
 	}
 
-	cfg := WorkerConfig{Workers: o.Workers, Job: o.Job}
+	cfg := WorkerConfig{Workers: o.Workers, Prefetch: o.Prefetch, Job: o.Job}
 	f, err := startFleet(ctx, env, sys, cfg, o.Processes)
 	if err != nil {
 		return r, err
@@ -144,11 +146,11 @@ func RunBurnDown(ctx context.Context, env Env, sys System, o BurnDown) (Result, 
 	r.Elapsed = time.Since(began)
 	r.PGCPU = cpuSince(ctx, env.Pool, cpu0)
 	r.WorkedPerSec = float64(o.Jobs) / r.Elapsed.Seconds()
-	hist, wcpu, err := f.stop()
+	hist, work, wcpu, err := f.stop()
 	if err != nil {
 		return r, err
 	}
-	r.WorkerCPU = wcpu
+	r.WorkerCPU, r.WorkMean = wcpu, work.Mean()
 	r.Pickup = [3]time.Duration{hist.Quantile(0.5), hist.Quantile(0.95), hist.Quantile(0.99)}
 	return r, nil
 }
@@ -158,6 +160,7 @@ type Steady struct {
 	Rate      int // jobs offered per second
 	Duration  time.Duration
 	Workers   int // per process
+	Prefetch  int
 	Processes int
 	Job       Job
 	// Producers is the number of goroutines inserting. Default 32.
@@ -177,7 +180,7 @@ func RunSteady(ctx context.Context, env Env, sys System, o Steady) (Result, erro
 	if err := sys.Reset(ctx, env.Pool); err != nil {
 		return r, fmt.Errorf("reset: %w", err)
 	}
-	f, err := startFleet(ctx, env, sys, WorkerConfig{Workers: o.Workers, Job: o.Job}, o.Processes)
+	f, err := startFleet(ctx, env, sys, WorkerConfig{Workers: o.Workers, Prefetch: o.Prefetch, Job: o.Job}, o.Processes)
 	if err != nil {
 		return r, err
 	}
@@ -241,11 +244,11 @@ func RunSteady(ctx context.Context, env Env, sys System, o Steady) (Result, erro
 	r.Jobs = int(produced.Load())
 	r.OfferedPerSec = float64(r.Jobs) / offeredFor.Seconds()
 	r.WorkedPerSec = float64(r.Jobs) / r.Elapsed.Seconds()
-	hist, wcpu, err := f.stop()
+	hist, work, wcpu, err := f.stop()
 	if err != nil {
 		return r, err
 	}
-	r.WorkerCPU = wcpu
+	r.WorkerCPU, r.WorkMean = wcpu, work.Mean()
 	r.Pickup = [3]time.Duration{hist.Quantile(0.5), hist.Quantile(0.95), hist.Quantile(0.99)}
 	p50, p95, p99, err := sys.EndToEnd(ctx, env.Pool)
 	if err != nil {
@@ -293,7 +296,7 @@ type proc struct {
 	exited chan struct{} // stdout closed
 	done   atomic.Int64
 	hist   Histogram
-	gotHis bool
+	work   Histogram
 }
 
 func startFleet(ctx context.Context, env Env, sys System, cfg WorkerConfig, n int) (*fleet, error) {
@@ -348,9 +351,9 @@ func (p *proc) read(r io.Reader) {
 				p.done.Store(n)
 			}
 		case strings.HasPrefix(line, "hist "):
-			if json.Unmarshal([]byte(line[5:]), &p.hist) == nil {
-				p.gotHis = true
-			}
+			json.Unmarshal([]byte(line[5:]), &p.hist) //nolint:errcheck
+		case strings.HasPrefix(line, "work "):
+			json.Unmarshal([]byte(line[5:]), &p.work) //nolint:errcheck
 		}
 	}
 }
@@ -383,12 +386,10 @@ func (f *fleet) failed() error {
 
 // stop asks every process to stop, waits, and merges their histograms and
 // CPU times.
-func (f *fleet) stop() (Histogram, time.Duration, error) {
+func (f *fleet) stop() (pickup, work Histogram, cpu time.Duration, err error) {
 	for _, p := range f.procs {
 		p.stdin.Close()
 	}
-	var h Histogram
-	var cpu time.Duration
 	var errs []error
 	for _, p := range f.procs {
 		<-p.exited
@@ -398,10 +399,11 @@ func (f *fleet) stop() (Histogram, time.Duration, error) {
 		if p.cmd.ProcessState != nil {
 			cpu += p.cmd.ProcessState.UserTime() + p.cmd.ProcessState.SystemTime()
 		}
-		h.Merge(&p.hist)
+		pickup.Merge(&p.hist)
+		work.Merge(&p.work)
 	}
 	f.procs = nil
-	return h, cpu, errors.Join(errs...)
+	return pickup, work, cpu, errors.Join(errs...)
 }
 
 func (f *fleet) kill() {

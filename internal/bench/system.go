@@ -45,6 +45,9 @@ type System interface {
 type WorkerConfig struct {
 	// Workers is the number of jobs the process runs at once.
 	Workers int
+	// Prefetch is how many jobs beyond Workers a system may hold claimed
+	// (Relay's QueueConfig.Prefetch; systems without it ignore it).
+	Prefetch int
 	// Job is what each handler does.
 	Job Job
 }
@@ -56,8 +59,9 @@ type Job struct {
 	Hash int
 }
 
-// Do performs the work.
-func (j Job) Do() {
+// Do performs the work and returns how long it took.
+func (j Job) Do() time.Duration {
+	start := time.Now()
 	if j.Sleep > 0 {
 		time.Sleep(j.Sleep)
 	}
@@ -66,6 +70,7 @@ func (j Job) Do() {
 		sum = sha256.Sum256(sum[:])
 	}
 	sink = sum[0]
+	return time.Since(start)
 }
 
 var sink byte // keeps the hashing from being optimised away
@@ -74,6 +79,9 @@ var sink byte // keeps the hashing from being optimised away
 type Hooks struct {
 	// Started is called as a handler starts, with the job's stamp.
 	Started func(stamp int64)
+	// Worked is called with how long Job.Do took: the handler's own time,
+	// which bounds what any queue can reach.
+	Worked func(time.Duration)
 	// Completed is called with the number of completions the system has
 	// recorded durably so far (a running total).
 	Completed func(total int64)

@@ -1,0 +1,53 @@
+package core
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/relayq/relay/internal/testdb"
+)
+
+// BenchmarkClaimComplete claims and completes jobs in batches of n from a
+// queue of queued jobs, reporting each statement's cost per job: the two
+// hot statements of the worker loop, without the runtime around them.
+func BenchmarkClaimComplete(b *testing.B) {
+	for _, n := range []int{1, 10, 100} {
+		b.Run(fmt.Sprintf("batch=%d", n), func(b *testing.B) {
+			pool := testdb.New(b)
+			ctx := context.Background()
+			total := b.N * n
+			if _, err := pool.Exec(ctx, `INSERT INTO relay_jobs (kind) SELECT 'bench' FROM generate_series(1, $1)`, total); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := pool.Exec(ctx, `VACUUM ANALYZE relay_jobs`); err != nil {
+				b.Fatal(err)
+			}
+			c := &Client{pool: pool, cfg: Config{ID: "bench", LeaseDuration: 30e9}}
+			c.completer = newCompleter(c)
+			q := &queue{client: c, name: DefaultQueue}
+			var claimNs, completeNs int64
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				t0 := nanotime()
+				rows, err := q.claim(ctx, n)
+				if err != nil || len(rows) != n {
+					b.Fatalf("claim: %d rows, %v", len(rows), err)
+				}
+				t1 := nanotime()
+				ids, tokens := idsAndTokens(rows)
+				done, err := c.completer.write(ctx, ids, tokens)
+				if err != nil || len(done) != n {
+					b.Fatalf("complete: %d rows, %v", len(done), err)
+				}
+				claimNs += t1 - t0
+				completeNs += nanotime() - t1
+			}
+			b.ReportMetric(float64(claimNs)/float64(total)/1000, "claim-µs/job")
+			b.ReportMetric(float64(completeNs)/float64(total)/1000, "complete-µs/job")
+		})
+	}
+}
+
+func nanotime() int64 { return time.Now().UnixNano() }
