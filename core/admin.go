@@ -3,10 +3,13 @@ package core
 import (
 	"context"
 	"encoding/json"
+	"errors"
 
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Cancel cancels a queued or running job. A running job's lease ends at once,
@@ -38,6 +41,10 @@ func Requeue(ctx context.Context, db DB, id int64) error {
 	}
 	var queue string
 	if err := transition(ctx, ex, sqlRequeue, id, StateQueued, func(r scanner) error { return r.Scan(&queue) }); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "relay_jobs_unique_idx" {
+			err = ErrUniqueConflict
+		}
 		return fmt.Errorf("core: requeue job %d: %w", id, err)
 	}
 	if _, err := ex.exec(ctx, sqlNotifyQueue, queue); err != nil {

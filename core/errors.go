@@ -28,6 +28,10 @@ var (
 	ErrShutdown = errors.New("core: client stopped")
 	// ErrUnsupportedDB: a DB argument of a type Relay cannot run SQL through.
 	ErrUnsupportedDB = errors.New("core: unsupported database handle")
+
+	// ErrUniqueConflict: a requeue would make a second job with the same
+	// unique key queued or running (see UniqueOpts).
+	ErrUniqueConflict = errors.New("core: another job with the same unique key is in a unique state")
 )
 
 // ValidationError reports enqueue input refused before anything was written.

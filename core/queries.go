@@ -20,7 +20,29 @@ FROM ROWS FROM (jsonb_to_recordset($1::jsonb) AS (
          run_at timestamptz, delay_us bigint, metadata jsonb))
      WITH ORDINALITY AS j(kind, queue, args, priority, max_attempts, run_at, delay_us, metadata, ord)
 ORDER BY j.ord
-RETURNING id`
+RETURNING id, false`
+
+// sqlEnqueueUnique is sqlEnqueue for a batch holding unique jobs (keys
+// distinct within the batch). A job whose key is held by a job in one of
+// that job's unique states is not inserted: ON CONFLICT takes the existing
+// row instead — waiting for an enqueue of the same key still in flight in
+// another transaction, so the answer is right under any concurrency — and
+// rewrites its key unchanged so that RETURNING can give its id. xmax is set
+// on a row ON CONFLICT updated and zero on a freshly inserted one, which
+// tells duplicates apart. Rows without a key never conflict.
+const sqlEnqueueUnique = `
+INSERT INTO relay_jobs (kind, queue, args, priority, max_attempts, run_at, metadata, unique_key, unique_states)
+SELECT j.kind, j.queue, j.args, j.priority, j.max_attempts,
+       coalesce(j.run_at, now() + j.delay_us * interval '1 microsecond'),
+       j.metadata, j.unique_key, j.unique_states
+FROM ROWS FROM (jsonb_to_recordset($1::jsonb) AS (
+         kind text, queue text, args jsonb, priority smallint, max_attempts integer,
+         run_at timestamptz, delay_us bigint, metadata jsonb, unique_key text, unique_states text[]))
+     WITH ORDINALITY AS j(kind, queue, args, priority, max_attempts, run_at, delay_us, metadata, unique_key, unique_states, ord)
+ORDER BY j.ord
+ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state = ANY (unique_states)
+DO UPDATE SET unique_key = excluded.unique_key
+RETURNING id, xmax <> 0`
 
 // sqlClaim leases up to $2 runnable jobs of queue $1 to worker $4 for $3
 // milliseconds, in one statement:

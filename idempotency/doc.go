@@ -1,7 +1,23 @@
-// Package idempotency will hold an idempotency-key table and helpers that let
-// handlers make each side effect once under at-least-once delivery: for
-// database effects inside the caller's transaction, for calls to outside
-// services with a stable token, and for HTTP producers (Idempotency-Key).
+// Package idempotency makes a side effect happen once per key, on top of
+// Relay's at-least-once delivery. It keeps one row per (scope, key) in
+// relay_idempotency_keys.
 //
-// Not built yet.
+//   - Once, for effects in the database: it runs a function inside the
+//     caller's transaction unless the key already succeeded, and stores the
+//     function's result with the key in that same transaction. Exactly once:
+//     the effect and the key commit together or not at all. A second call
+//     replays the stored result; a concurrent call waits, then replays.
+//   - External, for calls to outside services (email, payments): it commits
+//     the key as running under a lease, calls the function with a token that
+//     stays the same across attempts, then records the result. At least
+//     once: a crash after the call and before the record runs the call
+//     again, with the same token, which the outside service must use to
+//     deduplicate (its Idempotency-Key header, say), or which the function
+//     must check before acting.
+//   - Middleware, for HTTP endpoints that enqueue work: it honours an
+//     Idempotency-Key header, replaying the stored response for a repeated
+//     request and refusing (422) the same key with a different request.
+//
+// Keys expire (Options.TTL) and DeleteExpired removes them in batches.
+// docs/idempotency.md says when to use which, and the windows that remain.
 package idempotency

@@ -28,7 +28,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/internal/bench"
 	"github.com/relayq/relay/internal/devpg"
@@ -70,7 +69,7 @@ func run(ctx context.Context, args []string) error {
 	fs.StringVar(&o.workloads, "workloads", "1,2,3,4", "which workloads to run")
 	fs.IntVar(&o.rounds, "rounds", 2, "rounds per workload; each round runs Relay then River")
 	fs.IntVar(&o.w1Jobs, "w1-jobs", 1_000_000, "workload 1: jobs")
-	fs.IntVar(&o.w1RelayWorkers, "w1-relay-workers", 100, "workload 1: Relay's workers")
+	fs.IntVar(&o.w1RelayWorkers, "w1-relay-workers", 2000, "workload 1: Relay's workers")
 	fs.IntVar(&o.w1RiverW, "w1-river-workers", 2000, "workload 1: River's workers (riverbench uses 2,000)")
 	fs.IntVar(&o.w2Rate, "w2-rate", 1000, "workload 2: jobs/s offered")
 	fs.DurationVar(&o.w2Duration, "w2-duration", 60*time.Second, "workload 2: duration")
@@ -102,7 +101,7 @@ func run(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		pool, err := pgxpool.New(ctx, u)
+		pool, err := bench.NewPool(ctx, u)
 		if err != nil {
 			return err
 		}

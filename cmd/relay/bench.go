@@ -8,8 +8,6 @@ import (
 	"os/exec"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/relayq/relay/internal/bench"
 	"github.com/relayq/relay/internal/devpg"
 )
@@ -49,7 +47,7 @@ func runBench(ctx context.Context, args []string) error {
 		return err
 	}
 	defer drop()
-	pool, err := pgxpool.New(ctx, schemaURL)
+	pool, err := bench.NewPool(ctx, schemaURL)
 	if err != nil {
 		return err
 	}

@@ -22,6 +22,8 @@ Usage:
                                        (relay prove queue -h lists the flags)
   relay prove scheduler [flags]        prove every fire time of a schedule gets exactly
                                        one job across processes under kill -9
+  relay prove idempotency [flags]      prove each job's database effect happens once and
+                                       its outside call keeps one token, under kill -9
   relay bench [flags]                  measure throughput and latency: a burn-down of
                                        --jobs, or --rate jobs/s for --duration
                                        (relay bench -h lists the flags)
@@ -50,6 +52,8 @@ func main() {
 		err = runBench(ctx, os.Args[2:])
 	case "bench-worker":
 		err = bench.RunChild(ctx, os.Args[2:], []bench.System{bench.Relay{}})
+	case "prove-idem-worker":
+		err = runProveIdemWorker(ctx, os.Args[2:])
 	case "prove-scheduler":
 		err = runProveSchedulerProcess(ctx, os.Args[2:])
 	case "help", "-h", "--help":

@@ -50,8 +50,11 @@ func runProve(ctx context.Context, args []string) error {
 	if len(args) > 0 && args[0] == "scheduler" {
 		return runProveScheduler(ctx, args[1:])
 	}
+	if len(args) > 0 && args[0] == "idempotency" {
+		return runProveIdempotency(ctx, args[1:])
+	}
 	if len(args) == 0 || args[0] != "queue" {
-		return errors.New("prove: usage: relay prove queue|scheduler [flags]")
+		return errors.New("prove: usage: relay prove queue|scheduler|idempotency [flags]")
 	}
 	fs := flag.NewFlagSet("prove queue", flag.ContinueOnError)
 	var c proveConfig

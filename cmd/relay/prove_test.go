@@ -135,3 +135,17 @@ func TestBench(t *testing.T) {
 		}
 	}
 }
+
+// Worker processes are SIGKILLed while jobs call a sink through
+// idempotency.External and write through idempotency.Once: one database
+// effect and one token per job.
+func TestProveIdempotency(t *testing.T) {
+	t.Parallel()
+	bin := buildRelay(t)
+	url := testdb.URL(t)
+	f := runProof(t, bin, "idempotency", "--database-url", url, "--jobs", "600", "--processes", "3", "--concurrency", "4",
+		"--kill", "3", "--lease", "1s", "--sink-time", "20ms")
+	if f["jobs"] != "600" || f["db_effects"] != "600" || f["duplicate_db_effects"] != "0" || f["distinct_tokens"] != "600" || f["kills"] != "3" {
+		t.Fatalf("prove idempotency: %v", f)
+	}
+}

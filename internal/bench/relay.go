@@ -38,7 +38,7 @@ func relayConfig(cfg WorkerConfig, ws *core.Workers) *core.Config {
 func (Relay) Describe(cfg WorkerConfig) string {
 	c := relayConfig(cfg, nil)
 	q := c.Queues[core.DefaultQueue]
-	return fmt.Sprintf("MaxWorkers %d, Prefetch %d, defaults otherwise (FetchLimit 100, PollInterval 1s, LISTEN/NOTIFY on)",
+	return fmt.Sprintf("MaxWorkers %d, Prefetch %d, defaults otherwise (FetchLimit 1000, PollInterval 1s, LISTEN/NOTIFY on)",
 		q.MaxWorkers, q.Prefetch)
 }
 

@@ -413,3 +413,15 @@ func (f *fleet) kill() {
 	}
 	f.procs = nil
 }
+
+// NewPool opens the harness's own pool on url: large enough that the steady
+// workload's producers never queue for a connection (which would count as
+// pickup latency).
+func NewPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = 48
+	return pgxpool.NewWithConfig(ctx, cfg)
+}

@@ -1,0 +1,27 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/relayq/relay/internal/testdb"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+// A double submit enqueues one job; a crash after sending and a manual
+// re-run still make one email.
+func TestOneEmailPerOrder(t *testing.T) {
+	var b bytes.Buffer
+	if err := run(context.Background(), testdb.URL(t), &b); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{"duplicate=true", "crashed before recording", "already sent earlier", "2 requests, 1 email sent"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("missing %q in:\n%s", want, out)
+		}
+	}
+}

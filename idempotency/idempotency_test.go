@@ -1,0 +1,336 @@
+package idempotency_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/idempotency"
+	"github.com/relayq/relay/internal/testdb"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}
+
+func setup(t *testing.T) *pgxpool.Pool {
+	pool := testdb.New(t)
+	if _, err := pool.Exec(context.Background(), `CREATE TABLE ledger (order_id text, amount int)`); err != nil {
+		t.Fatal(err)
+	}
+	return pool
+}
+
+// credit writes a ledger row through Once in its own transaction.
+func credit(ctx context.Context, pool *pgxpool.Pool, order string, ran *atomic.Int32, hold <-chan struct{}) (int, bool, error) {
+	var res int
+	var replayed bool
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var err error
+		res, replayed, err = idempotency.Once(ctx, tx, "ledger", order, func(ctx context.Context) (int, error) {
+			ran.Add(1)
+			if hold != nil {
+				<-hold
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO ledger VALUES ($1, 42)`, order)
+			return 42, err
+		}, nil)
+		return err
+	})
+	return res, replayed, err
+}
+
+func TestOnceRunsOnceAndReplays(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+	var ran atomic.Int32
+	for i, wantReplayed := range []bool{false, true, true} {
+		res, replayed, err := credit(ctx, pool, "o-1", &ran, nil)
+		if err != nil || res != 42 || replayed != wantReplayed {
+			t.Fatalf("call %d: %d %v %v", i, res, replayed, err)
+		}
+	}
+	if ran.Load() != 1 || count(t, pool, `SELECT count(*) FROM ledger`) != 1 {
+		t.Fatalf("fn ran %d times, %d ledger rows", ran.Load(), count(t, pool, `SELECT count(*) FROM ledger`))
+	}
+
+	// A failing fn leaves no key: the next call runs.
+	boom := errors.New("boom")
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, _, err := idempotency.Once(ctx, tx, "ledger", "o-2", func(context.Context) (int, error) { return 0, boom }, nil)
+		return err
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("failing fn: %v", err)
+	}
+	if _, replayed, err := credit(ctx, pool, "o-2", &ran, nil); err != nil || replayed {
+		t.Fatalf("after a failure: replayed=%v %v", replayed, err)
+	}
+
+	// A rolled-back transaction leaves no key either.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := idempotency.Once(ctx, tx, "ledger", "o-3", func(context.Context) (int, error) { return 1, nil }, nil); err != nil {
+		t.Fatal(err)
+	}
+	tx.Rollback(ctx)
+	if n := count(t, pool, `SELECT count(*) FROM relay_idempotency_keys WHERE key = 'o-3'`); n != 0 {
+		t.Errorf("rolled-back key is stored")
+	}
+}
+
+// Two concurrent calls with one key: the second waits for the first's
+// transaction, then replays; if the first rolls back, the second runs.
+func TestOnceConcurrentSameKey(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+	for _, commit := range []bool{true, false} {
+		order := "commit"
+		if !commit {
+			order = "rollback"
+		}
+		var ran atomic.Int32
+		hold := make(chan struct{})
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		firstDone := make(chan error, 1)
+		go func() {
+			_, _, err := idempotency.Once(ctx, tx, "ledger", order, func(ctx context.Context) (int, error) {
+				ran.Add(1)
+				<-hold
+				_, err := tx.Exec(ctx, `INSERT INTO ledger VALUES ($1, 42)`, order)
+				return 42, err
+			}, nil)
+			firstDone <- err
+		}()
+		waitFor(t, "the first call to run", func() bool { return ran.Load() == 1 })
+
+		type out struct {
+			replayed bool
+			err      error
+		}
+		second := make(chan out, 1)
+		go func() {
+			_, replayed, err := credit(ctx, pool, order, &ran, nil)
+			second <- out{replayed, err}
+		}()
+		waitFor(t, "the second call to wait on the key", func() bool {
+			return count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%relay_idempotency_keys%'`) == 1
+		})
+		close(hold)
+		if err := <-firstDone; err != nil {
+			t.Fatal(err)
+		}
+		if commit {
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			tx.Rollback(ctx)
+		}
+		got := <-second
+		if got.err != nil || got.replayed != commit {
+			t.Errorf("%s: second call replayed=%v err=%v; want replayed=%v", order, got.replayed, got.err, commit)
+		}
+		if want := map[bool]int32{true: 1, false: 2}[commit]; ran.Load() != want {
+			t.Errorf("%s: fn ran %d times, want %d", order, ran.Load(), want)
+		}
+		if n := count(t, pool, `SELECT count(*) FROM ledger WHERE order_id = $1`, order); n != 1 {
+			t.Errorf("%s: %d ledger rows, want 1", order, n)
+		}
+	}
+}
+
+func TestExternal(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+	opts := &idempotency.Options{Lease: 300 * time.Millisecond}
+	var tokens []string
+	send := func(ctx context.Context, token string) (string, error) {
+		tokens = append(tokens, token)
+		return "msg-" + token[:8], nil
+	}
+
+	// Success, then replays without calling.
+	res, replayed, err := idempotency.External(ctx, pool, "email", "receipt-1", send, opts)
+	if err != nil || replayed {
+		t.Fatalf("first: %v %v", replayed, err)
+	}
+	res2, replayed, err := idempotency.External(ctx, pool, "email", "receipt-1", send, opts)
+	if err != nil || !replayed || res2 != res || len(tokens) != 1 {
+		t.Fatalf("second: %q %v %v, %d calls", res2, replayed, err, len(tokens))
+	}
+
+	// The crash window: the call is made, then the process dies before the
+	// result is recorded (here: the function panics). While the lease
+	// lives, another attempt is told the key is in progress; after it, the
+	// call runs again with the same token.
+	func() {
+		defer func() { recover() }()
+		idempotency.External(ctx, pool, "email", "receipt-2", func(ctx context.Context, token string) (string, error) {
+			tokens = append(tokens, token)
+			panic("crash after the call")
+		}, opts)
+	}()
+	if _, _, err := idempotency.External(ctx, pool, "email", "receipt-2", send, opts); !errors.Is(err, idempotency.ErrInProgress) {
+		t.Fatalf("during the lease: %v, want ErrInProgress", err)
+	}
+	waitFor(t, "the lease to expire", func() bool {
+		return count(t, pool, `SELECT count(*) FROM relay_idempotency_keys WHERE key = 'receipt-2' AND lease_expires_at < now()`) == 1
+	})
+	if _, replayed, err := idempotency.External(ctx, pool, "email", "receipt-2", send, opts); err != nil || replayed {
+		t.Fatalf("after the lease: %v %v", replayed, err)
+	}
+	if len(tokens) != 3 || tokens[1] != tokens[2] || tokens[1] == tokens[0] {
+		t.Fatalf("tokens %v: the retry after the crash must reuse the crashed attempt's token", tokens)
+	}
+
+	// A failed call lets the next attempt go at once, same token.
+	fail := errors.New("provider down")
+	if _, _, err := idempotency.External(ctx, pool, "email", "receipt-3", func(ctx context.Context, token string) (string, error) {
+		tokens = append(tokens, token)
+		return "", fail
+	}, opts); !errors.Is(err, fail) {
+		t.Fatal(err)
+	}
+	if _, _, err := idempotency.External(ctx, pool, "email", "receipt-3", send, opts); err != nil {
+		t.Fatalf("retry after a failure: %v", err)
+	}
+	if tokens[3] != tokens[4] {
+		t.Errorf("retry after a failure used a new token")
+	}
+
+	// Expired keys are forgotten (a fresh token) and deleted in batches.
+	if _, err := pool.Exec(ctx, `UPDATE relay_idempotency_keys SET expires_at = now() - interval '1 second' WHERE key = 'receipt-1'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, replayed, err := idempotency.External(ctx, pool, "email", "receipt-1", send, opts); err != nil || replayed {
+		t.Fatalf("expired key: %v %v", replayed, err)
+	}
+	if tokens[len(tokens)-1] == tokens[0] {
+		t.Errorf("an expired key kept its token")
+	}
+	if _, err := pool.Exec(ctx, `UPDATE relay_idempotency_keys SET expires_at = now() - interval '1 second'`); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		n, err := idempotency.DeleteExpired(ctx, pool, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n < 2 {
+			break
+		}
+	}
+	if n := count(t, pool, `SELECT count(*) FROM relay_idempotency_keys`); n != 0 {
+		t.Errorf("%d keys left after DeleteExpired", n)
+	}
+}
+
+func TestMiddleware(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	var calls atomic.Int32
+	block := make(chan struct{})
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /orders", func(w http.ResponseWriter, r *http.Request) {
+		n := calls.Add(1)
+		body, _ := io.ReadAll(r.Body)
+		if strings.Contains(string(body), "slow") {
+			<-block
+		}
+		if strings.Contains(string(body), "fail") {
+			http.Error(w, "down", http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Location", "/orders/1")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "created "+string(body)+" #"+string(rune('0'+n)))
+	})
+	srv := httptest.NewServer(idempotency.Middleware(pool, nil)(mux))
+	defer srv.Close()
+	post := func(key, body string) (*http.Response, string) {
+		req, _ := http.NewRequest("POST", srv.URL+"/orders", strings.NewReader(body))
+		if key != "" {
+			req.Header.Set(idempotency.HeaderKey, key)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp, string(b)
+	}
+
+	r1, b1 := post("k1", "book")
+	r2, b2 := post("k1", "book")
+	if r1.StatusCode != 201 || r2.StatusCode != 201 || b1 != b2 || calls.Load() != 1 {
+		t.Fatalf("replay: %d %q / %d %q, %d calls", r1.StatusCode, b1, r2.StatusCode, b2, calls.Load())
+	}
+	if r2.Header.Get(idempotency.HeaderReplayed) != "true" || r2.Header.Get("Location") != "/orders/1" {
+		t.Errorf("replayed headers: %v", r2.Header)
+	}
+	r3, b3 := post("k1", "a different book")
+	if r3.StatusCode != http.StatusUnprocessableEntity || r3.Header.Get("Content-Type") != "application/problem+json" || !strings.Contains(b3, "different request") {
+		t.Errorf("same key, other body: %d %s %q", r3.StatusCode, r3.Header.Get("Content-Type"), b3)
+	}
+	post("", "book")
+	post("", "book")
+	if calls.Load() != 3 {
+		t.Errorf("requests without a key must pass through: %d calls", calls.Load())
+	}
+	// A 5xx is not stored: the retry runs.
+	post("k2", "fail")
+	post("k2", "fail")
+	if calls.Load() != 5 {
+		t.Errorf("5xx was replayed: %d calls", calls.Load())
+	}
+	// While the first runs, a repeat is told to wait.
+	done := make(chan struct{})
+	go func() { post("k3", "slow"); close(done) }()
+	waitFor(t, "the slow request to hold its key", func() bool { return calls.Load() == 6 })
+	r4, _ := post("k3", "slow")
+	if r4.StatusCode != http.StatusConflict || r4.Header.Get("Retry-After") == "" {
+		t.Errorf("in progress: %d, Retry-After %q", r4.StatusCode, r4.Header.Get("Retry-After"))
+	}
+	close(block)
+	<-done
+	if r5, _ := post("k3", "slow"); r5.StatusCode != 201 || calls.Load() != 6 {
+		t.Errorf("after the slow one finished: %d, %d calls", r5.StatusCode, calls.Load())
+	}
+}

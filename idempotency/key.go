@@ -1,0 +1,117 @@
+package idempotency
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/core"
+)
+
+// Options tune the helpers. The zero value (or nil) is usable.
+type Options struct {
+	// TTL is how long a key is remembered after its effect succeeded (and at
+	// least while it runs). Default 24h.
+	TTL time.Duration
+	// Lease is how long External holds a key for one attempt before another
+	// attempt may take it over. Make it longer than the call's timeout.
+	// Default 1 minute.
+	Lease time.Duration
+}
+
+func (o *Options) withDefaults() Options {
+	var r Options
+	if o != nil {
+		r = *o
+	}
+	if r.TTL <= 0 {
+		r.TTL = 24 * time.Hour
+	}
+	if r.Lease <= 0 {
+		r.Lease = time.Minute
+	}
+	return r
+}
+
+// ErrInProgress is returned (wrapped) when another attempt holds the key's
+// lease. The wrapper asks the core to retry when the lease ends
+// (core.RetryIn), so a job handler can return it as it is.
+var ErrInProgress = errors.New("idempotency: another attempt is in progress for this key")
+
+// state is a key as sqlLock reads it.
+type state struct {
+	status       string
+	result       []byte
+	token        uuid.UUID
+	requestHash  string
+	leaseExpired bool
+	leaseLeft    float64
+	expired      bool
+}
+
+// acquire makes owner the holder of (scope, key) in tx: by inserting it,
+// or by taking over a key whose lease or life has ended. When the key
+// already succeeded it returns the stored state instead (owned false).
+func acquire(ctx context.Context, tx pgx.Tx, scope, key string, owner uuid.UUID, lease, ttl time.Duration, reqHash string) (st state, owned bool, err error) {
+	if scope == "" || key == "" {
+		return state{}, false, errors.New("idempotency: scope and key must not be empty")
+	}
+	var hash *string
+	if reqHash != "" {
+		hash = &reqHash
+	}
+	for try := 0; try < 3; try++ {
+		err := tx.QueryRow(ctx, sqlClaim, scope, key, owner, lease.Seconds(), hash, ttl.Seconds()).Scan(&st.token)
+		if err == nil {
+			return st, true, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return state{}, false, fmt.Errorf("idempotency: claim key %s/%s: %w", scope, key, err)
+		}
+		err = tx.QueryRow(ctx, sqlLock, scope, key).Scan(&st.status, &st.result, &st.token, &st.requestHash,
+			&st.leaseExpired, &st.leaseLeft, &st.expired)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue // deleted (expired) between the two statements
+		}
+		if err != nil {
+			return state{}, false, fmt.Errorf("idempotency: read key %s/%s: %w", scope, key, err)
+		}
+		switch {
+		case st.expired, st.status == "running" && st.leaseExpired:
+			if err := tx.QueryRow(ctx, sqlTakeOver, scope, key, owner, lease.Seconds(), hash, ttl.Seconds(), st.expired).Scan(&st.token); err != nil {
+				return state{}, false, fmt.Errorf("idempotency: take over key %s/%s: %w", scope, key, err)
+			}
+			return st, true, nil
+		case st.status == "running":
+			left := time.Duration(st.leaseLeft * float64(time.Second))
+			return st, false, core.RetryIn(left, fmt.Errorf("%w (%s/%s, lease ends in %s)", ErrInProgress, scope, key, left.Round(time.Millisecond)))
+		}
+		return st, false, nil // succeeded
+	}
+	return state{}, false, fmt.Errorf("idempotency: key %s/%s kept disappearing", scope, key)
+}
+
+// DeleteExpired deletes up to limit expired keys and returns how many it
+// deleted; call it until that is below limit. (Expired keys are ignored by
+// the helpers either way: this only reclaims space.)
+func DeleteExpired(ctx context.Context, pool *pgxpool.Pool, limit int) (int64, error) {
+	tag, err := pool.Exec(ctx, sqlDeleteExpired, limit)
+	if err != nil {
+		return 0, fmt.Errorf("idempotency: delete expired keys: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+func encode(v any) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("idempotency: encode result: %w", err)
+	}
+	return b, nil
+}

@@ -1,0 +1,61 @@
+package idempotency
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// Once runs fn inside tx unless (scope, key) already succeeded, and stores
+// fn's result with the key in tx: the key, fn's writes in tx and the result
+// commit together or not at all. Exactly once for effects in this database.
+//
+// A later call with the key returns the stored result without running fn
+// (replayed true). A concurrent call with the key waits for this
+// transaction to end, then replays (or runs, if this one rolled back). If fn
+// fails, Once removes the key from tx and returns fn's error; roll tx back.
+//
+// Use it inside a job handler's transaction, before core.CompleteTx:
+//
+//	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+//		_, _, err := idempotency.Once(ctx, tx, "ledger", orderID, func(ctx context.Context) (int64, error) {
+//			return insertLedgerEntry(ctx, tx, order)
+//		}, nil)
+//		if err != nil {
+//			return err
+//		}
+//		return core.CompleteTx(ctx, tx, job)
+//	})
+func Once[T any](ctx context.Context, tx pgx.Tx, scope, key string, fn func(ctx context.Context) (T, error), opts *Options) (result T, replayed bool, err error) {
+	o := opts.withDefaults()
+	owner := uuid.New()
+	// Savepoint-free: the key row is this transaction's until it ends.
+	st, owned, err := acquire(ctx, tx, scope, key, owner, o.Lease, o.TTL, "")
+	if err != nil {
+		return result, false, err
+	}
+	if !owned {
+		if err := json.Unmarshal(st.result, &result); err != nil {
+			return result, false, fmt.Errorf("idempotency: decode stored result of %s/%s into %T: %w", scope, key, result, err)
+		}
+		return result, true, nil
+	}
+	result, err = fn(ctx)
+	if err != nil {
+		if _, ferr := tx.Exec(ctx, sqlForget, scope, key, owner); ferr != nil {
+			return result, false, fmt.Errorf("%w (and forgetting key %s/%s failed: %v)", err, scope, key, ferr)
+		}
+		return result, false, err
+	}
+	enc, err := encode(result)
+	if err != nil {
+		return result, false, err
+	}
+	if _, err := tx.Exec(ctx, sqlSucceed, scope, key, owner, enc, o.TTL.Seconds()); err != nil {
+		return result, false, fmt.Errorf("idempotency: record key %s/%s: %w", scope, key, err)
+	}
+	return result, false, nil
+}
