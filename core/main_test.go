@@ -13,18 +13,6 @@ import (
 
 func TestMain(m *testing.M) { testdb.Main(m) }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // jobState reads a job's state from the table.
 func jobState(t *testing.T, pool *pgxpool.Pool, id int64) core.JobState {
 	t.Helper()
@@ -67,11 +55,9 @@ func startClient(t *testing.T, pool *pgxpool.Pool, cfg *core.Config) *core.Clien
 	return c
 }
 
+func waitFor(t *testing.T, what string, cond func() bool) { t.Helper(); testdb.WaitFor(t, what, cond) }
+
 func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
 	t.Helper()
-	var n int
-	if err := pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-	return n
+	return testdb.Count(t, pool, sql, args...)
 }

@@ -20,26 +20,6 @@ import (
 
 func TestMain(m *testing.M) { testdb.Main(m) }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
-	t.Helper()
-	var n int
-	if err := pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-	return n
-}
-
 func setup(t *testing.T) *pgxpool.Pool {
 	pool := testdb.New(t)
 	if _, err := pool.Exec(context.Background(), `CREATE TABLE ledger (order_id text, amount int)`); err != nil {
@@ -333,4 +313,11 @@ func TestMiddleware(t *testing.T) {
 	if r5, _ := post("k3", "slow"); r5.StatusCode != 201 || calls.Load() != 6 {
 		t.Errorf("after the slow one finished: %d, %d calls", r5.StatusCode, calls.Load())
 	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) { t.Helper(); testdb.WaitFor(t, what, cond) }
+
+func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
+	t.Helper()
+	return testdb.Count(t, pool, sql, args...)
 }

@@ -23,26 +23,6 @@ type reportArgs struct {
 
 func (reportArgs) Kind() string { return "report" }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
-	t.Helper()
-	var n int
-	if err := pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-	return n
-}
-
 func start(t *testing.T, pool *pgxpool.Pool, cfg *scheduler.Config) *scheduler.Scheduler {
 	t.Helper()
 	s, err := scheduler.New(pool, cfg)
@@ -328,4 +308,11 @@ func TestPauseResumeTrigger(t *testing.T) {
 	waitFor(t, "fires after resume", func() bool {
 		return count(t, pool, `SELECT count(*) FROM relay_schedule_fires WHERE outcome = 'enqueued' AND fire_time > $1`, pausedAt.Add(3*time.Second)) >= 1
 	})
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) { t.Helper(); testdb.WaitFor(t, what, cond) }
+
+func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
+	t.Helper()
+	return testdb.Count(t, pool, sql, args...)
 }

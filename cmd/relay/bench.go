@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/relayq/relay/internal/bench"
-	"github.com/relayq/relay/internal/devpg"
 )
 
 // runBench is `relay bench`: a burn-down (pre-inserted jobs drained by
@@ -33,25 +32,12 @@ func runBench(ctx context.Context, args []string) error {
 	if *jobs < 1 || *workers < 1 || *processes < 1 || *rate < 0 || *fill < 0 {
 		return fmt.Errorf("bench: --jobs, --workers, --processes must be ≥ 1; --rate, --fill-finished ≥ 0")
 	}
-	if *dbURL == "" {
-		fmt.Println("bench: starting a throwaway PostgreSQL cluster (default settings, fsync on)")
-		cluster, err := devpg.Start(ctx, devpg.Options{})
-		if err != nil {
-			return fmt.Errorf("bench: %w", err)
-		}
-		defer cluster.Stop()
-		*dbURL = cluster.URL
-	}
-	schemaURL, drop, err := freshSchema(ctx, *dbURL)
+	db, err := openProofDB(ctx, *dbURL, false)
 	if err != nil {
-		return err
+		return fmt.Errorf("bench: %w", err)
 	}
-	defer drop()
-	pool, err := bench.NewPool(ctx, schemaURL)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
+	defer db.Close()
+	pool, schemaURL := db.Pool, db.URL
 	sys := bench.Relay{}
 	if err := sys.Setup(ctx, pool); err != nil {
 		return err

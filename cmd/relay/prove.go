@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/bench"
 	"github.com/relayq/relay/internal/devpg"
 	"github.com/relayq/relay/migrations"
 )
@@ -81,34 +82,15 @@ func runProve(ctx context.Context, args []string) error {
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 
-	var cluster *devpg.Cluster
-	if c.url == "" {
-		fmt.Println("prove: starting a throwaway PostgreSQL cluster")
-		var err error
-		if cluster, err = devpg.Start(ctx, devpg.Options{}); err != nil {
-			return fmt.Errorf("prove: %w", err)
-		}
-		defer cluster.Stop()
-		c.url = cluster.URL
-	} else if c.pgRestart {
+	if c.url != "" && c.pgRestart {
 		return errors.New("prove: --pg-restart needs the throwaway cluster (omit --database-url)")
 	}
-
-	schemaURL, dropSchema, err := freshSchema(ctx, c.url)
+	db, err := openProofDB(ctx, c.url, c.keep)
 	if err != nil {
-		return err
+		return fmt.Errorf("prove: %w", err)
 	}
-	if !c.keep {
-		defer dropSchema()
-	}
-	pool, err := pgxpool.New(ctx, schemaURL)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	if _, err := migrations.Migrate(ctx, pool); err != nil {
-		return err
-	}
+	defer db.Close()
+	pool, schemaURL, cluster := db.Pool, db.URL, db.Cluster
 	if _, err := pool.Exec(ctx, proveSchema); err != nil {
 		return fmt.Errorf("prove: create proof tables: %w", err)
 	}
@@ -147,6 +129,59 @@ func runProve(ctx context.Context, args []string) error {
 		return errors.New("prove: the audit failed")
 	}
 	return nil
+}
+
+// proofDB is the database of a proof or a benchmark: a fresh schema,
+// migrated, in the database at a given URL or in a throwaway cluster.
+type proofDB struct {
+	URL     string         // connections on it use the fresh schema
+	Pool    *pgxpool.Pool  // on URL
+	Cluster *devpg.Cluster // the throwaway cluster, if one was started
+	closers []func()
+}
+
+// openProofDB starts a throwaway cluster when url is empty, creates a fresh
+// schema, opens a pool on it and migrates it. Close drops the schema
+// (unless keep) and stops the cluster.
+func openProofDB(ctx context.Context, url string, keep bool) (db *proofDB, err error) {
+	db = &proofDB{}
+	defer func() {
+		if err != nil {
+			db.Close()
+		}
+	}()
+	if url == "" {
+		fmt.Println("prove: starting a throwaway PostgreSQL cluster (default settings, fsync on)")
+		if db.Cluster, err = devpg.Start(ctx, devpg.Options{}); err != nil {
+			return nil, err
+		}
+		db.closers = append(db.closers, func() { db.Cluster.Stop() }) //nolint:errcheck
+		url = db.Cluster.URL
+	}
+	schemaURL, drop, err := freshSchema(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	if !keep {
+		db.closers = append(db.closers, drop)
+	}
+	db.URL = schemaURL
+	if db.Pool, err = bench.NewPool(ctx, schemaURL); err != nil {
+		return nil, err
+	}
+	db.closers = append(db.closers, db.Pool.Close)
+	if _, err := migrations.Migrate(ctx, db.Pool); err != nil {
+		return nil, err
+	}
+	return db, nil
+}
+
+// Close releases what openProofDB made, in reverse order.
+func (db *proofDB) Close() {
+	for i := len(db.closers) - 1; i >= 0; i-- {
+		db.closers[i]()
+	}
+	db.closers = nil
 }
 
 // freshSchema creates relay_prove_<random> in the database and returns a URL

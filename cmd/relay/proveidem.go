@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -18,8 +17,6 @@ import (
 
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/idempotency"
-	"github.com/relayq/relay/internal/devpg"
-	"github.com/relayq/relay/migrations"
 )
 
 type proveIdemArgs struct {
@@ -69,28 +66,12 @@ func runProveIdempotency(ctx context.Context, args []string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	if *dbURL == "" {
-		fmt.Println("prove: starting a throwaway PostgreSQL cluster")
-		cluster, err := devpg.Start(ctx, devpg.Options{})
-		if err != nil {
-			return fmt.Errorf("prove idempotency: %w", err)
-		}
-		defer cluster.Stop()
-		*dbURL = cluster.URL
-	}
-	schemaURL, drop, err := freshSchema(ctx, *dbURL)
+	db, err := openProofDB(ctx, *dbURL, false)
 	if err != nil {
-		return err
+		return fmt.Errorf("prove idempotency: %w", err)
 	}
-	defer drop()
-	pool, err := pgxpool.New(ctx, schemaURL)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	if _, err := migrations.Migrate(ctx, pool); err != nil {
-		return err
-	}
+	defer db.Close()
+	pool, schemaURL := db.Pool, db.URL
 	if _, err := pool.Exec(ctx, proveIdemSchema); err != nil {
 		return fmt.Errorf("prove idempotency: create proof tables: %w", err)
 	}
@@ -233,33 +214,8 @@ func runProveIdemWorker(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	pool, err := pgxpool.New(context.WithoutCancel(ctx), *url)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	ws := core.NewWorkers()
-	core.MustAddWorker(ws, core.Worker[proveIdemArgs](&idemWorker{pool: pool, sink: *sinkURL, lease: *lease,
-		client: &http.Client{Timeout: 10 * time.Second}}))
-	client, err := core.NewClient(pool, &core.Config{
-		Workers:        ws,
-		ID:             *id,
-		Queues:         map[string]core.QueueConfig{proveQueue: {MaxWorkers: *concurrency}},
-		LeaseDuration:  *lease,
-		RescueInterval: *lease / 4,
-		PollInterval:   200 * time.Millisecond,
-		RetryPolicy:    core.Backoff{Base: 50 * time.Millisecond, Max: time.Second},
-		Logger:         slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
+	client := &http.Client{Timeout: 10 * time.Second}
+	return runProofClient(ctx, *url, *id, *concurrency, *lease, 10*time.Second, func(ws *core.Workers, pool *pgxpool.Pool) {
+		core.MustAddWorker(ws, core.Worker[proveIdemArgs](&idemWorker{pool: pool, sink: *sinkURL, lease: *lease, client: client}))
 	})
-	if err != nil {
-		return err
-	}
-	if err := client.Start(context.Background()); err != nil {
-		return err
-	}
-	<-ctx.Done()
-	stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	client.Stop(stopCtx) //nolint:errcheck
-	return nil
 }

@@ -11,8 +11,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/relayq/relay/internal/devpg"
-	"github.com/relayq/relay/migrations"
 	"github.com/relayq/relay/scheduler"
 )
 
@@ -49,30 +47,12 @@ func runProveScheduler(ctx context.Context, args []string) error {
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 
-	if *dbURL == "" {
-		fmt.Println("prove: starting a throwaway PostgreSQL cluster")
-		cluster, err := devpg.Start(ctx, devpg.Options{})
-		if err != nil {
-			return fmt.Errorf("prove scheduler: %w", err)
-		}
-		defer cluster.Stop()
-		*dbURL = cluster.URL
-	}
-	schemaURL, dropSchema, err := freshSchema(ctx, *dbURL)
+	db, err := openProofDB(ctx, *dbURL, *keep)
 	if err != nil {
-		return err
+		return fmt.Errorf("prove scheduler: %w", err)
 	}
-	if !*keep {
-		defer dropSchema()
-	}
-	pool, err := pgxpool.New(ctx, schemaURL)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	if _, err := migrations.Migrate(ctx, pool); err != nil {
-		return err
-	}
+	defer db.Close()
+	pool, schemaURL := db.Pool, db.URL
 
 	// Declare once here, so the first fire time is known before any
 	// process runs; the processes redeclare the same schedule, which keeps

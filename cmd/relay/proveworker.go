@@ -86,25 +86,35 @@ func runProveWorker(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	cfg, err := pgxpool.ParseConfig(*url)
+	return runProofClient(ctx, *url, *id, *concurrency, *lease, *drain, func(ws *core.Workers, pool *pgxpool.Pool) {
+		core.MustAddWorker(ws, core.Worker[proveArgs](&proveWorker{pool: pool, id: *id}))
+	})
+}
+
+// runProofClient runs a worker process of a proof: a core client on the
+// proof's queue with short leases and quick retries, with the workers
+// register adds, until SIGTERM (main's signal context), then drains for at
+// most drain.
+func runProofClient(ctx context.Context, url, id string, concurrency int, lease, drain time.Duration, register func(*core.Workers, *pgxpool.Pool)) error {
+	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return err
 	}
 	cfg.ConnConfig.RuntimeParams["application_name"] = "relay-prove-worker"
-	cfg.MaxConns = int32(*concurrency*2 + 4)
+	cfg.MaxConns = int32(concurrency*2 + 4)
 	pool, err := pgxpool.NewWithConfig(context.WithoutCancel(ctx), cfg)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
 	ws := core.NewWorkers()
-	core.MustAddWorker(ws, core.Worker[proveArgs](&proveWorker{pool: pool, id: *id}))
+	register(ws, pool)
 	client, err := core.NewClient(pool, &core.Config{
 		Workers:        ws,
-		ID:             *id,
-		Queues:         map[string]core.QueueConfig{proveQueue: {MaxWorkers: *concurrency}},
-		LeaseDuration:  *lease,
-		RescueInterval: *lease / 4,
+		ID:             id,
+		Queues:         map[string]core.QueueConfig{proveQueue: {MaxWorkers: concurrency}},
+		LeaseDuration:  lease,
+		RescueInterval: lease / 4,
 		PollInterval:   200 * time.Millisecond,
 		RetryPolicy:    core.Backoff{Base: 50 * time.Millisecond, Max: time.Second},
 		Logger:         slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
@@ -115,8 +125,8 @@ func runProveWorker(ctx context.Context, args []string) error {
 	if err := client.Start(context.Background()); err != nil {
 		return err
 	}
-	<-ctx.Done() // SIGTERM (main's signal context): drain
-	stopCtx, cancel := context.WithTimeout(context.Background(), *drain)
+	<-ctx.Done()
+	stopCtx, cancel := context.WithTimeout(context.Background(), drain)
 	defer cancel()
 	if err := client.Stop(stopCtx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		fmt.Fprintln(os.Stderr, "prove-worker:", err)
