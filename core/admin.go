@@ -107,3 +107,36 @@ func JobGet(ctx context.Context, db DB, id int64) (*JobRow, error) {
 	}
 	return j, nil
 }
+
+// BlockedKey is an ordering key held up by a dead job: the jobs after it
+// wait until it is requeued (Requeue) or cancelled (Cancel).
+type BlockedKey struct {
+	Queue string
+	Key   string
+	// JobID is the dead job at the head of the key.
+	JobID int64
+	// Waiting counts the key's later jobs not yet finished.
+	Waiting int64
+}
+
+// BlockedKeys lists up to limit blocked ordering keys of queue ("" for
+// every queue), oldest first.
+func BlockedKeys(ctx context.Context, db DB, queue string, limit int) ([]BlockedKey, error) {
+	ex, err := execerFor(db)
+	if err != nil {
+		return nil, err
+	}
+	var out []BlockedKey
+	err = ex.query(ctx, sqlBlockedKeys, []any{queue, limit}, func(r scanner) error {
+		var b BlockedKey
+		if err := r.Scan(&b.Queue, &b.Key, &b.JobID, &b.Waiting); err != nil {
+			return err
+		}
+		out = append(out, b)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("core: blocked keys: %w", err)
+	}
+	return out, nil
+}

@@ -39,6 +39,14 @@ type EnqueueOpts struct {
 	MaxAttempts int
 	// Metadata is stored with the job as a JSON object.
 	Metadata map[string]any
+	// OrderingKey, when set, makes the job wait for every earlier job of its
+	// queue with the same key: such jobs run one at a time, in enqueue (id)
+	// order, while different keys run in parallel. A dead job blocks its key
+	// until it is requeued or cancelled (see BlockedKeys). Ids are assigned
+	// at insert: jobs of one key enqueued by concurrent transactions are
+	// ordered by insert, not commit — enqueue a key's jobs from one producer
+	// at a time (the outbox serialises its publishers per key).
+	OrderingKey string
 	// Unique, when set, makes the job unique by a key: while a job with the
 	// same key is in one of the unique states, the enqueue inserts nothing
 	// and returns that job, with EnqueueResult.Duplicate set.
@@ -169,6 +177,7 @@ type enqueueRow struct {
 	RunAt       *time.Time      `json:"run_at,omitempty"`
 	DelayUS     int64           `json:"delay_us"`
 	Metadata    json.RawMessage `json:"metadata"`
+	OrderingKey *string `json:"ordering_key,omitempty"`
 	// Unique jobs only.
 	UniqueKey    *string  `json:"unique_key,omitempty"`
 	UniqueStates []string `json:"unique_states,omitempty"`
@@ -238,6 +247,13 @@ func prepareEnqueue(args JobArgs, opts *EnqueueOpts) (enqueueRow, error) {
 	if !o.RunAt.IsZero() {
 		t := o.RunAt
 		r.RunAt = &t
+	}
+	if o.OrderingKey != "" {
+		if !utf8.ValidString(o.OrderingKey) || len(o.OrderingKey) > 500 {
+			return enqueueRow{}, &ValidationError{Field: "ordering key", Reason: "must be valid UTF-8, at most 500 bytes"}
+		}
+		k := o.OrderingKey
+		r.OrderingKey = &k
 	}
 	if o.Unique != nil {
 		key, states, err := uniqueKey(kind, encoded, o.Unique)
@@ -322,6 +338,9 @@ func mergeOpts(args JobArgs, opts *EnqueueOpts) EnqueueOpts {
 	if opts.Unique != nil {
 		o.Unique = opts.Unique
 	}
+	if opts.OrderingKey != "" {
+		o.OrderingKey = opts.OrderingKey
+	}
 	return o
 }
 
@@ -354,6 +373,10 @@ func appendBatch(b []byte, rows []enqueueRow) []byte {
 		b = strconv.AppendInt(b, r.DelayUS, 10)
 		b = append(b, `,"metadata":`...)
 		b = append(b, r.Metadata...)
+		if r.OrderingKey != nil {
+			b = append(b, `,"ordering_key":`...)
+			b = appendString(b, *r.OrderingKey)
+		}
 		if r.UniqueKey != nil {
 			b = append(b, `,"unique_key":`...)
 			b = appendString(b, *r.UniqueKey)

@@ -11,14 +11,14 @@ package core
 // parameter is a string. ORDER BY ord keeps RETURNING in the order given.
 // A job's run_at is absolute when given, else database now() plus its delay.
 const sqlEnqueue = `
-INSERT INTO relay_jobs (kind, queue, args, priority, max_attempts, run_at, metadata)
+INSERT INTO relay_jobs (kind, queue, args, priority, max_attempts, run_at, metadata, ordering_key)
 SELECT j.kind, j.queue, j.args, j.priority, j.max_attempts,
        coalesce(j.run_at, now() + j.delay_us * interval '1 microsecond'),
-       j.metadata
+       j.metadata, j.ordering_key
 FROM ROWS FROM (jsonb_to_recordset($1::jsonb) AS (
          kind text, queue text, args jsonb, priority smallint, max_attempts integer,
-         run_at timestamptz, delay_us bigint, metadata jsonb))
-     WITH ORDINALITY AS j(kind, queue, args, priority, max_attempts, run_at, delay_us, metadata, ord)
+         run_at timestamptz, delay_us bigint, metadata jsonb, ordering_key text))
+     WITH ORDINALITY AS j(kind, queue, args, priority, max_attempts, run_at, delay_us, metadata, ordering_key, ord)
 ORDER BY j.ord
 RETURNING id, false`
 
@@ -31,14 +31,14 @@ RETURNING id, false`
 // on a row ON CONFLICT updated and zero on a freshly inserted one, which
 // tells duplicates apart. Rows without a key never conflict.
 const sqlEnqueueUnique = `
-INSERT INTO relay_jobs (kind, queue, args, priority, max_attempts, run_at, metadata, unique_key, unique_states)
+INSERT INTO relay_jobs (kind, queue, args, priority, max_attempts, run_at, metadata, ordering_key, unique_key, unique_states)
 SELECT j.kind, j.queue, j.args, j.priority, j.max_attempts,
        coalesce(j.run_at, now() + j.delay_us * interval '1 microsecond'),
-       j.metadata, j.unique_key, j.unique_states
+       j.metadata, j.ordering_key, j.unique_key, j.unique_states
 FROM ROWS FROM (jsonb_to_recordset($1::jsonb) AS (
          kind text, queue text, args jsonb, priority smallint, max_attempts integer,
-         run_at timestamptz, delay_us bigint, metadata jsonb, unique_key text, unique_states text[]))
-     WITH ORDINALITY AS j(kind, queue, args, priority, max_attempts, run_at, delay_us, metadata, unique_key, unique_states, ord)
+         run_at timestamptz, delay_us bigint, metadata jsonb, ordering_key text, unique_key text, unique_states text[]))
+     WITH ORDINALITY AS j(kind, queue, args, priority, max_attempts, run_at, delay_us, metadata, ordering_key, unique_key, unique_states, ord)
 ORDER BY j.ord
 ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state = ANY (unique_states)
 DO UPDATE SET unique_key = excluded.unique_key
@@ -49,6 +49,9 @@ RETURNING id, xmax <> 0`
 //
 //   - The CTE walks relay_jobs_claim_idx (queue, priority, run_at, id) over
 //     queued rows only, so finished rows cost nothing, and stops at $2 rows.
+//   - A job with an ordering key is skipped while an earlier job with its key
+//     is queued, claimed or dead (one probe of relay_jobs_ordering_idx); a job
+//     without one pays only the IS NULL test.
 //   - FOR UPDATE SKIP LOCKED locks the rows it picks and steps over rows
 //     another worker's claim has locked: claimers never wait on each other,
 //     and no row is picked twice.
@@ -68,8 +71,12 @@ RETURNING id, xmax <> 0`
 const sqlClaim = `
 WITH picked AS (
     SELECT id
-    FROM relay_jobs
+    FROM relay_jobs AS c
     WHERE state = 'queued' AND queue = $1 AND run_at <= now()
+      AND (ordering_key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM relay_jobs AS e
+          WHERE e.queue = c.queue AND e.ordering_key = c.ordering_key AND e.id < c.id
+            AND e.state IN ('queued', 'claimed', 'dead')))
     ORDER BY priority, run_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -225,3 +232,20 @@ SELECT id, kind, queue, state, priority, attempt, max_attempts, run_at, created_
        args::text, metadata::text, history::text
 FROM relay_jobs
 WHERE id = $1`
+
+// sqlBlockedKeys lists ordering keys whose first unfinished job is dead:
+// nothing after it runs until it is requeued or cancelled. $1 '' means every
+// queue.
+const sqlBlockedKeys = `
+SELECT d.queue, d.ordering_key, d.id,
+       (SELECT count(*) FROM relay_jobs AS w
+        WHERE w.queue = d.queue AND w.ordering_key = d.ordering_key AND w.id > d.id
+          AND w.state IN ('queued', 'claimed', 'dead')) AS waiting
+FROM relay_jobs AS d
+WHERE d.ordering_key IS NOT NULL AND d.state = 'dead' AND ($1 = '' OR d.queue = $1)
+  AND NOT EXISTS (
+      SELECT 1 FROM relay_jobs AS e
+      WHERE e.queue = d.queue AND e.ordering_key = d.ordering_key AND e.id < d.id
+        AND e.state IN ('queued', 'claimed', 'dead'))
+ORDER BY d.id
+LIMIT $2`
