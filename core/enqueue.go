@@ -177,7 +177,7 @@ type enqueueRow struct {
 	RunAt       *time.Time      `json:"run_at,omitempty"`
 	DelayUS     int64           `json:"delay_us"`
 	Metadata    json.RawMessage `json:"metadata"`
-	OrderingKey *string `json:"ordering_key,omitempty"`
+	OrderingKey *string         `json:"ordering_key,omitempty"`
 	// Unique jobs only.
 	UniqueKey    *string  `json:"unique_key,omitempty"`
 	UniqueStates []string `json:"unique_states,omitempty"`

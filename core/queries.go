@@ -234,7 +234,7 @@ FROM relay_jobs
 WHERE id = $1`
 
 // sqlBlockedKeys lists ordering keys whose first unfinished job is dead:
-// nothing after it runs until it is requeued or cancelled. $1 '' means every
+// nothing after it runs until it is requeued or cancelled. $1 ” means every
 // queue.
 const sqlBlockedKeys = `
 SELECT d.queue, d.ordering_key, d.id,
