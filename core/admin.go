@@ -25,7 +25,7 @@ func Cancel(ctx context.Context, db DB, id int64) error {
 	if err := transition(ctx, ex, sqlCancel, id, StateCancelled, func(scanner) error { return nil }); err != nil {
 		return fmt.Errorf("core: cancel job %d: %w", id, err)
 	}
-	if _, err := ex.exec(ctx, sqlNotifyCancel, strconv.FormatInt(id, 10)); err != nil {
+	if _, err := ex.Exec(ctx, sqlNotifyCancel, strconv.FormatInt(id, 10)); err != nil {
 		return fmt.Errorf("core: cancel job %d: notify workers: %w", id, err)
 	}
 	return nil
@@ -47,7 +47,7 @@ func Requeue(ctx context.Context, db DB, id int64) error {
 		}
 		return fmt.Errorf("core: requeue job %d: %w", id, err)
 	}
-	if _, err := ex.exec(ctx, sqlNotifyQueue, queue); err != nil {
+	if _, err := ex.Exec(ctx, sqlNotifyQueue, queue); err != nil {
 		return fmt.Errorf("core: requeue job %d: notify workers: %w", id, err)
 	}
 	return nil
@@ -58,7 +58,7 @@ func Requeue(ctx context.Context, db DB, id int64) error {
 // `to`.
 func transition(ctx context.Context, ex execer, sql string, id int64, to JobState, scan func(scanner) error) error {
 	changed := false
-	err := ex.query(ctx, sql, []any{id}, func(r scanner) error { changed = true; return scan(r) })
+	err := ex.Query(ctx, sql, []any{id}, func(r scanner) error { changed = true; return scan(r) })
 	if err != nil {
 		return err
 	}
@@ -67,7 +67,7 @@ func transition(ctx context.Context, ex execer, sql string, id int64, to JobStat
 	}
 	var state string
 	found := false
-	if err := ex.query(ctx, sqlJobState, []any{id}, func(r scanner) error { found = true; return r.Scan(&state) }); err != nil {
+	if err := ex.Query(ctx, sqlJobState, []any{id}, func(r scanner) error { found = true; return r.Scan(&state) }); err != nil {
 		return err
 	}
 	if !found {
@@ -83,7 +83,7 @@ func JobGet(ctx context.Context, db DB, id int64) (*JobRow, error) {
 		return nil, err
 	}
 	var j *JobRow
-	err = ex.query(ctx, sqlGetJob, []any{id}, func(r scanner) error {
+	err = ex.Query(ctx, sqlGetJob, []any{id}, func(r scanner) error {
 		j = &JobRow{}
 		var state, args, meta, hist string
 		var prio int
@@ -127,7 +127,7 @@ func BlockedKeys(ctx context.Context, db DB, queue string, limit int) ([]Blocked
 		return nil, err
 	}
 	var out []BlockedKey
-	err = ex.query(ctx, sqlBlockedKeys, []any{queue, limit}, func(r scanner) error {
+	err = ex.Query(ctx, sqlBlockedKeys, []any{queue, limit}, func(r scanner) error {
 		var b BlockedKey
 		if err := r.Scan(&b.Queue, &b.Key, &b.JobID, &b.Waiting); err != nil {
 			return err

@@ -166,7 +166,7 @@ func CompleteTx[T JobArgs](ctx context.Context, tx DB, job *Job[T]) error {
 	if err != nil {
 		return err
 	}
-	n, err := ex.exec(ctx, sqlCompleteOne, job.ID, job.LeaseToken.String())
+	n, err := ex.Exec(ctx, sqlCompleteOne, job.ID, job.LeaseToken.String())
 	if err != nil {
 		return fmt.Errorf("core: complete job %d in transaction: %w", job.ID, err)
 	}

@@ -139,7 +139,7 @@ func EnqueueMany(ctx context.Context, db DB, params []EnqueueParams) ([]EnqueueR
 	}
 	batch := appendBatch(make([]byte, 0, 128*len(send)), send)
 	sent := make([]EnqueueResult, 0, len(send))
-	err = ex.query(ctx, sql, []any{string(batch)}, func(row scanner) error {
+	err = ex.Query(ctx, sql, []any{string(batch)}, func(row scanner) error {
 		var r EnqueueResult
 		if err := row.Scan(&r.ID, &r.Duplicate); err != nil {
 			return err

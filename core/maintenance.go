@@ -3,6 +3,8 @@ package core
 import (
 	"context"
 	"time"
+
+	"github.com/relayq/relay/internal/dbx"
 )
 
 // heartbeatLoop renews the leases of every running job of this client in one
@@ -103,7 +105,7 @@ func (c *Client) cleanup(ctx context.Context) {
 			continue
 		}
 		for ctx.Err() == nil {
-			n, err := pgxExecer{c.pool}.exec(ctx, sqlCleanup, string(k.state), k.keep.Microseconds(), r.BatchSize)
+			n, err := dbx.PGX{Q: c.pool}.Exec(ctx, sqlCleanup, string(k.state), k.keep.Microseconds(), r.BatchSize)
 			if err != nil {
 				c.logger.Warn("relay: retention cleanup failed", "state", k.state, "error", err)
 				break

@@ -11,6 +11,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/uuid"
+
+	"github.com/relayq/relay/internal/dbx"
 )
 
 // queue claims and runs the jobs of one named queue for a client.
@@ -252,7 +254,7 @@ func (c *Client) fail(log interface {
 	msg := truncate(err.Error(), 8<<10)
 	ctx, cancel := dbCtx()
 	defer cancel()
-	n, dbErr := pgxExecer{c.pool}.exec(ctx, sqlFail, row.ID, row.LeaseToken, string(state), delay.Microseconds(), msg)
+	n, dbErr := dbx.PGX{Q: c.pool}.Exec(ctx, sqlFail, row.ID, row.LeaseToken, string(state), delay.Microseconds(), msg)
 	switch {
 	case dbErr != nil:
 		log.Error("relay: could not record failed attempt; the lease will expire and the job will be rescued", "error", dbErr, "job_error", msg)
@@ -276,7 +278,7 @@ func (c *Client) release(rows []*JobRow) {
 	ids, tokens := idsAndTokens(rows)
 	ctx, cancel := dbCtx()
 	defer cancel()
-	n, err := pgxExecer{c.pool}.exec(ctx, sqlRelease, ids, tokens)
+	n, err := dbx.PGX{Q: c.pool}.Exec(ctx, sqlRelease, ids, tokens)
 	if err != nil {
 		c.logger.Error("relay: could not release interrupted jobs; their leases will expire", "jobs", len(rows), "error", err)
 		return
