@@ -17,7 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/relayq/relay/core/internal/notifier"
+	"github.com/relayq/relay/internal/notifier"
 )
 
 // Config configures a Client. The zero value of every field is a sensible

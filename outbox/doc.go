@@ -1,7 +1,19 @@
-// Package outbox will hold the transactional outbox: events published inside
-// business transactions, subscriptions mapping topics to job kinds, and a
-// dispatcher that turns each event into its subscribers' jobs exactly once,
-// in order per key.
+// Package outbox is a transactional outbox: business code publishes events
+// ("payment.succeeded for order 42") in the same transaction as its own
+// writes, and a dispatcher turns each committed event into one job per
+// subscriber.
 //
-// Not built yet.
+//	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+//		if err := saveOrder(ctx, tx, order); err != nil {
+//			return err
+//		}
+//		_, err := outbox.Publish(ctx, tx, outbox.Event{Topic: "payment.succeeded", Key: order.ID, Payload: order})
+//		return err
+//	})
+//
+// A rollback leaves no event. The dispatcher marks an event dispatched and
+// enqueues its jobs in one transaction, so each subscriber gets each event
+// exactly once, whatever crashes. Events with the same key reach each
+// subscriber in publish order, one at a time (core ordering keys); other
+// keys run in parallel. docs/outbox.md has the guarantees.
 package outbox

@@ -1,0 +1,262 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/notifier"
+)
+
+// Subscription maps a topic to a job kind: every event of the topic becomes
+// one job of the kind (several subscriptions to a topic fan out).
+type Subscription struct {
+	// Topic to follow, matched exactly.
+	Topic string
+	// Kind of the job each event becomes; its worker's args type embeds
+	// Delivery.
+	Kind string
+	// Opts for each job: queue, priority, max attempts, metadata. RunAt,
+	// Delay, Unique and OrderingKey are set by the dispatcher (the ordering
+	// key is the kind and the event's key) and must be unset.
+	Opts *core.EnqueueOpts
+}
+
+// Config configures a Dispatcher. Subscriptions is needed; the zero value
+// of every other field is a sensible default.
+type Config struct {
+	// Subscriptions are every subscriber of every topic. Every dispatcher
+	// process should declare the same set.
+	Subscriptions []Subscription
+	// BatchSize caps the events moved per transaction. Default 500.
+	BatchSize int
+	// PollInterval is the fallback when no notification comes. Default 1s.
+	PollInterval time.Duration
+	// Logger receives the dispatcher's logs. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Dispatcher moves committed events into jobs. Run one in as many processes
+// as you like: one at a time holds the dispatch lock, the others stand by.
+type Dispatcher struct {
+	pool    *pgxpool.Pool
+	cfg     Config
+	byTopic map[string][]Subscription
+	wake    chan struct{}
+
+	lifecycle sync.Mutex
+	cancel    context.CancelFunc
+	done      chan struct{}
+}
+
+// NewDispatcher validates the subscriptions.
+func NewDispatcher(pool *pgxpool.Pool, cfg *Config) (*Dispatcher, error) {
+	if pool == nil {
+		return nil, errors.New("outbox: nil pool")
+	}
+	c := Config{}
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.BatchSize <= 0 {
+		c.BatchSize = 500
+	}
+	if c.PollInterval <= 0 {
+		c.PollInterval = time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	d := &Dispatcher{pool: pool, cfg: c, byTopic: map[string][]Subscription{}, wake: make(chan struct{}, 1)}
+	seen := map[[2]string]bool{}
+	for _, s := range c.Subscriptions {
+		if s.Topic == "" || s.Kind == "" {
+			return nil, fmt.Errorf("outbox: subscription %+v: Topic and Kind are required", s)
+		}
+		if s.Opts != nil && (!s.Opts.RunAt.IsZero() || s.Opts.Delay != 0 || s.Opts.Unique != nil || s.Opts.OrderingKey != "") {
+			return nil, fmt.Errorf("outbox: subscription %s → %s: Opts.RunAt, Delay, Unique and OrderingKey must be unset", s.Topic, s.Kind)
+		}
+		if seen[[2]string{s.Topic, s.Kind}] {
+			return nil, fmt.Errorf("outbox: subscription %s → %s declared twice", s.Topic, s.Kind)
+		}
+		seen[[2]string{s.Topic, s.Kind}] = true
+		d.byTopic[s.Topic] = append(d.byTopic[s.Topic], s)
+	}
+	return d, nil
+}
+
+// Start dispatches in the background until Stop: at once, on every
+// notification of a published event, and every PollInterval.
+func (d *Dispatcher) Start(ctx context.Context) error {
+	d.lifecycle.Lock()
+	defer d.lifecycle.Unlock()
+	if d.done != nil {
+		return errors.New("outbox: start: already started")
+	}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	d.cancel, d.done = cancel, make(chan struct{})
+	go func() {
+		notifier.Run(runCtx, notifier.Config{
+			Pool: d.pool, Channels: []string{"relay_outbox"}, Logger: d.cfg.Logger, AppName: "relay-outbox",
+			OnNotify:  func(string, string) { d.poke() },
+			OnConnect: d.poke,
+		})
+	}()
+	go func() { defer close(d.done); d.run(runCtx) }()
+	return nil
+}
+
+// Stop stops dispatching; a batch under way commits or rolls back whole.
+func (d *Dispatcher) Stop(ctx context.Context) error {
+	d.lifecycle.Lock()
+	defer d.lifecycle.Unlock()
+	if d.done == nil {
+		return nil
+	}
+	d.cancel()
+	select {
+	case <-d.done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("outbox: stop: %w", ctx.Err())
+	}
+}
+
+func (d *Dispatcher) poke() {
+	select {
+	case d.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (d *Dispatcher) run(ctx context.Context) {
+	tick := time.NewTicker(d.cfg.PollInterval)
+	defer tick.Stop()
+	failures := 0
+	for {
+		n, err := d.DispatchOnce(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			failures++
+			d.cfg.Logger.Warn("relay: outbox dispatch failed", "err", err)
+		case n == d.cfg.BatchSize:
+			failures = 0
+			continue // more are waiting
+		default:
+			failures = 0
+		}
+		wait := time.Duration(0)
+		if failures > 0 {
+			wait = min(time.Duration(failures)*100*time.Millisecond, 5*time.Second)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-d.wake:
+		case <-tick.C:
+		}
+	}
+}
+
+// DispatchOnce moves up to BatchSize events into jobs in one transaction
+// and returns how many it moved (0 also when another dispatcher holds the
+// dispatch lock).
+func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
+	moved := 0
+	err := pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
+		var locked bool
+		if err := tx.QueryRow(ctx, sqlDispatchLock).Scan(&locked); err != nil {
+			return fmt.Errorf("take the dispatch lock: %w", err)
+		}
+		if !locked {
+			return nil
+		}
+		rows, err := tx.Query(ctx, sqlPending, d.cfg.BatchSize)
+		if err != nil {
+			return fmt.Errorf("read pending events: %w", err)
+		}
+		events, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Delivery, error) {
+			var e Delivery
+			var headers []byte
+			err := r.Scan(&e.EventID, &e.Topic, &e.Key, &e.Payload, &headers, &e.PublishedAt)
+			if err == nil {
+				err = json.Unmarshal(headers, &e.Headers)
+			}
+			return e, err
+		})
+		if err != nil {
+			return fmt.Errorf("read pending events: %w", err)
+		}
+		if len(events) == 0 {
+			return nil
+		}
+		ids := make([]int64, len(events))
+		counts := make([]int32, len(events))
+		var params []core.EnqueueParams
+		for i, e := range events {
+			ids[i] = e.EventID
+			body, err := json.Marshal(e)
+			if err != nil {
+				return fmt.Errorf("encode event %d: %w", e.EventID, err)
+			}
+			for _, s := range d.byTopic[e.Topic] {
+				opts := core.EnqueueOpts{}
+				if s.Opts != nil {
+					opts = *s.Opts
+				}
+				if e.Key != "" {
+					opts.OrderingKey = s.Kind + "|" + e.Key
+				}
+				params = append(params, core.EnqueueParams{Args: rawArgs{kind: s.Kind, body: body}, Opts: &opts})
+				counts[i]++
+			}
+		}
+		if len(params) > 0 {
+			if _, err := core.EnqueueMany(ctx, tx, params); err != nil {
+				return fmt.Errorf("enqueue: %w", err)
+			}
+		}
+		if _, err := tx.Exec(ctx, sqlMarkDispatched, ids, counts); err != nil {
+			return fmt.Errorf("mark dispatched: %w", err)
+		}
+		moved = len(events)
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("outbox: dispatch: %w", err)
+	}
+	return moved, nil
+}
+
+// Undispatched counts the events waiting for a dispatcher.
+func Undispatched(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
+	var n int64
+	if err := pool.QueryRow(ctx, sqlUndispatched).Scan(&n); err != nil {
+		return 0, fmt.Errorf("outbox: count undispatched: %w", err)
+	}
+	return n, nil
+}
+
+// rawArgs enqueues an encoded Delivery under a subscription's kind.
+type rawArgs struct {
+	kind string
+	body []byte
+}
+
+func (a rawArgs) Kind() string                 { return a.kind }
+func (a rawArgs) MarshalJSON() ([]byte, error) { return a.body, nil }
