@@ -22,8 +22,11 @@ type Subscription struct {
 	// Topic to follow, matched exactly.
 	Topic string
 	// Kind of the job each event becomes; its worker's args type embeds
-	// Delivery.
+	// Delivery. With Endpoint set it defaults to WebhookKind.
 	Kind string
+	// Endpoint, when set, makes this a webhook subscription: each event is
+	// POSTed, signed, to the endpoint of that name (see WebhookWorker).
+	Endpoint string
 	// Opts for each job: queue, priority, max attempts, metadata. RunAt,
 	// Delay, Unique and OrderingKey are set by the dispatcher (the ordering
 	// key is the kind and the event's key) and must be unset.
@@ -78,16 +81,20 @@ func NewDispatcher(pool *pgxpool.Pool, cfg *Config) (*Dispatcher, error) {
 	d := &Dispatcher{pool: pool, cfg: c, byTopic: map[string][]Subscription{}, wake: make(chan struct{}, 1)}
 	seen := map[[2]string]bool{}
 	for _, s := range c.Subscriptions {
+		if s.Endpoint != "" && s.Kind == "" {
+			s.Kind = WebhookKind
+		}
 		if s.Topic == "" || s.Kind == "" {
 			return nil, fmt.Errorf("outbox: subscription %+v: Topic and Kind are required", s)
 		}
 		if s.Opts != nil && (!s.Opts.RunAt.IsZero() || s.Opts.Delay != 0 || s.Opts.Unique != nil || s.Opts.OrderingKey != "") {
 			return nil, fmt.Errorf("outbox: subscription %s → %s: Opts.RunAt, Delay, Unique and OrderingKey must be unset", s.Topic, s.Kind)
 		}
-		if seen[[2]string{s.Topic, s.Kind}] {
-			return nil, fmt.Errorf("outbox: subscription %s → %s declared twice", s.Topic, s.Kind)
+		id := [2]string{s.Topic, s.Kind + "|" + s.Endpoint}
+		if seen[id] {
+			return nil, fmt.Errorf("outbox: subscription %s → %s %s declared twice", s.Topic, s.Kind, s.Endpoint)
 		}
-		seen[[2]string{s.Topic, s.Kind}] = true
+		seen[id] = true
 		d.byTopic[s.Topic] = append(d.byTopic[s.Topic], s)
 	}
 	return d, nil
@@ -215,12 +222,18 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 				return fmt.Errorf("encode event %d: %w", e.EventID, err)
 			}
 			for _, s := range d.byTopic[e.Topic] {
+				body := body
+				if s.Endpoint != "" {
+					if body, err = json.Marshal(WebhookArgs{Delivery: e, Endpoint: s.Endpoint}); err != nil {
+						return fmt.Errorf("encode event %d: %w", e.EventID, err)
+					}
+				}
 				opts := core.EnqueueOpts{}
 				if s.Opts != nil {
 					opts = *s.Opts
 				}
 				if e.Key != "" {
-					opts.OrderingKey = s.Kind + "|" + e.Key
+					opts.OrderingKey = s.Kind + "|" + s.Endpoint + "|" + e.Key
 				}
 				params = append(params, core.EnqueueParams{Args: rawArgs{kind: s.Kind, body: body}, Opts: &opts})
 				counts[i]++

@@ -117,7 +117,7 @@ func TestFanOutAndEventsWithoutSubscribers(t *testing.T) {
 		Scan(&queue, &orderingKey, &topic, &amount); err != nil {
 		t.Fatal(err)
 	}
-	if queue != "finance" || orderingKey != "ledger.post|o-9" || topic != "payment.succeeded" || amount != 10 {
+	if queue != "finance" || orderingKey != "ledger.post||o-9" || topic != "payment.succeeded" || amount != 10 {
 		t.Errorf("ledger job: queue %s ordering key %s topic %s amount %d", queue, orderingKey, topic, amount)
 	}
 	if c := count(t, pool, `SELECT count(*) FROM relay_outbox WHERE id = $1 AND dispatched_at IS NOT NULL AND jobs = 0`, orphan); c != 1 {
