@@ -24,6 +24,8 @@ Usage:
                                        one job across processes under kill -9
   relay prove idempotency [flags]      prove each job's database effect happens once and
                                        its outside call keeps one token, under kill -9
+  relay prove outbox [flags]           prove published events reach their subscribers once,
+                                       in order per key, under kill -9
   relay bench [flags]                  measure throughput and latency: a burn-down of
                                        --jobs, or --rate jobs/s for --duration
                                        (relay bench -h lists the flags)
@@ -52,6 +54,8 @@ func main() {
 		err = runBench(ctx, os.Args[2:])
 	case "bench-worker":
 		err = bench.RunChild(ctx, os.Args[2:], []bench.System{bench.Relay{}})
+	case "prove-outbox-worker":
+		err = runProveOutboxWorker(ctx, os.Args[2:])
 	case "prove-idem-worker":
 		err = runProveIdemWorker(ctx, os.Args[2:])
 	case "prove-scheduler":

@@ -54,8 +54,11 @@ func runProve(ctx context.Context, args []string) error {
 	if len(args) > 0 && args[0] == "idempotency" {
 		return runProveIdempotency(ctx, args[1:])
 	}
+	if len(args) > 0 && args[0] == "outbox" {
+		return runProveOutbox(ctx, args[1:])
+	}
 	if len(args) == 0 || args[0] != "queue" {
-		return errors.New("prove: usage: relay prove queue|scheduler|idempotency [flags]")
+		return errors.New("prove: usage: relay prove queue|scheduler|idempotency|outbox [flags]")
 	}
 	fs := flag.NewFlagSet("prove queue", flag.ContinueOnError)
 	var c proveConfig

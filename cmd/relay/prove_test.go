@@ -149,3 +149,17 @@ func TestProveIdempotency(t *testing.T) {
 		t.Fatalf("prove idempotency: %v", f)
 	}
 }
+
+// Events published in business transactions (some rolled back) reach their
+// subscriber once each and in order per key, while worker processes (each
+// a dispatcher too) are SIGKILLed.
+func TestProveOutbox(t *testing.T) {
+	t.Parallel()
+	bin := buildRelay(t)
+	url := testdb.URL(t)
+	f := runProof(t, bin, "outbox", "--database-url", url, "--events", "800", "--keys", "10", "--processes", "3",
+		"--concurrency", "4", "--kill", "2", "--lease", "1s")
+	if f["published"] != f["delivered"] || f["lost"] != "0" || f["duplicates"] != "0" || f["out_of_order"] != "0" || f["kills"] != "2" {
+		t.Fatalf("prove outbox: %v", f)
+	}
+}
