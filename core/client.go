@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/relayq/relay/internal/notifier"
 )
@@ -58,6 +59,13 @@ type Config struct {
 	RetryPolicy RetryPolicy
 	// Logger receives the client's logs. Default slog.Default().
 	Logger *slog.Logger
+	// TracerProvider makes each attempt's span. Default: the global one
+	// (otel.SetTracerProvider); with none set, tracing costs next to
+	// nothing. Enqueue always uses the global provider.
+	TracerProvider trace.TracerProvider
+	// TraceMode relates attempts' spans to the enqueue's: TraceParent (one
+	// trace per job, the default) or TraceLink.
+	TraceMode TraceMode
 }
 
 // QueueConfig configures one queue of a Client.

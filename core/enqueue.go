@@ -10,6 +10,9 @@ import (
 	"strconv"
 	"time"
 	"unicode/utf8"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 )
 
 // DefaultQueue is the queue of jobs enqueued without one.
@@ -119,6 +122,32 @@ func EnqueueMany(ctx context.Context, db DB, params []EnqueueParams) ([]EnqueueR
 		}
 		rows[i] = r
 	}
+	// The producer span; its trace context goes into every job's metadata
+	// (once: retries never touch it), so each attempt can join the trace.
+	ctx, span, tc := startEnqueueSpan(ctx, rows[0].Queue, len(rows))
+	defer span.End()
+	if tc != nil {
+		for i := range rows {
+			if rows[i].Metadata, err = withTraceMetadata(rows[i].Metadata, tc); err != nil {
+				span.SetStatus(codes.Error, err.Error())
+				return nil, fmt.Errorf("core: enqueue: trace metadata: %w", err)
+			}
+		}
+	}
+	results, err := enqueueRows(ctx, ex, rows)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+		return nil, err
+	}
+	if len(results) == 1 {
+		span.SetAttributes(attribute.String("messaging.message.id", strconv.FormatInt(results[0].ID, 10)))
+	}
+	return results, nil
+}
+
+// enqueueRows writes prepared rows in one statement.
+func enqueueRows(ctx context.Context, ex execer, rows []enqueueRow) ([]EnqueueResult, error) {
 	// Unique jobs go through the statement with ON CONFLICT (the plain one
 	// skips that cost). A key repeated within the batch is sent once; the
 	// repeats are duplicates of the first.
@@ -139,7 +168,7 @@ func EnqueueMany(ctx context.Context, db DB, params []EnqueueParams) ([]EnqueueR
 	}
 	batch := appendBatch(make([]byte, 0, 128*len(send)), send)
 	sent := make([]EnqueueResult, 0, len(send))
-	err = ex.Query(ctx, sql, []any{string(batch)}, func(row scanner) error {
+	err := ex.Query(ctx, sql, []any{string(batch)}, func(row scanner) error {
 		var r EnqueueResult
 		if err := row.Scan(&r.ID, &r.Duplicate); err != nil {
 			return err

@@ -181,15 +181,18 @@ func (q *queue) executeOne(r *running) {
 		return
 	}
 
+	// The attempt's span; the handler's spans nest under it.
+	spanCtx, span := c.startAttemptSpan(ctx, row)
 	reg := c.workers[row.Kind]
 	var err error
 	if reg == nil {
 		err = fmt.Errorf("%w %q in this process (registered: %v)", ErrUnknownKind, row.Kind, c.cfg.Workers.Kinds())
 	} else {
-		err = runHandler(ctx, reg, row)
+		err = runHandler(spanCtx, reg, row)
 	}
 	c.inflight.Delete(row.ID)
 	if err == nil { // the hot path: nothing to log, nothing to allocate
+		endAttemptSpan(span, nil, StateSucceeded, 0)
 		if row.completedInTx {
 			c.stats.succeeded.Add(1)
 		} else {
@@ -199,19 +202,26 @@ func (q *queue) executeOne(r *running) {
 	}
 	cause := context.Cause(ctx)
 	log := c.logger.With("job_id", row.ID, "kind", row.Kind, "queue", row.Queue, "attempt", row.Attempt)
+	if sc := span.SpanContext(); sc.IsValid() {
+		log = log.With("trace_id", sc.TraceID().String(), "span_id", sc.SpanID().String())
+	}
 
 	switch {
 	case errors.Is(cause, ErrLeaseLost):
 		log.Warn("relay: job lost its lease while running; its result is not recorded", "error", err)
+		endAttemptSpan(span, fmt.Errorf("%w: %w", ErrLeaseLost, err), StateClaimed, 0)
 	case errors.Is(cause, ErrJobCancelled):
 		log.Info("relay: running job was cancelled", "error", err)
+		endAttemptSpan(span, fmt.Errorf("%w: %w", ErrJobCancelled, err), StateCancelled, 0)
 	case errors.Is(cause, ErrShutdown):
 		c.release([]*JobRow{row})
+		endAttemptSpan(span, fmt.Errorf("%w: %w", ErrShutdown, err), StateQueued, 0)
 	default:
 		if ctx.Err() != nil && cause != nil && !errors.Is(err, cause) {
 			err = fmt.Errorf("%w (%v)", err, cause)
 		}
-		c.fail(log, reg, row, err)
+		state, delay := c.fail(log, reg, row, err)
+		endAttemptSpan(span, err, state, delay)
 	}
 }
 
@@ -237,7 +247,7 @@ func runHandler(ctx context.Context, reg *registration, row *JobRow) (err error)
 func (c *Client) fail(log interface {
 	Warn(string, ...any)
 	Error(string, ...any)
-}, reg *registration, row *JobRow, err error) {
+}, reg *registration, row *JobRow, err error) (JobState, time.Duration) {
 	state, delay := StateQueued, time.Duration(0)
 	var perm *permanentError
 	var rin *retryInError
@@ -268,6 +278,7 @@ func (c *Client) fail(log interface {
 		c.stats.retried.Add(1)
 		log.Warn("relay: job failed; will retry", "error", msg, "retry_in", delay)
 	}
+	return state, delay
 }
 
 // release returns interrupted attempts to the queue.

@@ -1,0 +1,172 @@
+package core
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// TraceMode says how an attempt's span relates to the job's enqueue.
+type TraceMode int
+
+const (
+	// TraceParent (the default) makes every attempt's span a child of the
+	// enqueue's span: a job's whole life, every retry included, is one
+	// trace. The trace stays open as long as the job retries (hours, with
+	// backoff), which some backends show as one long trace.
+	TraceParent TraceMode = iota
+	// TraceLink starts each attempt in a trace of its own, linked to the
+	// enqueue's span: the OpenTelemetry messaging conventions' default.
+	// Traces stay short; following a job across attempts takes the link.
+	TraceLink
+)
+
+// instrumentationName names Relay's tracer and meter.
+const instrumentationName = "github.com/relayq/relay"
+
+// Metadata keys of the W3C trace context stored with each job.
+const (
+	MetaTraceParent = "traceparent"
+	MetaTraceState  = "tracestate"
+)
+
+// traceContext is W3C Trace Context, the format stored in job metadata
+// whatever propagator the process has configured.
+var traceContext = propagation.TraceContext{}
+
+// tracer returns the tracer of tp, or of the global provider when tp is nil.
+func tracer(tp trace.TracerProvider) trace.Tracer {
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	return tp.Tracer(instrumentationName)
+}
+
+// startEnqueueSpan starts the producer span of an enqueue of n jobs into
+// queue (the first job's queue for a batch; a batch spanning queues says so
+// in relay.batch.queues). It returns the span and the trace context to store
+// in each job's metadata (nil when the span is not recording).
+func startEnqueueSpan(ctx context.Context, queue string, n int) (context.Context, trace.Span, map[string]string) {
+	ctx, span := tracer(nil).Start(ctx, "send "+queue,
+		trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(
+			attribute.String("messaging.system", "relay"),
+			attribute.String("messaging.operation.type", "send"),
+			attribute.String("messaging.operation.name", "send"),
+			attribute.String("messaging.destination.name", queue),
+		))
+	if !span.SpanContext().IsValid() {
+		return ctx, span, nil
+	}
+	if n > 1 {
+		span.SetAttributes(attribute.Int("messaging.batch.message_count", n))
+	}
+	carrier := propagation.MapCarrier{}
+	traceContext.Inject(ctx, carrier)
+	return ctx, span, carrier
+}
+
+// withTraceMetadata adds the trace context to a job's encoded metadata.
+func withTraceMetadata(meta json.RawMessage, tc map[string]string) (json.RawMessage, error) {
+	m := map[string]any{}
+	if err := json.Unmarshal(meta, &m); err != nil {
+		return nil, err
+	}
+	if _, set := m[MetaTraceParent]; set {
+		return meta, nil // the caller chose one; keep it
+	}
+	for k, v := range tc {
+		m[k] = v
+	}
+	return json.Marshal(m)
+}
+
+// startAttemptSpan starts the consumer span of one attempt, from the trace
+// context stored with the job.
+func (c *Client) startAttemptSpan(ctx context.Context, row *JobRow) (context.Context, trace.Span) {
+	t := tracer(c.cfg.TracerProvider)
+	stored := propagation.MapCarrier{}
+	if len(row.Metadata) > 2 {
+		var m map[string]any
+		if json.Unmarshal(row.Metadata, &m) == nil {
+			for _, k := range []string{MetaTraceParent, MetaTraceState} {
+				if v, ok := m[k].(string); ok {
+					stored[k] = v
+				}
+			}
+		}
+	}
+	opts := []trace.SpanStartOption{
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(
+			attribute.String("messaging.system", "relay"),
+			attribute.String("messaging.operation.type", "process"),
+			attribute.String("messaging.operation.name", "process"),
+			attribute.String("messaging.destination.name", row.Queue),
+			attribute.String("messaging.message.id", strconv.FormatInt(row.ID, 10)),
+			attribute.String("relay.job.kind", row.Kind),
+			attribute.Int("relay.job.attempt", row.Attempt),
+		),
+	}
+	if len(stored) > 0 {
+		parent := trace.SpanContextFromContext(traceContext.Extract(context.Background(), stored))
+		if parent.IsValid() {
+			if c.cfg.TraceMode == TraceLink {
+				opts = append(opts, trace.WithLinks(trace.Link{SpanContext: parent}), trace.WithNewRoot())
+			} else {
+				ctx = trace.ContextWithRemoteSpanContext(ctx, parent)
+			}
+		}
+	}
+	return t.Start(ctx, "process "+row.Queue, opts...)
+}
+
+// endAttemptSpan records an attempt's outcome on its span.
+func endAttemptSpan(span trace.Span, err error, outcome JobState, retryIn time.Duration) {
+	if !span.IsRecording() {
+		span.End()
+		return
+	}
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+		span.SetAttributes(attribute.String("error.type", errorType(err)))
+		switch outcome {
+		case StateQueued:
+			span.SetAttributes(attribute.String("relay.job.retry_at", time.Now().Add(retryIn).UTC().Format(time.RFC3339Nano)))
+			span.AddEvent("retry scheduled", trace.WithAttributes(attribute.String("relay.job.retry_in", retryIn.String())))
+		case StateDead:
+			span.AddEvent("job dead: attempts exhausted or permanent failure")
+		}
+	}
+	span.End()
+}
+
+// errorType names an error's kind for error.type: Relay's own outcomes by
+// name, anything else by its Go type.
+func errorType(err error) string {
+	switch {
+	case errors.Is(err, ErrLeaseLost):
+		return "lease_lost"
+	case errors.Is(err, ErrJobCancelled):
+		return "cancelled"
+	case errors.Is(err, ErrShutdown):
+		return "shutdown"
+	case errors.Is(err, ErrUnknownKind):
+		return "unknown_kind"
+	}
+	var perm *permanentError
+	if errors.As(err, &perm) {
+		return "permanent"
+	}
+	return fmt.Sprintf("%T", err)
+}
