@@ -1,0 +1,163 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/relayq/relay/internal/testdb"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+// jaegerConfig runs Jaeger v2 on 127.0.0.1 only, in memory, with OTLP and
+// the query API on the given ports.
+const jaegerConfig = `
+service:
+  extensions: [jaeger_storage, jaeger_query]
+  pipelines:
+    traces:
+      receivers: [otlp]
+      processors: [batch]
+      exporters: [jaeger_storage_exporter]
+  telemetry:
+    metrics:
+      level: none
+    logs:
+      level: warn
+extensions:
+  jaeger_query:
+    storage:
+      traces: mem
+    http:
+      endpoint: 127.0.0.1:%d
+    grpc:
+      endpoint: 127.0.0.1:%d
+  jaeger_storage:
+    backends:
+      mem:
+        memory:
+          max_traces: 10000
+receivers:
+  otlp:
+    protocols:
+      grpc:
+        endpoint: 127.0.0.1:%d
+      http:
+        endpoint: 127.0.0.1:%d
+processors:
+  batch:
+    timeout: 100ms
+exporters:
+  jaeger_storage_exporter:
+    trace_storage: mem
+`
+
+func freePort(t *testing.T) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// otlpSpan is the part of an OTLP/JSON span the test reads.
+type otlpSpan struct {
+	Name         string          `json:"name"`
+	Kind         json.RawMessage `json:"kind"`
+	SpanID       string          `json:"spanId"`
+	ParentSpanID string          `json:"parentSpanId"`
+	Status       struct {
+		Code json.RawMessage `json:"code"`
+	} `json:"status"`
+}
+
+// The example's job, exported over OTLP to a real Jaeger and read back from
+// its query API: one trace holding the enqueue and three attempts, the
+// first two with error status. Needs the Jaeger binary: .ci/run builds it
+// (tools/jaeger/build.sh) and sets RELAY_JAEGER_BIN.
+func TestTraceInJaeger(t *testing.T) {
+	bin := os.Getenv("RELAY_JAEGER_BIN")
+	if bin == "" {
+		t.Skip("RELAY_JAEGER_BIN not set (tools/jaeger/build.sh builds Jaeger; .ci/run sets it)")
+	}
+	queryHTTP, queryGRPC, otlpGRPC, otlpHTTP := freePort(t), freePort(t), freePort(t), freePort(t)
+	cfg := filepath.Join(t.TempDir(), "jaeger.yaml")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(jaegerConfig, queryHTTP, queryGRPC, otlpGRPC, otlpHTTP)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	cmd := exec.Command(bin, "--config", cfg)
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	api := fmt.Sprintf("http://127.0.0.1:%d", queryHTTP)
+	testdb.WaitFor(t, "Jaeger's query API", func() bool {
+		resp, err := http.Get(api + "/api/services")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil && resp.StatusCode == 200
+	})
+
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", fmt.Sprintf("http://127.0.0.1:%d", otlpHTTP))
+	var out bytes.Buffer
+	traceID, err := run(context.Background(), testdb.URL(t), &out)
+	if err != nil || traceID == "" {
+		t.Fatalf("run: %q %v\n%s", traceID, err, out.String())
+	}
+
+	var spans []otlpSpan
+	testdb.WaitFor(t, "the trace in Jaeger", func() bool {
+		resp, err := http.Get(api + "/api/v3/traces/" + traceID)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		var body struct {
+			Result struct {
+				ResourceSpans []struct {
+					ScopeSpans []struct {
+						Spans []otlpSpan `json:"spans"`
+					} `json:"scopeSpans"`
+				} `json:"resourceSpans"`
+			} `json:"result"`
+		}
+		if resp.StatusCode != 200 || json.NewDecoder(resp.Body).Decode(&body) != nil {
+			return false
+		}
+		spans = spans[:0]
+		for _, rs := range body.Result.ResourceSpans {
+			for _, ss := range rs.ScopeSpans {
+				spans = append(spans, ss.Spans...)
+			}
+		}
+		return len(spans) >= 7 // producer, 3 attempts, 3 handler spans
+	})
+	var producers, attempts, failed int
+	for _, s := range spans {
+		switch s.Name {
+		case "send default":
+			producers++
+		case "process default":
+			attempts++
+			if code := strings.Trim(string(s.Status.Code), `"`); code == "STATUS_CODE_ERROR" || code == "2" {
+				failed++
+			}
+		}
+	}
+	if producers != 1 || attempts != 3 || failed != 2 {
+		t.Fatalf("trace %s: %d producer spans, %d attempts (%d failed); want 1, 3 (2)\nspans: %+v\njaeger: %s", traceID, producers, attempts, failed, spans, logs.String())
+	}
+}
