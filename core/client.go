@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/relayq/relay/internal/notifier"
@@ -66,6 +67,9 @@ type Config struct {
 	// TraceMode relates attempts' spans to the enqueue's: TraceParent (one
 	// trace per job, the default) or TraceLink.
 	TraceMode TraceMode
+	// MeterProvider makes the client's metrics (see docs/observability.md).
+	// Default: the global one (otel.SetMeterProvider).
+	MeterProvider metric.MeterProvider
 }
 
 // QueueConfig configures one queue of a Client.
@@ -120,6 +124,7 @@ type Client struct {
 	inflight   sync.Map // job id → *running
 	completer  *completer
 	stats      counters
+	metrics    *metrics
 	lifecycle  sync.Mutex
 	started    bool
 	stopped    bool
@@ -200,6 +205,11 @@ func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if len(c.queues) > 0 && cf.Workers == nil {
 		return nil, errors.New("core: new client: Queues are set but Workers is nil")
 	}
+	m, err := newMetrics(c)
+	if err != nil {
+		return nil, fmt.Errorf("core: new client: metrics: %w", err)
+	}
+	c.metrics = m
 	return c, nil
 }
 

@@ -102,6 +102,11 @@ func (p *completer) flush(batch []*JobRow) {
 		cancel()
 		if err == nil {
 			p.c.stats.succeeded.Add(int64(len(recorded)))
+			for _, r := range batch {
+				if _, ok := recorded[r.ID]; ok {
+					p.c.metrics.succeeded.Add(context.Background(), 1, p.c.metrics.with(r))
+				}
+			}
 			if len(recorded) < len(batch) {
 				for _, r := range batch {
 					if _, ok := recorded[r.ID]; !ok {

@@ -11,8 +11,10 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
 )
 
 // DefaultQueue is the queue of jobs enqueued without one.
@@ -143,7 +145,28 @@ func EnqueueMany(ctx context.Context, db DB, params []EnqueueParams) ([]EnqueueR
 	if len(results) == 1 {
 		span.SetAttributes(attribute.String("messaging.message.id", strconv.FormatInt(results[0].ID, 10)))
 	}
+	countEnqueued(ctx, rows, results)
 	return results, nil
+}
+
+// countEnqueued adds the jobs written (not the duplicates) to the
+// relay.jobs.enqueued counter of the global meter, by queue and kind.
+func countEnqueued(ctx context.Context, rows []enqueueRow, results []EnqueueResult) {
+	ctr, err := otel.GetMeterProvider().Meter(instrumentationName).Int64Counter("relay.jobs.enqueued",
+		metric.WithDescription("Jobs enqueued."), metric.WithUnit("{job}"))
+	if err != nil {
+		return
+	}
+	type qk struct{ queue, kind string }
+	counts := map[qk]int64{}
+	for i, r := range rows {
+		if !results[i].Duplicate {
+			counts[qk{r.Queue, r.Kind}]++
+		}
+	}
+	for k, n := range counts {
+		ctr.Add(ctx, n, metric.WithAttributes(attribute.String("queue", k.queue), attribute.String("kind", k.kind)))
+	}
 }
 
 // enqueueRows writes prepared rows in one statement.

@@ -249,3 +249,10 @@ WHERE d.ordering_key IS NOT NULL AND d.state = 'dead' AND ($1 = '' OR d.queue = 
         AND e.state IN ('queued', 'claimed', 'dead'))
 ORDER BY d.id
 LIMIT $2`
+
+// sqlQueueDepths counts the runnable jobs of each queue and the age of the
+// oldest, from the claim index alone.
+const sqlQueueDepths = `
+SELECT queue, count(*), coalesce(extract(epoch FROM now() - min(run_at)), 0)::float8
+FROM relay_jobs WHERE state = 'queued' AND run_at <= now()
+GROUP BY queue`

@@ -90,6 +90,11 @@ func (q *queue) run(ctx, workCtx context.Context) {
 				// reaches a prefetched job too; heartbeats cover it from here.
 				ctx, cancel := context.WithCancelCause(workCtx)
 				r := &running{row: row, ctx: ctx, cancel: cancel}
+				pickup := row.AttemptedAt.Sub(row.RunAt)
+				if row.CreatedAt.After(row.RunAt) {
+					pickup = row.AttemptedAt.Sub(row.CreatedAt)
+				}
+				c.metrics.pickup.Record(ctx, pickup.Seconds(), c.metrics.with(row))
 				c.inflight.Store(row.ID, r)
 				q.mu.Lock()
 				if q.running < q.max {
@@ -183,6 +188,9 @@ func (q *queue) executeOne(r *running) {
 
 	// The attempt's span; the handler's spans nest under it.
 	spanCtx, span := c.startAttemptSpan(ctx, row)
+	attrs := c.metrics.with(row)
+	c.metrics.started.Add(ctx, 1, attrs)
+	began := time.Now()
 	reg := c.workers[row.Kind]
 	var err error
 	if reg == nil {
@@ -191,10 +199,12 @@ func (q *queue) executeOne(r *running) {
 		err = runHandler(spanCtx, reg, row)
 	}
 	c.inflight.Delete(row.ID)
+	c.metrics.duration.Record(ctx, time.Since(began).Seconds(), attrs)
 	if err == nil { // the hot path: nothing to log, nothing to allocate
 		endAttemptSpan(span, nil, StateSucceeded, 0)
 		if row.completedInTx {
 			c.stats.succeeded.Add(1)
+			c.metrics.succeeded.Add(context.Background(), 1, attrs)
 		} else {
 			c.completer.add(row)
 		}
@@ -209,9 +219,11 @@ func (q *queue) executeOne(r *running) {
 	switch {
 	case errors.Is(cause, ErrLeaseLost):
 		log.Warn("relay: job lost its lease while running; its result is not recorded", "error", err)
+		c.metrics.leaseLost.Add(context.Background(), 1, attrs)
 		endAttemptSpan(span, fmt.Errorf("%w: %w", ErrLeaseLost, err), StateClaimed, 0)
 	case errors.Is(cause, ErrJobCancelled):
 		log.Info("relay: running job was cancelled", "error", err)
+		c.metrics.cancelled.Add(context.Background(), 1, attrs)
 		endAttemptSpan(span, fmt.Errorf("%w: %w", ErrJobCancelled, err), StateCancelled, 0)
 	case errors.Is(cause, ErrShutdown):
 		c.release([]*JobRow{row})
@@ -270,12 +282,15 @@ func (c *Client) fail(log interface {
 		log.Error("relay: could not record failed attempt; the lease will expire and the job will be rescued", "error", dbErr, "job_error", msg)
 	case n == 0:
 		c.stats.leaseLost.Add(1)
+		c.metrics.leaseLost.Add(ctx, 1, c.metrics.with(row))
 		log.Warn("relay: failure not recorded: lease lost", "job_error", msg)
 	case state == StateDead:
 		c.stats.dead.Add(1)
+		c.metrics.dead.Add(ctx, 1, c.metrics.with(row))
 		log.Warn("relay: job failed and is dead", "error", msg)
 	default:
 		c.stats.retried.Add(1)
+		c.metrics.retried.Add(ctx, 1, c.metrics.with(row))
 		log.Warn("relay: job failed; will retry", "error", msg, "retry_in", delay)
 	}
 	return state, delay

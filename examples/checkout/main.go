@@ -45,7 +45,8 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, url string, out io.Writer) error {
+func run(ctx context.Context, url string, w io.Writer) error {
+	out := &lockedWriter{w: w} // the receipt job and the webhook receiver print at once
 	if url == "" {
 		fmt.Fprintln(out, "no DATABASE_URL; starting a throwaway PostgreSQL")
 		cluster, err := devpg.Start(ctx, devpg.Options{})
@@ -173,4 +174,16 @@ func (w webhookDone) Work(ctx context.Context, j *core.Job[outbox.WebhookArgs]) 
 	}
 	w.done <- struct{}{}
 	return nil
+}
+
+// lockedWriter serialises writes from concurrent goroutines.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

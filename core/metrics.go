@@ -1,0 +1,130 @@
+package core
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// metrics are a client's instruments, from Config.MeterProvider (default:
+// the global one; with none set they cost next to nothing). Names follow
+// OpenTelemetry's conventions; the Prometheus exporter turns relay.jobs.started
+// into relay_jobs_started_total, and so on.
+type metrics struct {
+	started, succeeded, retried, dead, cancelled, leaseLost metric.Int64Counter
+	duration, pickup                                        metric.Float64Histogram
+	attrs                                                   sync.Map // queue|kind → metric.MeasurementOption
+}
+
+func newMetrics(c *Client) (*metrics, error) {
+	mp := c.cfg.MeterProvider
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	m := mp.Meter(instrumentationName)
+	out := &metrics{}
+	var err error
+	counter := func(name, desc string) metric.Int64Counter {
+		if err != nil {
+			return nil
+		}
+		var ctr metric.Int64Counter
+		ctr, err = m.Int64Counter(name, metric.WithDescription(desc), metric.WithUnit("{job}"))
+		return ctr
+	}
+	out.started = counter("relay.jobs.started", "Attempts started.")
+	out.succeeded = counter("relay.jobs.succeeded", "Jobs whose success was recorded.")
+	out.retried = counter("relay.jobs.retried", "Failed attempts that will be retried.")
+	out.dead = counter("relay.jobs.dead", "Jobs that failed for good.")
+	out.cancelled = counter("relay.jobs.cancelled", "Running jobs stopped by a cancel.")
+	out.leaseLost = counter("relay.jobs.lease_lost", "Attempts whose lease was gone when they finished.")
+	if err != nil {
+		return nil, err
+	}
+	buckets := metric.WithExplicitBucketBoundaries(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+	if out.duration, err = m.Float64Histogram("relay.job.duration", metric.WithUnit("s"),
+		metric.WithDescription("Handler run time per attempt."), buckets); err != nil {
+		return nil, err
+	}
+	if out.pickup, err = m.Float64Histogram("relay.job.pickup_latency", metric.WithUnit("s"),
+		metric.WithDescription("From when a job became runnable to its claim (database time)."), buckets); err != nil {
+		return nil, err
+	}
+
+	// Queue depth and the age of the oldest runnable job, read from the
+	// database when collected, at most every 5 s whatever the scrape rate.
+	depth, err := m.Int64ObservableGauge("relay.queue.depth", metric.WithUnit("{job}"),
+		metric.WithDescription("Runnable jobs waiting, by queue."))
+	if err != nil {
+		return nil, err
+	}
+	age, err := m.Float64ObservableGauge("relay.queue.oldest_age", metric.WithUnit("s"),
+		metric.WithDescription("How long the oldest runnable job of each queue has waited."))
+	if err != nil {
+		return nil, err
+	}
+	cache := &depthCache{c: c}
+	_, err = m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		for _, q := range cache.read(ctx) {
+			set := metric.WithAttributes(attribute.String("queue", q.queue))
+			o.ObserveInt64(depth, q.depth, set)
+			o.ObserveFloat64(age, q.oldest, set)
+		}
+		return nil
+	}, depth, age)
+	return out, err
+}
+
+// with returns the attributes of a job's measurements, cached per queue and
+// kind so the hot path does not allocate.
+func (m *metrics) with(row *JobRow) metric.MeasurementOption {
+	key := row.Queue + "\x00" + row.Kind
+	if v, ok := m.attrs.Load(key); ok {
+		return v.(metric.MeasurementOption)
+	}
+	opt := metric.WithAttributeSet(attribute.NewSet(attribute.String("queue", row.Queue), attribute.String("kind", row.Kind)))
+	m.attrs.Store(key, opt)
+	return opt
+}
+
+type queueDepth struct {
+	queue  string
+	depth  int64
+	oldest float64
+}
+
+// depthCache reads queue depths at most every 5 seconds.
+type depthCache struct {
+	c    *Client
+	mu   sync.Mutex
+	at   time.Time
+	last []queueDepth
+}
+
+func (d *depthCache) read(ctx context.Context) []queueDepth {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if time.Since(d.at) < 5*time.Second {
+		return d.last
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	rows, err := d.c.pool.Query(ctx, sqlQueueDepths)
+	if err != nil {
+		return d.last
+	}
+	defer rows.Close()
+	var out []queueDepth
+	for rows.Next() {
+		var q queueDepth
+		if rows.Scan(&q.queue, &q.depth, &q.oldest) == nil {
+			out = append(out, q)
+		}
+	}
+	d.at, d.last = time.Now(), out
+	return out
+}
