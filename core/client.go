@@ -125,6 +125,7 @@ type Client struct {
 	completer  *completer
 	stats      counters
 	metrics    *metrics
+	tracer     trace.Tracer
 	lifecycle  sync.Mutex
 	started    bool
 	stopped    bool
@@ -205,6 +206,7 @@ func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if len(c.queues) > 0 && cf.Workers == nil {
 		return nil, errors.New("core: new client: Queues are set but Workers is nil")
 	}
+	c.tracer = tracer(c.cfg.TracerProvider)
 	m, err := newMetrics(c)
 	if err != nil {
 		return nil, fmt.Errorf("core: new client: metrics: %w", err)

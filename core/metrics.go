@@ -17,7 +17,8 @@ import (
 type metrics struct {
 	started, succeeded, retried, dead, cancelled, leaseLost metric.Int64Counter
 	duration, pickup                                        metric.Float64Histogram
-	attrs                                                   sync.Map // queue|kind → metric.MeasurementOption
+	mu                                                      sync.RWMutex
+	attrs                                                   map[string]map[string]metric.MeasurementOption // queue → kind →
 }
 
 func newMetrics(c *Client) (*metrics, error) {
@@ -82,12 +83,22 @@ func newMetrics(c *Client) (*metrics, error) {
 // with returns the attributes of a job's measurements, cached per queue and
 // kind so the hot path does not allocate.
 func (m *metrics) with(row *JobRow) metric.MeasurementOption {
-	key := row.Queue + "\x00" + row.Kind
-	if v, ok := m.attrs.Load(key); ok {
-		return v.(metric.MeasurementOption)
+	m.mu.RLock()
+	opt, ok := m.attrs[row.Queue][row.Kind]
+	m.mu.RUnlock()
+	if ok {
+		return opt
 	}
-	opt := metric.WithAttributeSet(attribute.NewSet(attribute.String("queue", row.Queue), attribute.String("kind", row.Kind)))
-	m.attrs.Store(key, opt)
+	opt = metric.WithAttributeSet(attribute.NewSet(attribute.String("queue", row.Queue), attribute.String("kind", row.Kind)))
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.attrs == nil {
+		m.attrs = map[string]map[string]metric.MeasurementOption{}
+	}
+	if m.attrs[row.Queue] == nil {
+		m.attrs[row.Queue] = map[string]metric.MeasurementOption{}
+	}
+	m.attrs[row.Queue][row.Kind] = opt
 	return opt
 }
 

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -93,21 +94,35 @@ func withTraceMetadata(meta json.RawMessage, tc map[string]string) (json.RawMess
 // startAttemptSpan starts the consumer span of one attempt, from the trace
 // context stored with the job.
 func (c *Client) startAttemptSpan(ctx context.Context, row *JobRow) (context.Context, trace.Span) {
-	t := tracer(c.cfg.TracerProvider)
-	stored := propagation.MapCarrier{}
-	if len(row.Metadata) > 2 {
+	// Cheap when nothing traces: no metadata parse unless a trace context
+	// was stored, attributes only on a recording span.
+	if bytes.Contains(row.Metadata, []byte(MetaTraceParent)) {
 		var m map[string]any
 		if json.Unmarshal(row.Metadata, &m) == nil {
+			stored := propagation.MapCarrier{}
 			for _, k := range []string{MetaTraceParent, MetaTraceState} {
 				if v, ok := m[k].(string); ok {
 					stored[k] = v
 				}
 			}
+			parent := trace.SpanContextFromContext(traceContext.Extract(context.Background(), stored))
+			if parent.IsValid() {
+				if c.cfg.TraceMode == TraceLink {
+					ctx, span := c.tracer.Start(ctx, "process "+row.Queue, trace.WithSpanKind(trace.SpanKindConsumer),
+						trace.WithLinks(trace.Link{SpanContext: parent}), trace.WithNewRoot())
+					return ctx, withAttemptAttributes(span, row)
+				}
+				ctx = trace.ContextWithRemoteSpanContext(ctx, parent)
+			}
 		}
 	}
-	opts := []trace.SpanStartOption{
-		trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithAttributes(
+	ctx, span := c.tracer.Start(ctx, "process "+row.Queue, trace.WithSpanKind(trace.SpanKindConsumer))
+	return ctx, withAttemptAttributes(span, row)
+}
+
+func withAttemptAttributes(span trace.Span, row *JobRow) trace.Span {
+	if span.IsRecording() {
+		span.SetAttributes(
 			attribute.String("messaging.system", "relay"),
 			attribute.String("messaging.operation.type", "process"),
 			attribute.String("messaging.operation.name", "process"),
@@ -115,19 +130,9 @@ func (c *Client) startAttemptSpan(ctx context.Context, row *JobRow) (context.Con
 			attribute.String("messaging.message.id", strconv.FormatInt(row.ID, 10)),
 			attribute.String("relay.job.kind", row.Kind),
 			attribute.Int("relay.job.attempt", row.Attempt),
-		),
+		)
 	}
-	if len(stored) > 0 {
-		parent := trace.SpanContextFromContext(traceContext.Extract(context.Background(), stored))
-		if parent.IsValid() {
-			if c.cfg.TraceMode == TraceLink {
-				opts = append(opts, trace.WithLinks(trace.Link{SpanContext: parent}), trace.WithNewRoot())
-			} else {
-				ctx = trace.ContextWithRemoteSpanContext(ctx, parent)
-			}
-		}
-	}
-	return t.Start(ctx, "process "+row.Queue, opts...)
+	return span
 }
 
 // endAttemptSpan records an attempt's outcome on its span.

@@ -26,11 +26,16 @@ func runBench(ctx context.Context, args []string) error {
 	jobHash := fs.Int("job-hash", 0, "each handler runs this many rounds of SHA-256")
 	fill := fs.Int("fill-finished", 0, "burn-down: first fill the table with this many finished jobs")
 	prefetch := fs.Int("prefetch", 0, "jobs each process may claim beyond --workers (QueueConfig.Prefetch)")
+	traced := fs.Bool("trace", false, "record every span (to a discarding exporter), to measure tracing's cost")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *jobs < 1 || *workers < 1 || *processes < 1 || *rate < 0 || *fill < 0 {
 		return fmt.Errorf("bench: --jobs, --workers, --processes must be ≥ 1; --rate, --fill-finished ≥ 0")
+	}
+	if *traced {
+		os.Setenv(bench.EnvTrace, "1") // the worker processes inherit it
+		defer bench.InstallTracing()()
 	}
 	db, err := openProofDB(ctx, *dbURL, false)
 	if err != nil {

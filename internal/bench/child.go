@@ -58,6 +58,9 @@ func RunChild(ctx context.Context, args []string, systems []System) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	if os.Getenv(EnvTrace) == "1" {
+		defer InstallTracing()()
+	}
 	var sys System
 	for _, s := range systems {
 		if s.Name() == *name {
