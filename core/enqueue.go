@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"crypto/sha256"
+	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -11,6 +12,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/uptrace/bun"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -136,7 +139,8 @@ func EnqueueMany(ctx context.Context, db DB, params []EnqueueParams) ([]EnqueueR
 			}
 		}
 	}
-	results, err := enqueueRows(ctx, ex, rows)
+	ownTx := !inTransaction(db)
+	results, err := enqueueRows(ctx, ex, rows, ownTx)
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
@@ -146,7 +150,40 @@ func EnqueueMany(ctx context.Context, db DB, params []EnqueueParams) ([]EnqueueR
 		span.SetAttributes(attribute.String("messaging.message.id", strconv.FormatInt(results[0].ID, 10)))
 	}
 	countEnqueued(ctx, rows, results)
+	if ownTx {
+		notifyQueues(ctx, ex, rows, results)
+	}
 	return results, nil
+}
+
+// inTransaction reports whether db is a caller's transaction: then the
+// insert trigger's NOTIFY rides on its commit. Otherwise the enqueue is its
+// own transaction and notifies after it (notifyQueues).
+func inTransaction(db DB) bool {
+	switch db.(type) {
+	case pgx.Tx, bun.Tx, *bun.Tx, *sql.Tx:
+		return true
+	}
+	return false
+}
+
+// notifyQueues wakes the workers of the queues that got a job runnable now,
+// after the enqueue committed. A failure loses nothing: the job is stored,
+// and workers poll.
+func notifyQueues(ctx context.Context, ex execer, rows []enqueueRow, results []EnqueueResult) {
+	now := time.Now()
+	var queues []string
+	for i, r := range rows {
+		if results[i].Duplicate || r.DelayUS > 0 || (r.RunAt != nil && r.RunAt.After(now)) || slices.Contains(queues, r.Queue) {
+			continue
+		}
+		queues = append(queues, r.Queue)
+	}
+	if len(queues) == 0 {
+		return
+	}
+	list, _ := json.Marshal(queues)
+	ex.Exec(ctx, sqlNotifyQueues, string(list)) //nolint:errcheck
 }
 
 // countEnqueued adds the jobs written (not the duplicates) to the
@@ -169,8 +206,10 @@ func countEnqueued(ctx context.Context, rows []enqueueRow, results []EnqueueResu
 	}
 }
 
-// enqueueRows writes prepared rows in one statement.
-func enqueueRows(ctx context.Context, ex execer, rows []enqueueRow) ([]EnqueueResult, error) {
+// enqueueRows writes prepared rows in one statement; ownTx says the
+// statement is its own transaction, which then leaves the wake-up to the
+// caller.
+func enqueueRows(ctx context.Context, ex execer, rows []enqueueRow, ownTx bool) ([]EnqueueResult, error) {
 	// Unique jobs go through the statement with ON CONFLICT (the plain one
 	// skips that cost). A key repeated within the batch is sent once; the
 	// repeats are duplicates of the first.
@@ -188,6 +227,13 @@ func enqueueRows(ctx context.Context, ex execer, rows []enqueueRow) ([]EnqueueRe
 			seen[*r.UniqueKey] = i
 		}
 		send = append(send, r)
+	}
+	if ownTx {
+		if sql == sqlEnqueue {
+			sql = sqlEnqueueNotifyAfter
+		} else {
+			sql = sqlEnqueueUniqueNotifyAfter
+		}
 	}
 	batch := appendBatch(make([]byte, 0, 128*len(send)), send)
 	sent := make([]EnqueueResult, 0, len(send))

@@ -1,5 +1,7 @@
 package core
 
+import "strings"
+
 // All of the core's SQL, in one place. Every UPDATE of state names the state
 // it moves from in its WHERE clause, so it can only make a transition of the
 // state machine (and the table's trigger refuses any other). Every write about
@@ -21,6 +23,25 @@ FROM ROWS FROM (jsonb_to_recordset($1::jsonb) AS (
      WITH ORDINALITY AS j(kind, queue, args, priority, max_attempts, run_at, delay_us, metadata, ordering_key, ord)
 ORDER BY j.ord
 RETURNING id, false`
+
+// notifyAfter turns an enqueue statement into one whose insert trigger
+// leaves the wake-up to the caller, who sends sqlNotifyQueues after the
+// commit (see the migration *_notify_after_commit). It joins a one-row
+// subquery that sets relay.notify for this transaction only; the trigger
+// runs at the end of the statement, after it.
+func notifyAfter(sql string) string {
+	return strings.Replace(sql, "\nORDER BY j.ord", "\n     CROSS JOIN (SELECT set_config('relay.notify', 'after', true)) AS notify_after\nORDER BY j.ord", 1)
+}
+
+// The enqueue statements for an enqueue that is its own transaction.
+var (
+	sqlEnqueueNotifyAfter       = notifyAfter(sqlEnqueue)
+	sqlEnqueueUniqueNotifyAfter = notifyAfter(sqlEnqueueUnique)
+)
+
+// sqlNotifyQueues wakes the workers of the queues in the JSON array $1, in
+// a transaction of its own (which writes no WAL).
+const sqlNotifyQueues = `SELECT pg_notify('relay_jobs', q) FROM jsonb_array_elements_text($1::jsonb) AS q`
 
 // sqlEnqueueUnique is sqlEnqueue for a batch holding unique jobs (keys
 // distinct within the batch). A job whose key is held by a job in one of
