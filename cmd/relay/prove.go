@@ -40,6 +40,7 @@ type proveConfig struct {
 	sigterms     int
 	lease        time.Duration
 	pgRestart    bool
+	pgCrash      bool
 	backendKill  int
 	backendKillD time.Duration
 	pauses       int
@@ -71,6 +72,7 @@ func runProve(ctx context.Context, args []string) error {
 	fs.IntVar(&c.sigterms, "sigterm", 0, "SIGTERM a random worker process this many times (it must drain), restarting it")
 	fs.DurationVar(&c.lease, "lease", 2*time.Second, "lease duration")
 	fs.BoolVar(&c.pgRestart, "pg-restart", false, "restart PostgreSQL mid-run (throwaway cluster only)")
+	fs.BoolVar(&c.pgCrash, "pg-crash", false, "crash PostgreSQL mid-run (immediate shutdown, recovery from WAL; throwaway cluster only)")
 	fs.IntVar(&c.backendKill, "backend-kill", 0, "terminate this many worker backends per second (pg_terminate_backend)")
 	fs.DurationVar(&c.backendKillD, "backend-kill-for", 3*time.Second, "how long --backend-kill goes on")
 	fs.IntVar(&c.pauses, "pause", 0, "SIGSTOP a worker holding a job until another worker has taken that job over, then SIGCONT it (late-worker case), this many times")
@@ -85,8 +87,8 @@ func runProve(ctx context.Context, args []string) error {
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 
-	if c.url != "" && c.pgRestart {
-		return errors.New("prove: --pg-restart needs the throwaway cluster (omit --database-url)")
+	if c.url != "" && (c.pgRestart || c.pgCrash) {
+		return errors.New("prove: --pg-restart and --pg-crash need the throwaway cluster (omit --database-url)")
 	}
 	db, err := openProofDB(ctx, c.url, c.keep)
 	if err != nil {
@@ -247,6 +249,9 @@ func superviseProof(ctx context.Context, pool *pgxpool.Pool, fleet *workerFleet,
 	if c.pgRestart {
 		faults = append(faults, "pg-restart")
 	}
+	if c.pgCrash {
+		faults = append(faults, "pg-crash")
+	}
 	if c.backendKill > 0 {
 		faults = append(faults, "backend-kill")
 	}
@@ -301,6 +306,11 @@ func superviseProof(ctx context.Context, pool *pgxpool.Pool, fleet *workerFleet,
 			case "pg-restart":
 				fmt.Println("\nprove: restarting PostgreSQL")
 				if err := cluster.Restart(ctx); err != nil {
+					return kills, terms, err
+				}
+			case "pg-crash":
+				fmt.Println("\nprove: crashing PostgreSQL (immediate shutdown)")
+				if err := cluster.Crash(ctx); err != nil {
 					return kills, terms, err
 				}
 			case "pause":

@@ -76,13 +76,15 @@ func TestProveQueueLongJobs(t *testing.T) {
 	}
 }
 
-// PostgreSQL restarted mid-run (a throwaway cluster the command starts
-// itself): workers reconnect, nothing is lost or duplicated.
+// PostgreSQL restarted mid-run, then crashed (immediate shutdown, recovery
+// from WAL, which may drop the latest asynchronous claims) in a throwaway
+// cluster the command starts itself: workers reconnect, nothing is lost or
+// duplicated.
 func TestProveQueuePGRestart(t *testing.T) {
 	t.Parallel()
 	bin := buildRelay(t)
 	f := runProof(t, bin, "queue", "--jobs", "600", "--processes", "2", "--concurrency", "4", "--job-time", "10ms",
-		"--lease", "1s", "--kill", "1", "--pg-restart")
+		"--lease", "1s", "--kill", "1", "--pg-restart", "--pg-crash")
 	if f["succeeded"] != "600" || f["lost"] != "0" || f["duplicate_effects"] != "0" || f["overlapping_executions"] != "0" {
 		t.Fatalf("pg restart: %v", f)
 	}

@@ -165,6 +165,15 @@ func (c *Cluster) Restart(ctx context.Context) error {
 	return c.Start(ctx)
 }
 
+// Crash stops the server the way a crash would (immediate shutdown: no
+// checkpoint, recovery from WAL at the next start), then starts it again.
+func (c *Cluster) Crash(ctx context.Context) error {
+	if out, err := c.run(ctx, "pg_ctl", "-D", c.dataDir(), "-m", "immediate", "-w", "stop"); err != nil {
+		return fmt.Errorf("devpg: pg_ctl stop -m immediate: %w\n%s", err, out)
+	}
+	return c.Start(ctx)
+}
+
 // Stop stops the server and removes the cluster's directory.
 func (c *Cluster) Stop() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
