@@ -22,11 +22,18 @@ func Cancel(ctx context.Context, db DB, id int64) error {
 	if err != nil {
 		return err
 	}
-	if err := transition(ctx, ex, sqlCancel, id, StateCancelled, func(scanner) error { return nil }); err != nil {
+	var queue, orderingKey string
+	if err := transition(ctx, ex, sqlCancel, id, StateCancelled, func(r scanner) error { return r.Scan(&queue, &orderingKey) }); err != nil {
 		return fmt.Errorf("core: cancel job %d: %w", id, err)
 	}
 	if _, err := ex.Exec(ctx, sqlNotifyCancel, strconv.FormatInt(id, 10)); err != nil {
 		return fmt.Errorf("core: cancel job %d: notify workers: %w", id, err)
+	}
+	if orderingKey != "" {
+		// The next job of the key may run now.
+		if _, err := ex.Exec(ctx, sqlNotifyQueue, queue); err != nil {
+			return fmt.Errorf("core: cancel job %d: notify workers: %w", id, err)
+		}
 	}
 	return nil
 }
@@ -89,7 +96,7 @@ func JobGet(ctx context.Context, db DB, id int64) (*JobRow, error) {
 		var prio int
 		var attemptedAt *time.Time
 		if err := r.Scan(&j.ID, &j.Kind, &j.Queue, &state, &prio, &j.Attempt, &j.MaxAttempts, &j.RunAt, &j.CreatedAt,
-			&attemptedAt, &j.AttemptedBy, &j.FinalizedAt, &j.LastError, &args, &meta, &hist); err != nil {
+			&attemptedAt, &j.AttemptedBy, &j.FinalizedAt, &j.LastError, &args, &meta, &hist, &j.OrderingKey); err != nil {
 			return err
 		}
 		j.State, j.Priority = JobState(state), prio

@@ -102,11 +102,16 @@ func (p *completer) flush(batch []*JobRow) {
 		cancel()
 		if err == nil {
 			p.c.stats.succeeded.Add(int64(len(recorded)))
+			var ordered []*JobRow
 			for _, r := range batch {
 				if _, ok := recorded[r.ID]; ok {
 					p.c.metrics.succeeded.Add(context.Background(), 1, p.c.metrics.with(r))
+					if r.OrderingKey != "" {
+						ordered = append(ordered, r)
+					}
 				}
 			}
+			p.c.wakeSuccessors(ordered)
 			if len(recorded) < len(batch) {
 				for _, r := range batch {
 					if _, ok := recorded[r.ID]; !ok {

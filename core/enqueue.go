@@ -140,7 +140,15 @@ func EnqueueMany(ctx context.Context, db DB, params []EnqueueParams) ([]EnqueueR
 		}
 	}
 	ownTx := !inTransaction(db)
-	results, err := enqueueRows(ctx, ex, rows, ownTx)
+	var results []EnqueueResult
+	if c, ok := copyable(db, rows); ok {
+		results, err = enqueueCopy(ctx, c, rows, ownTx)
+		if err != nil {
+			err = fmt.Errorf("core: enqueue: %w", err)
+		}
+	} else {
+		results, err = enqueueRows(ctx, ex, rows, ownTx)
+	}
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())

@@ -66,6 +66,8 @@ type JobRow struct {
 	Metadata json.RawMessage
 	// History holds one entry per attempt that did not succeed.
 	History []AttemptRecord
+	// OrderingKey is the job's ordering key ("" for none).
+	OrderingKey string
 	// LeaseToken fences this attempt's writes. Zero outside a worker.
 	LeaseToken uuid.UUID
 

@@ -112,7 +112,7 @@ SET state            = 'claimed',
 FROM picked, (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
 WHERE j.id = picked.id
 RETURNING j.id, j.kind, j.queue, j.priority, j.attempt, j.max_attempts, j.run_at,
-          j.created_at, j.attempted_at, j.args, j.metadata, j.lease_token`
+          j.created_at, j.attempted_at, j.args, j.metadata, j.lease_token, coalesce(j.ordering_key, '')`
 
 // sqlCompleteMany records the success of a batch of attempts, each fenced by
 // its token. RETURNING names those recorded; the others had lost their lease.
@@ -226,7 +226,7 @@ const sqlCancel = `
 UPDATE relay_jobs
 SET state = 'cancelled', finalized_at = now(), lease_token = NULL, lease_expires_at = NULL
 WHERE id = $1 AND state IN ('queued', 'claimed')
-RETURNING id`
+RETURNING queue, coalesce(ordering_key, '')`
 
 // sqlNotifyCancel tells running workers (of any process) to stop job $1 now
 // rather than at their next heartbeat. Delivered at commit.
@@ -250,7 +250,7 @@ const sqlJobState = `SELECT state FROM relay_jobs WHERE id = $1`
 const sqlGetJob = `
 SELECT id, kind, queue, state, priority, attempt, max_attempts, run_at, created_at,
        attempted_at, coalesce(attempted_by, ''), finalized_at, coalesce(last_error, ''),
-       args::text, metadata::text, history::text
+       args::text, metadata::text, history::text, coalesce(ordering_key, '')
 FROM relay_jobs
 WHERE id = $1`
 
@@ -277,3 +277,10 @@ const sqlQueueDepths = `
 SELECT queue, count(*), coalesce(extract(epoch FROM now() - min(run_at)), 0)::float8
 FROM relay_jobs WHERE state = 'queued' AND run_at <= now()
 GROUP BY queue`
+
+// sqlDrawIDs draws $1 job ids, in order, for a COPY batch.
+const sqlDrawIDs = `SELECT nextval(pg_get_serial_sequence('relay_jobs', 'id')) FROM generate_series(1, $1)`
+
+// sqlNotifyAfterCommit tells the insert trigger, for this transaction,
+// that the wake-up is sent after the commit.
+const sqlNotifyAfterCommit = `SELECT set_config('relay.notify', 'after', true)`

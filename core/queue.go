@@ -2,9 +2,11 @@ package core
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -126,7 +128,7 @@ func (q *queue) claim(ctx context.Context, limit int) ([]*JobRow, error) {
 		var token uuid.UUID
 		var prio int16
 		if err := rows.Scan(&r.ID, &r.Kind, &r.Queue, &prio, &r.Attempt, &r.MaxAttempts, &r.RunAt,
-			&r.CreatedAt, &r.AttemptedAt, &r.EncodedArgs, &r.Metadata, &token); err != nil {
+			&r.CreatedAt, &r.AttemptedAt, &r.EncodedArgs, &r.Metadata, &token, &r.OrderingKey); err != nil {
 			return nil, fmt.Errorf("claim: scan: %w", err)
 		}
 		r.Priority = int(prio)
@@ -205,6 +207,7 @@ func (q *queue) executeOne(r *running) {
 		if row.completedInTx {
 			c.stats.succeeded.Add(1)
 			c.metrics.succeeded.Add(context.Background(), 1, attrs)
+			c.wakeSuccessors([]*JobRow{row})
 		} else {
 			c.completer.add(row)
 		}
@@ -342,4 +345,25 @@ func truncate(s string, n int) string {
 		s = s[:len(s)-1]
 	}
 	return s + "…(truncated)"
+}
+
+// wakeSuccessors wakes the workers of every process after jobs with an
+// ordering key finished: the next job of each key has just become
+// claimable, and nothing else would tell them before the next poll.
+func (c *Client) wakeSuccessors(rows []*JobRow) {
+	var queues []string
+	for _, r := range rows {
+		if r.OrderingKey != "" && !slices.Contains(queues, r.Queue) {
+			queues = append(queues, r.Queue)
+		}
+	}
+	if len(queues) == 0 {
+		return
+	}
+	list, _ := json.Marshal(queues)
+	ctx, cancel := dbCtx()
+	defer cancel()
+	if _, err := c.pool.Exec(ctx, sqlNotifyQueues, string(list)); err != nil {
+		c.logger.Warn("relay: could not wake the workers of ordered jobs' queues; they will poll", "error", err)
+	}
 }

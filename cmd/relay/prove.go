@@ -260,6 +260,7 @@ func superviseProof(ctx context.Context, pool *pgxpool.Pool, fleet *workerFleet,
 	}
 	rand.Shuffle(len(faults), func(i, j int) { faults[i], faults[j] = faults[j], faults[i] })
 	next := 0
+	var pauses sync.WaitGroup
 	tty := isTerminal()
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
@@ -286,6 +287,10 @@ func superviseProof(ctx context.Context, pool *pgxpool.Pool, fleet *workerFleet,
 		if done == c.jobs {
 			if tty {
 				fmt.Println()
+			}
+			pauses.Wait()
+			if next < len(faults) {
+				return kills, terms, fmt.Errorf("prove: the jobs finished before %d of the %d faults fired; use more jobs or a longer --job-time", len(faults)-next, len(faults))
 			}
 			return kills, terms, nil
 		}
@@ -314,9 +319,15 @@ func superviseProof(ctx context.Context, pool *pgxpool.Pool, fleet *workerFleet,
 					return kills, terms, err
 				}
 			case "pause":
-				if err := fleet.pause(ctx, pool); err != nil {
-					return kills, terms, err
-				}
+				// In the background: a pause lasts until another worker
+				// takes the job over, and the other faults must not wait.
+				pauses.Add(1)
+				go func() {
+					defer pauses.Done()
+					if err := fleet.pause(ctx, pool); err != nil {
+						fmt.Fprintln(os.Stderr, "prove: pause:", err)
+					}
+				}()
 			case "backend-kill":
 				go terminateBackends(ctx, pool, c.backendKill, c.backendKillD)
 			}

@@ -53,9 +53,9 @@ func TestProveQueueWithFaults(t *testing.T) {
 	t.Parallel()
 	bin := buildRelay(t)
 	url := testdb.URL(t)
-	f := runProof(t, bin, "queue", "--database-url", url, "--jobs", "1500", "--processes", "3", "--concurrency", "4",
+	f := runProof(t, bin, "queue", "--database-url", url, "--jobs", "3000", "--processes", "3", "--concurrency", "4",
 		"--job-time", "30ms", "--lease", "1s", "--kill", "3", "--sigterm", "1", "--backend-kill", "2", "--backend-kill-for", "2s", "--pause", "1")
-	for k, want := range map[string]string{"jobs": "1500", "succeeded": "1500", "lost": "0", "duplicate_effects": "0",
+	for k, want := range map[string]string{"jobs": "3000", "succeeded": "3000", "lost": "0", "duplicate_effects": "0",
 		"overlapping_executions": "0", "kills": "3", "sigterms": "1", "pauses": "1"} {
 		if f[k] != want {
 			t.Errorf("%s=%s, want %s (%v)", k, f[k], want, f)
