@@ -43,6 +43,9 @@ type Config struct {
 	BatchSize int
 	// PollInterval is the fallback when no notification comes. Default 1s.
 	PollInterval time.Duration
+	// Retention is how long dispatched events are kept (their jobs live
+	// on in relay_jobs). Default 7 days; negative keeps them forever.
+	Retention time.Duration
 	// Logger receives the dispatcher's logs. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -77,6 +80,9 @@ func NewDispatcher(pool *pgxpool.Pool, cfg *Config) (*Dispatcher, error) {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.Retention == 0 {
+		c.Retention = 7 * 24 * time.Hour
 	}
 	d := &Dispatcher{pool: pool, cfg: c, byTopic: map[string][]Subscription{}, wake: make(chan struct{}, 1)}
 	seen := map[[2]string]bool{}
@@ -148,7 +154,17 @@ func (d *Dispatcher) run(ctx context.Context) {
 	tick := time.NewTicker(d.cfg.PollInterval)
 	defer tick.Stop()
 	failures := 0
+	var lastCleanup time.Time
 	for {
+		if d.cfg.Retention > 0 && time.Since(lastCleanup) > time.Hour {
+			lastCleanup = time.Now()
+			for {
+				n, err := DeleteDispatched(ctx, d.pool, d.cfg.Retention, 1000)
+				if err != nil || n < 1000 {
+					break
+				}
+			}
+		}
 		n, err := d.DispatchOnce(ctx)
 		switch {
 		case ctx.Err() != nil:
@@ -254,6 +270,17 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("outbox: dispatch: %w", err)
 	}
 	return moved, nil
+}
+
+// DeleteDispatched deletes up to limit events dispatched more than
+// olderThan ago and returns how many; call it until that is below limit.
+// A running Dispatcher does this hourly (Config.Retention).
+func DeleteDispatched(ctx context.Context, pool *pgxpool.Pool, olderThan time.Duration, limit int) (int64, error) {
+	tag, err := pool.Exec(ctx, sqlDeleteDispatched, olderThan.Seconds(), limit)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: delete dispatched events: %w", err)
+	}
+	return tag.RowsAffected(), nil
 }
 
 // Undispatched counts the events waiting for a dispatcher.

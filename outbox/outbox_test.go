@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -268,5 +269,45 @@ func TestOrderPerKeyUnderRetries(t *testing.T) {
 	}
 	if n := count(t, pool, `SELECT count(DISTINCT event) FROM handled`); n != 60 {
 		t.Errorf("%d distinct events handled, want 60", n)
+	}
+}
+
+// Dispatched events are deleted after the retention, in batches; waiting
+// ones never.
+func TestDeleteDispatched(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	for i := range 5 {
+		if _, err := outbox.Publish(ctx, pool, outbox.Event{Topic: "t", Payload: i}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, err := outbox.NewDispatcher(pool, &outbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.DispatchOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := outbox.Publish(ctx, pool, outbox.Event{Topic: "t", Payload: "waiting"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE relay_outbox SET dispatched_at = now() - interval '8 days' WHERE dispatched_at IS NOT NULL`); err != nil {
+		t.Fatal(err)
+	}
+	total := int64(0)
+	for {
+		n, err := outbox.DeleteDispatched(ctx, pool, 7*24*time.Hour, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += n
+		if n < 2 {
+			break
+		}
+	}
+	if total != 5 || count(t, pool, `SELECT count(*) FROM relay_outbox`) != 1 {
+		t.Errorf("deleted %d, %d left; want 5 deleted and the waiting event kept", total, count(t, pool, `SELECT count(*) FROM relay_outbox`))
 	}
 }

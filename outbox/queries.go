@@ -35,3 +35,11 @@ WHERE o.id = d.id AND o.dispatched_at IS NULL`
 
 // sqlUndispatched counts events waiting, for Stats and tests.
 const sqlUndispatched = `SELECT count(*) FROM relay_outbox WHERE dispatched_at IS NULL`
+
+// sqlDeleteDispatched removes up to $2 events dispatched more than $1
+// seconds ago. Undispatched events are never deleted.
+const sqlDeleteDispatched = `
+DELETE FROM relay_outbox WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM relay_outbox
+    WHERE dispatched_at < now() - make_interval(secs => $1)
+    LIMIT $2))`
