@@ -23,7 +23,6 @@ import (
 
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/internal/devpg"
-	"github.com/relayq/relay/migrations"
 	"github.com/relayq/relay/outbox"
 )
 
@@ -47,23 +46,11 @@ func main() {
 
 func run(ctx context.Context, url string, w io.Writer) error {
 	out := &lockedWriter{w: w} // the receipt job and the webhook receiver print at once
-	if url == "" {
-		fmt.Fprintln(out, "no DATABASE_URL; starting a throwaway PostgreSQL")
-		cluster, err := devpg.Start(ctx, devpg.Options{})
-		if err != nil {
-			return err
-		}
-		defer cluster.Stop()
-		url = cluster.URL
-	}
-	pool, err := pgxpool.New(ctx, url)
+	pool, closeDB, err := devpg.Open(ctx, url, out)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	if _, err := migrations.Migrate(ctx, pool); err != nil {
-		return err
-	}
+	defer closeDB()
 	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS orders (id text PRIMARY KEY, cents int NOT NULL, paid bool NOT NULL)`); err != nil {
 		return err
 	}

@@ -34,7 +34,6 @@ import (
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/idempotency"
 	"github.com/relayq/relay/internal/devpg"
-	"github.com/relayq/relay/migrations"
 )
 
 // ReceiptArgs is the job: send the receipt for one order.
@@ -122,23 +121,11 @@ func main() {
 }
 
 func run(ctx context.Context, url string, out io.Writer) error {
-	if url == "" {
-		fmt.Fprintln(out, "no DATABASE_URL; starting a throwaway PostgreSQL")
-		cluster, err := devpg.Start(ctx, devpg.Options{})
-		if err != nil {
-			return err
-		}
-		defer cluster.Stop()
-		url = cluster.URL
-	}
-	pool, err := pgxpool.New(ctx, url)
+	pool, closeDB, err := devpg.Open(ctx, url, out)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	if _, err := migrations.Migrate(ctx, pool); err != nil {
-		return err
-	}
+	defer closeDB()
 	provider := &mailProvider{seen: map[string]string{}}
 	srv := httptest.NewServer(provider)
 	defer srv.Close()

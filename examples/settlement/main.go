@@ -23,7 +23,6 @@ import (
 
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/internal/devpg"
-	"github.com/relayq/relay/migrations"
 	"github.com/relayq/relay/scheduler"
 )
 
@@ -113,23 +112,11 @@ func (w *settleWorker) Work(ctx context.Context, job *core.Job[SettleArgs]) erro
 }
 
 func run(ctx context.Context, url string, out io.Writer) error {
-	if url == "" {
-		fmt.Fprintln(out, "no DATABASE_URL; starting a throwaway PostgreSQL")
-		cluster, err := devpg.Start(ctx, devpg.Options{})
-		if err != nil {
-			return err
-		}
-		defer cluster.Stop()
-		url = cluster.URL
-	}
-	pool, err := pgxpool.New(ctx, url)
+	pool, closeDB, err := devpg.Open(ctx, url, out)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	if _, err := migrations.Migrate(ctx, pool); err != nil {
-		return err
-	}
+	defer closeDB()
 	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS settlements (
 		ledger text, period text, job_id bigint, settled_at timestamptz DEFAULT now(),
 		PRIMARY KEY (ledger, period))`); err != nil {

@@ -20,7 +20,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
@@ -31,7 +30,6 @@ import (
 
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/internal/devpg"
-	"github.com/relayq/relay/migrations"
 )
 
 // ChargeArgs is the job: charge an order's card.
@@ -64,23 +62,11 @@ func run(ctx context.Context, url string, out io.Writer) (string, error) {
 	defer tp.Shutdown(context.WithoutCancel(ctx)) //nolint:errcheck
 	otel.SetTracerProvider(tp)
 
-	if url == "" {
-		fmt.Fprintln(out, "no DATABASE_URL; starting a throwaway PostgreSQL")
-		cluster, err := devpg.Start(ctx, devpg.Options{})
-		if err != nil {
-			return "", err
-		}
-		defer cluster.Stop()
-		url = cluster.URL
-	}
-	pool, err := pgxpool.New(ctx, url)
+	pool, closeDB, err := devpg.Open(ctx, url, out)
 	if err != nil {
 		return "", err
 	}
-	defer pool.Close()
-	if _, err := migrations.Migrate(ctx, pool); err != nil {
-		return "", err
-	}
+	defer closeDB()
 
 	var attempts atomic.Int32
 	done := make(chan struct{})
