@@ -422,6 +422,19 @@ func (f *workerFleet) kill(killed func(id string) error) error {
 	return f.start(slot)
 }
 
+// killOnSchedule SIGKILLs (and restarts) a worker when progress passes the
+// next of kills points spread evenly over the first 60% of total, leaving
+// the rest of the run to recover. It returns the kills made so far.
+func (f *workerFleet) killOnSchedule(killed, kills, progress, total int) (int, error) {
+	if killed < kills && progress >= (killed+1)*total*6/10/(kills+1) {
+		if err := f.kill(nil); err != nil {
+			return killed, err
+		}
+		killed++
+	}
+	return killed, nil
+}
+
 // recordKill notes in the queue proof's table when a worker was dead
 // (after the process is gone: its attempts ended no later).
 func recordKill(ctx context.Context, pool *pgxpool.Pool, id string) error {

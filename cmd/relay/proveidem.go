@@ -136,11 +136,8 @@ func runProveIdempotency(ctx context.Context, args []string) error {
 		if done == *jobs {
 			break
 		}
-		if killed < *kills && done >= (killed+1)**jobs*6/10/(*kills+1) {
-			if err := fleet.kill(nil); err != nil {
-				return err
-			}
-			killed++
+		if killed, err = fleet.killOnSchedule(killed, *kills, done, *jobs); err != nil {
+			return err
 		}
 		if err := sleepUntil(ctx, time.Now().Add(50*time.Millisecond)); err != nil {
 			return fmt.Errorf("prove idempotency: gave up: %w", err)

@@ -151,11 +151,8 @@ func runProveOutbox(ctx context.Context, args []string) error {
 		if !producing && pending == 0 && done == published {
 			break
 		}
-		if killed < *kills && published >= (killed+1)**events*6/10/(*kills+1) {
-			if err := fleet.kill(nil); err != nil {
-				return err
-			}
-			killed++
+		if killed, err = fleet.killOnSchedule(killed, *kills, published, *events); err != nil {
+			return err
 		}
 		if err := sleepUntil(ctx, time.Now().Add(50*time.Millisecond)); err != nil {
 			return fmt.Errorf("prove outbox: gave up: %w", err)
