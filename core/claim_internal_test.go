@@ -38,7 +38,7 @@ func TestClaimIgnoresFinishedRows(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT TEXT) "+sqlClaim, "default", 10, 30000, "explain")
+	rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT TEXT) "+sqlClaim, "default", 10, 30000, "explain", [16]byte(uuid.New()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +109,7 @@ func TestFencedWritesProbeThePrimaryKey(t *testing.T) {
 	if _, err := pool.Exec(ctx, `ANALYZE relay_jobs`); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := pool.Query(ctx, sqlClaim, "default", 20000, 30000, "w")
+	rows, err := pool.Query(ctx, sqlClaim, "default", 20000, 30000, "w", [16]byte(uuid.New()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +179,7 @@ func TestClaimCommitsAsynchronously(t *testing.T) {
 	if v := show(tx); v != "on" {
 		t.Fatalf("before the claim: synchronous_commit=%s", v)
 	}
-	rows, err := tx.Query(ctx, sqlClaim, "default", 10, 30000, "w")
+	rows, err := tx.Query(ctx, sqlClaim, "default", 10, 30000, "w", [16]byte(uuid.New()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -117,7 +117,7 @@ func (q *queue) run(ctx, workCtx context.Context) {
 
 func (q *queue) claim(ctx context.Context, limit int) ([]*JobRow, error) {
 	c := q.client
-	rows, err := c.pool.Query(ctx, sqlClaim, q.name, limit, c.cfg.LeaseDuration.Milliseconds(), c.cfg.ID)
+	rows, err := c.pool.Query(ctx, sqlClaim, q.name, limit, c.cfg.LeaseDuration.Milliseconds(), c.cfg.ID, [16]byte(uuid.New()))
 	if err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
