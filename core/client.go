@@ -341,6 +341,7 @@ func (c *Client) onNotify(channel, payload string) {
 	switch channel {
 	case "relay_jobs":
 		if q, ok := c.queues[payload]; ok {
+			q.rescan.Store(true)
 			q.notify()
 		}
 	case "relay_control":
@@ -358,6 +359,7 @@ func (c *Client) onNotify(channel, payload string) {
 
 func (c *Client) wakeAll() {
 	for _, q := range c.queues {
+		q.rescan.Store(true)
 		q.notify()
 	}
 }

@@ -117,6 +117,18 @@ WHERE j.id = picked.id
 RETURNING j.id, j.kind, j.queue, j.priority, j.attempt, j.max_attempts, j.run_at,
           j.created_at, j.attempted_at, j.args, j.metadata, j.lease_token, coalesce(j.ordering_key, '')`
 
+// sqlClaimAfter is sqlClaim starting after the position ($6 priority, $7
+// run_at, $8 id) in claim order: the last job of the previous claim, when
+// that claim took all it asked for (a drain). Every claimed job leaves a
+// dead entry at the front of the claim index until VACUUM, so a claim from
+// the start steps over all the jobs claimed since; one from the cursor
+// starts where the last left off. Jobs that become runnable behind the
+// cursor (a more urgent new job, a rescued one) are reached when the fetch
+// loop drops the cursor: on every notification and every poll.
+var sqlClaimAfter = strings.Replace(sqlClaim,
+	"WHERE state = 'queued' AND queue = $1 AND run_at <= now()\n",
+	"WHERE state = 'queued' AND queue = $1 AND run_at <= now()\n      AND (priority, run_at, id) > ($6::smallint, $7::timestamptz, $8::bigint)\n", 1)
+
 // sqlCompleteMany records the success of a batch of attempts, each fenced by
 // its token. RETURNING names those recorded; the others had lost their lease.
 //

@@ -33,7 +33,27 @@ type queue struct {
 	// more is set when the last claim filled its limit: the queue probably
 	// holds more runnable jobs, so a freed slot should fetch at once.
 	more atomic.Bool
-	wake chan struct{}
+	// rescan asks the fetch loop to drop its cursor (see sqlClaimAfter): set
+	// by every notification, since a new job may sort before it.
+	rescan atomic.Bool
+	wake   chan struct{}
+}
+
+// claimCursor is a position in claim order: (priority, run_at, id).
+type claimCursor struct {
+	priority int
+	runAt    time.Time
+	id       int64
+}
+
+func (a claimCursor) less(b claimCursor) bool {
+	if a.priority != b.priority {
+		return a.priority < b.priority
+	}
+	if !a.runAt.Equal(b.runAt) {
+		return a.runAt.Before(b.runAt)
+	}
+	return a.id < b.id
 }
 
 func (q *queue) notify() {
@@ -51,12 +71,19 @@ func (q *queue) run(ctx, workCtx context.Context) {
 	poll := time.NewTicker(c.cfg.PollInterval)
 	defer poll.Stop()
 	failures := 0
+	// While a drain takes full batches, each claim starts after the last
+	// job of the previous one; a notification or the poll starts over.
+	var cursor *claimCursor
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-q.wake:
 		case <-poll.C:
+			cursor = nil
+		}
+		if q.rescan.Swap(false) {
+			cursor = nil
 		}
 		for ctx.Err() == nil {
 			free := q.max + q.prefetch - int(q.active.Load())
@@ -67,7 +94,7 @@ func (q *queue) run(ctx, workCtx context.Context) {
 			// Not ctx: a claim cancelled mid-flight may have committed, leaving
 			// jobs claimed with no handler until their leases expire.
 			claimCtx, cancel := dbCtx()
-			rows, err := q.claim(claimCtx, limit)
+			rows, err := q.claim(claimCtx, limit, cursor)
 			cancel()
 			if err != nil {
 				if ctx.Err() != nil {
@@ -85,6 +112,15 @@ func (q *queue) run(ctx, workCtx context.Context) {
 			}
 			failures = 0
 			q.more.Store(len(rows) == limit)
+			cursor = nil
+			if len(rows) == limit {
+				cursor = &claimCursor{rows[0].Priority, rows[0].RunAt, rows[0].ID}
+				for _, r := range rows[1:] {
+					if p := (claimCursor{r.Priority, r.RunAt, r.ID}); cursor.less(p) {
+						cursor = &p
+					}
+				}
+			}
 			for _, row := range rows {
 				q.active.Add(1)
 				c.jobs.Add(1)
@@ -115,9 +151,13 @@ func (q *queue) run(ctx, workCtx context.Context) {
 	}
 }
 
-func (q *queue) claim(ctx context.Context, limit int) ([]*JobRow, error) {
+func (q *queue) claim(ctx context.Context, limit int, after *claimCursor) ([]*JobRow, error) {
 	c := q.client
-	rows, err := c.pool.Query(ctx, sqlClaim, q.name, limit, c.cfg.LeaseDuration.Milliseconds(), c.cfg.ID, [16]byte(uuid.New()))
+	sql, args := sqlClaim, []any{q.name, limit, c.cfg.LeaseDuration.Milliseconds(), c.cfg.ID, [16]byte(uuid.New())}
+	if after != nil {
+		sql, args = sqlClaimAfter, append(args, int16(after.priority), after.runAt, after.id)
+	}
+	rows, err := c.pool.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
 	}

@@ -1,0 +1,60 @@
+package core_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/testdb"
+)
+
+type drainArgs struct {
+	Urgent bool `json:"urgent"`
+}
+
+func (drainArgs) Kind() string { return "drain" }
+
+// While a drain claims full batches, each claim starts after the previous
+// one's last job (skipping the dead entries claimed jobs leave in the claim
+// index). A more urgent job enqueued meanwhile sorts before that cursor: its
+// notification makes the next claim start over, so it runs next, not after
+// the drain (polling is off here).
+func TestUrgentJobDuringDrain(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	params := make([]core.EnqueueParams, 2000)
+	for i := range params {
+		params[i] = core.EnqueueParams{Args: drainArgs{}, Opts: &core.EnqueueOpts{Priority: 5}}
+	}
+	if _, err := core.EnqueueMany(ctx, pool, params); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	handled, urgentAt := 0, -1
+	ws := core.NewWorkers()
+	core.MustAddWorker(ws, core.WorkFunc[drainArgs](func(ctx context.Context, j *core.Job[drainArgs]) error {
+		mu.Lock()
+		if j.Args.Urgent {
+			urgentAt = handled
+		}
+		handled++
+		mu.Unlock()
+		time.Sleep(time.Millisecond) // a drain that lasts a few seconds
+		return nil
+	}))
+	c := startClient(t, pool, &core.Config{Workers: ws, FetchLimit: 10, PollInterval: time.Hour,
+		Queues: map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: 10}}})
+	waitFor(t, "the drain to be under way", func() bool { mu.Lock(); defer mu.Unlock(); return handled >= 100 })
+	if _, err := core.Enqueue(ctx, pool, drainArgs{Urgent: true}, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "everything to run", func() bool { return c.Stats().Succeeded == 2001 })
+	mu.Lock()
+	defer mu.Unlock()
+	if urgentAt < 0 || urgentAt > 400 {
+		t.Fatalf("the urgent job ran as number %d of 2001; want it soon after it was enqueued (about 100)", urgentAt)
+	}
+}
