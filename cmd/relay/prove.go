@@ -370,10 +370,35 @@ func audit(ctx context.Context, pool *pgxpool.Pool) (map[string]int64, error) {
 type workerFleet struct {
 	argv  func(id string) []string
 	lease time.Duration // for pause: how long a takeover can take
-	mu    sync.Mutex
-	cmds  []*exec.Cmd
-	ids   []string
-	gen   int
+	mu     sync.Mutex
+	cmds   []*exec.Cmd
+	ids    []string
+	paused map[int]bool // slots SIGSTOPped by pause: kill and term pick others
+	gen    int
+}
+
+// pick returns a random slot that is not paused, and marks it paused if
+// pause is set. A SIGTERM to a stopped process waits until it is continued,
+// so term must not pick one.
+func (f *workerFleet) pick(pause bool) (slot int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if pause {
+		if f.paused == nil {
+			f.paused = map[int]bool{}
+		}
+		defer func() { f.paused[slot] = true }()
+	}
+	var free []int
+	for slot := range f.cmds {
+		if !f.paused[slot] {
+			free = append(free, slot)
+		}
+	}
+	if len(free) == 0 {
+		return rand.IntN(len(f.cmds))
+	}
+	return free[rand.IntN(len(free))]
 }
 
 func (f *workerFleet) start(slot int) error {
@@ -408,7 +433,7 @@ func (f *workerFleet) restarts() int {
 // kill SIGKILLs a random worker, calls killed with its id once it is gone,
 // and restarts it.
 func (f *workerFleet) kill(killed func(id string) error) error {
-	slot := rand.IntN(len(f.cmds))
+	slot := f.pick(false)
 	f.mu.Lock()
 	cmd, id := f.cmds[slot], f.ids[slot]
 	f.mu.Unlock()
@@ -454,7 +479,7 @@ func recordKill(ctx context.Context, pool *pgxpool.Pool, id string) error {
 // term SIGTERMs a random worker, waits for it to drain and exit, and
 // restarts it.
 func (f *workerFleet) term() error {
-	slot := rand.IntN(len(f.cmds))
+	slot := f.pick(false)
 	f.mu.Lock()
 	cmd := f.cmds[slot]
 	f.mu.Unlock()
@@ -470,10 +495,15 @@ func (f *workerFleet) term() error {
 // paused one: it wakes up past its lease, and the fence must refuse its
 // result.
 func (f *workerFleet) pause(ctx context.Context, pool *pgxpool.Pool) error {
-	slot := rand.IntN(len(f.cmds))
+	slot := f.pick(true)
 	f.mu.Lock()
 	cmd, id := f.cmds[slot], f.ids[slot]
 	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		delete(f.paused, slot)
+		f.mu.Unlock()
+	}()
 	var jobID int64
 	deadline := time.Now().Add(5 * time.Second)
 	for jobID == 0 && time.Now().Before(deadline) {
