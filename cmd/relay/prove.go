@@ -368,8 +368,8 @@ func audit(ctx context.Context, pool *pgxpool.Pool) (map[string]int64, error) {
 // workerFleet runs a proof's worker processes: this binary, with the
 // arguments argv gives for each process id.
 type workerFleet struct {
-	argv  func(id string) []string
-	lease time.Duration // for pause: how long a takeover can take
+	argv   func(id string) []string
+	lease  time.Duration // for pause: how long a takeover can take
 	mu     sync.Mutex
 	cmds   []*exec.Cmd
 	ids    []string
