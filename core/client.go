@@ -309,6 +309,9 @@ func (c *Client) Stop(ctx context.Context) error {
 	// is left claimed without a handler; after this no job starts.
 	c.loopCancel()
 	c.loops.Wait()
+	for _, q := range c.queues {
+		q.close()
+	}
 
 	drained := make(chan struct{})
 	go func() { c.jobs.Wait(); close(drained) }()

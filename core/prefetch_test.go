@@ -2,6 +2,9 @@ package core_test
 
 import (
 	"context"
+	"runtime"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -92,4 +95,72 @@ func TestPrefetch(t *testing.T) {
 			t.Errorf("job %d after stop: %s, attempt %d; want queued with the attempt uncounted", id, state, attempt)
 		}
 	}
+}
+
+// goroutineID parses the running goroutine's id from its stack header
+// ("goroutine 42 [running]:").
+func goroutineID() string {
+	buf := make([]byte, 64)
+	buf = buf[:runtime.Stack(buf, false)]
+	id, _, _ := strings.Cut(strings.TrimPrefix(string(buf), "goroutine "), " ")
+	return id
+}
+
+type whereArgs struct{}
+
+func (whereArgs) Kind() string { return "where" }
+
+// Jobs run on parked executor goroutines, not on a fresh goroutine each
+// (whose stack would grow again on every job): 30 jobs enqueued one after
+// another on a queue of 3 workers run on at most 3 goroutines. Stop ends
+// those goroutines.
+func TestExecutorsAreReused(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	var mu sync.Mutex
+	seen := map[string]int{}
+	ws := core.NewWorkers()
+	core.MustAddWorker(ws, core.WorkFunc[whereArgs](func(ctx context.Context, j *core.Job[whereArgs]) error {
+		mu.Lock()
+		seen[goroutineID()]++
+		mu.Unlock()
+		return nil
+	}))
+	c, err := core.NewClient(pool, &core.Config{Workers: ws,
+		Queues: map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: 3}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const jobs = 30
+	for i := range jobs {
+		if _, err := core.Enqueue(ctx, pool, whereArgs{}, nil); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the job to succeed", func() bool { return c.Stats().Succeeded == int64(i+1) })
+	}
+	mu.Lock()
+	executors := len(seen)
+	mu.Unlock()
+	if executors > 3 {
+		t.Errorf("%d jobs ran on %d goroutines, want at most 3 (one per slot): %v", jobs, executors, seen)
+	}
+	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := c.Stop(stopCtx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the executors to exit", func() bool {
+		buf := make([]byte, 1<<20)
+		all := string(buf[:runtime.Stack(buf, true)])
+		for id := range seen {
+			if strings.Contains(all, "goroutine "+id+" [") {
+				return false
+			}
+		}
+		return true
+	})
 }
