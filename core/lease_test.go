@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -59,7 +60,8 @@ func TestLateWorkerIsFenced(t *testing.T) {
 	}
 	wsB := core.NewWorkers()
 	core.MustAddWorker(wsB, core.WorkFunc[blockArgs](func(ctx context.Context, j *core.Job[blockArgs]) error { return nil }))
-	startClient(t, pool, &core.Config{Workers: wsB, ID: "worker-b", RescueInterval: 20 * time.Millisecond})
+	startClient(t, pool, &core.Config{Workers: wsB, ID: "worker-b", RescueInterval: 20 * time.Millisecond,
+		RetryPolicy: core.RetryPolicyFunc(func(int, error) time.Duration { return 0 })})
 	j := waitState(t, pool, res.ID, core.StateSucceeded)
 	if j.AttemptedBy != "worker-b" || j.Attempt != 2 || len(j.History) != 1 || j.History[0].Error != "lease expired" || j.History[0].Worker != "worker-a" {
 		t.Fatalf("after rescue: %+v", j)
@@ -148,7 +150,8 @@ func TestLostLeaseCancelsHandler(t *testing.T) {
 }
 
 // A job whose worker keeps dying burns its attempts and ends dead rather than
-// crash-looping; the rescuer records each lost attempt.
+// crash-looping; the rescuer records each lost attempt and gives the job its
+// retry delay, as after any failed attempt.
 func TestRescuerEndsCrashLoops(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
@@ -163,12 +166,26 @@ func TestRescuerEndsCrashLoops(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// A maintenance-only client (no workers) runs the rescuer.
-	startClient(t, pool, &core.Config{RescueInterval: 20 * time.Millisecond})
+	// A maintenance-only client (no workers) runs the rescuer; its retry
+	// policy waits an hour after an expired lease.
+	var gotAttempt atomic.Int32
+	var gotErr atomic.Value
+	policy := core.RetryPolicyFunc(func(attempt int, err error) time.Duration {
+		gotAttempt.Store(int32(attempt))
+		gotErr.Store(err)
+		return time.Hour
+	})
+	startClient(t, pool, &core.Config{RescueInterval: 20 * time.Millisecond, RetryPolicy: policy})
 	ghostClaim()
 	j := waitState(t, pool, res.ID, core.StateQueued)
 	if j.Attempt != 1 || len(j.History) != 1 || !strings.Contains(j.LastError, "ghost stopped renewing") {
 		t.Fatalf("after first rescue: %+v", j)
+	}
+	if wait := time.Until(j.RunAt); wait < 59*time.Minute || wait > 61*time.Minute {
+		t.Fatalf("rescued job runs in %s, want the policy's hour", wait)
+	}
+	if err, _ := gotErr.Load().(error); gotAttempt.Load() != 1 || !errors.Is(err, core.ErrLeaseLost) || !strings.Contains(err.Error(), "ghost") {
+		t.Fatalf("policy called with attempt %d, error %v; want 1 and a lost lease naming the worker", gotAttempt.Load(), err)
 	}
 	ghostClaim()
 	j = waitState(t, pool, res.ID, core.StateDead)

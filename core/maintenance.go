@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/relayq/relay/internal/dbx"
@@ -64,34 +65,89 @@ func (c *Client) heartbeat(ctx context.Context) {
 	}
 }
 
-// rescue ends expired leases in batches until none remain.
+// rescue ends expired leases in batches until none remain. A rescued job
+// waits its retry delay, as after any failed attempt (the client's or its
+// kind's RetryPolicy, given an error wrapping ErrLeaseLost), so a job that
+// crashes its workers does not take the next worker down at once.
 func (c *Client) rescue(ctx context.Context) {
+	const batch = 1000
 	for ctx.Err() == nil {
-		rows, err := c.pool.Query(ctx, sqlRescue, 1000)
+		n, err := c.rescueBatch(ctx, batch)
 		if err != nil {
 			c.logger.Warn("relay: rescue failed", "error", err)
 			return
 		}
-		n := 0
-		for rows.Next() {
-			var id int64
-			var kind, state string
-			if err := rows.Scan(&id, &kind, &state); err != nil {
-				break
-			}
-			n++
-			c.logger.Warn("relay: rescued job whose lease expired", "job_id", id, "kind", kind, "now", state)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			c.logger.Warn("relay: rescue failed", "error", err)
-			return
-		}
 		c.stats.rescued.Add(int64(n))
-		if n < 1000 {
+		if n < batch {
 			return
 		}
 	}
+}
+
+// rescueBatch rescues up to limit expired leases in one transaction.
+func (c *Client) rescueBatch(ctx context.Context, limit int) (int, error) {
+	tx, err := c.pool.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // after Commit, a no-op
+	rows, err := tx.Query(ctx, sqlRescueExpired, limit)
+	if err != nil {
+		return 0, err
+	}
+	var ids, delays []int64
+	for rows.Next() {
+		var id int64
+		var kind, worker string
+		var attempt int
+		if err := rows.Scan(&id, &kind, &attempt, &worker); err != nil {
+			rows.Close()
+			return 0, err
+		}
+		cause := fmt.Errorf("%w: lease expired: worker %s stopped renewing it", ErrLeaseLost, worker)
+		ids = append(ids, id)
+		delays = append(delays, c.retryDelay(c.workers[kind], attempt, cause).Microseconds())
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	res, err := tx.Query(ctx, sqlRescue, ids, delays)
+	if err != nil {
+		return 0, err
+	}
+	type rescued struct {
+		id          int64
+		kind, state string
+		runAt       time.Time
+	}
+	var done []rescued
+	for res.Next() {
+		var r rescued
+		if err := res.Scan(&r.id, &r.kind, &r.state, &r.runAt); err != nil {
+			res.Close()
+			return 0, err
+		}
+		done = append(done, r)
+	}
+	res.Close()
+	if err := res.Err(); err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, err
+	}
+	for _, r := range done {
+		if r.state == string(StateDead) {
+			c.logger.Warn("relay: rescued job whose lease expired; its attempts are used up and it is dead", "job_id", r.id, "kind", r.kind)
+		} else {
+			c.logger.Warn("relay: rescued job whose lease expired; it will run again", "job_id", r.id, "kind", r.kind, "run_at", r.runAt)
+		}
+	}
+	return len(done), nil
 }
 
 // cleanup deletes finished jobs past their retention, in bounded batches.

@@ -196,31 +196,38 @@ SET lease_expires_at = now() + $3 * interval '1 millisecond'
 WHERE j.id = ANY($1::bigint[]) AND j.lease_token = ANY($2::uuid[])
 RETURNING j.id`
 
-// sqlRescue ends up to $1 expired leases: back to queued, or dead when the
-// job has used all its attempts (a job that keeps killing its workers ends
-// here rather than crash-looping). SKIP LOCKED lets any number of processes
-// rescue at once; a lease renewed meanwhile is re-checked under the row lock.
+// sqlRescueExpired locks up to $1 expired leases, oldest first, for rescue
+// to give each its retry delay. SKIP LOCKED lets any number of processes
+// rescue at once; a lease renewed meanwhile is re-checked under the row lock
+// and left alone.
+const sqlRescueExpired = `
+SELECT id, kind, attempt, coalesce(attempted_by, '?')
+FROM relay_jobs
+WHERE state = 'claimed' AND lease_expires_at < now()
+ORDER BY lease_expires_at
+LIMIT $1
+FOR UPDATE SKIP LOCKED`
+
+// sqlRescue ends the leases sqlRescueExpired locked (ids $1) in the same
+// transaction: back to queued after the job's retry delay ($2, microseconds,
+// per id), or dead when the job has used all its attempts (a job that keeps
+// killing its workers ends here rather than crash-looping). The lost
+// attempt goes into the history like any failed one.
 const sqlRescue = `
-WITH expired AS (
-    SELECT id
-    FROM relay_jobs
-    WHERE state = 'claimed' AND lease_expires_at < now()
-    ORDER BY lease_expires_at
-    LIMIT $1
-    FOR UPDATE SKIP LOCKED
-)
 UPDATE relay_jobs AS j
 SET state            = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'queued' END,
     finalized_at     = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
+    run_at           = CASE WHEN j.attempt >= j.max_attempts THEN j.run_at
+                            ELSE now() + r.delay * interval '1 microsecond' END,
     lease_token      = NULL,
     lease_expires_at = NULL,
     last_error       = 'lease expired: worker ' || coalesce(j.attempted_by, '?') || ' stopped renewing it',
     history          = j.history || jsonb_build_array(jsonb_build_object(
         'attempt', j.attempt, 'started_at', j.attempted_at, 'finished_at', now(),
         'error', 'lease expired', 'worker', j.attempted_by))
-FROM expired
-WHERE j.id = expired.id
-RETURNING j.id, j.kind, j.state`
+FROM unnest($1::bigint[], $2::bigint[]) AS r(id, delay)
+WHERE j.id = r.id
+RETURNING j.id, j.kind, j.state, j.run_at`
 
 // sqlCleanup deletes up to $3 jobs in final state $1 finalized more than $2
 // microseconds ago.

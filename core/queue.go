@@ -359,10 +359,8 @@ func (c *Client) fail(log interface {
 		state = StateDead
 	case errors.As(err, &rin):
 		delay = rin.delay
-	case reg != nil && reg.retry != nil:
-		delay = reg.retry.RetryDelay(row.Attempt, err)
 	default:
-		delay = c.cfg.RetryPolicy.RetryDelay(row.Attempt, err)
+		delay = c.retryDelay(reg, row.Attempt, err)
 	}
 	msg := truncate(err.Error(), 8<<10)
 	ctx, cancel := dbCtx()
@@ -385,6 +383,16 @@ func (c *Client) fail(log interface {
 		log.Warn("relay: job failed; will retry", "error", msg, "retry_in", delay)
 	}
 	return state, delay
+}
+
+// retryDelay is how long a job of reg's kind (nil: a kind this process
+// does not know) waits after attempt failed with err: its kind's
+// RetryPolicy, else the client's.
+func (c *Client) retryDelay(reg *registration, attempt int, err error) time.Duration {
+	if reg != nil && reg.retry != nil {
+		return reg.retry.RetryDelay(attempt, err)
+	}
+	return c.cfg.RetryPolicy.RetryDelay(attempt, err)
 }
 
 // release returns interrupted attempts to the queue.
