@@ -81,6 +81,9 @@ func (q *queue) run(ctx, workCtx context.Context) {
 	// While a drain takes full batches, each claim starts after the last
 	// job of the previous one; a notification or the poll starts over.
 	var cursor *claimCursor
+	// Look for work at once: jobs enqueued while no client ran notified
+	// nobody, and the listener may take a while to connect.
+	q.notify()
 	for {
 		select {
 		case <-ctx.Done():

@@ -109,7 +109,9 @@ func (Relay) Work(ctx context.Context, pool *pgxpool.Pool, cfg WorkerConfig, hoo
 	if err := client.Start(ctx); err != nil {
 		return err
 	}
-	tick := time.NewTicker(10 * time.Millisecond)
+	// Stats has no completion event to subscribe to (River's hook is one):
+	// poll it often, so the end of a run is seen within a millisecond.
+	tick := time.NewTicker(time.Millisecond)
 	defer tick.Stop()
 	for ctx.Err() == nil {
 		select {
