@@ -199,3 +199,56 @@ func TestClaimCommitsAsynchronously(t *testing.T) {
 		t.Errorf("after the claim's transaction: synchronous_commit=%s, want on", v)
 	}
 }
+
+// Batch fencing matches (id, token) pairs, not ids and tokens as two sets.
+// One claim statement gives all its jobs one token, so job A re-claimed in
+// the same claim as job B shares B's token: a late success of A's earlier
+// attempt, batched with B's success, must not complete A's new attempt.
+func TestFenceMatchesPairs(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	var a, b int64
+	if err := pool.QueryRow(ctx, `INSERT INTO relay_jobs (kind) VALUES ('a') RETURNING id`).Scan(&a); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.QueryRow(ctx, `INSERT INTO relay_jobs (kind) VALUES ('b') RETURNING id`).Scan(&b); err != nil {
+		t.Fatal(err)
+	}
+	stale, current := uuid.New(), uuid.New()
+	// A's attempt under the stale token ended (rescued); A and B were then
+	// claimed together under the current one.
+	if _, err := pool.Exec(ctx, `UPDATE relay_jobs SET state = 'claimed', attempt = 1, lease_token = $1, lease_expires_at = now() + interval '1 minute'`, current); err != nil {
+		t.Fatal(err)
+	}
+	for name, st := range map[string]struct {
+		sql  string
+		args []any
+	}{
+		"complete many": {sqlCompleteMany, []any{[]int64{a, b}, [][16]byte{stale, current}}},
+		"heartbeat":     {sqlHeartbeat, []any{[]int64{a, b}, [][16]byte{stale, current}, 30000}},
+		"release":       {sqlRelease, []any{[]int64{a, b}, [][16]byte{stale, current}}},
+	} {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows, err := tx.Query(ctx, st.sql, st.args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []int64
+		for rows.Next() {
+			var id int64
+			rows.Scan(&id)
+			got = append(got, id)
+		}
+		if rows.Err() != nil {
+			t.Fatal(rows.Err())
+		}
+		if len(got) != 1 || got[0] != b {
+			t.Errorf("%s wrote jobs %v, want only %d (job %d's pair names a stale token)", name, got, b, a)
+		}
+		tx.Rollback(ctx)
+	}
+}

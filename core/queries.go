@@ -132,9 +132,12 @@ var sqlClaimAfter = strings.Replace(sqlClaim,
 // sqlCompleteMany records the success of a batch of attempts, each fenced by
 // its token. RETURNING names those recorded; the others had lost their lease.
 //
-// Batches ($1 ids, $2 their tokens) are matched as two sets, not as pairs
-// joined through unnest: a row's token is a fresh random UUID per claim, so
-// a row whose id and token are both in the batch is one of its pairs.
+// Batches ($1 ids, $2 their tokens) are matched as pairs. A claim statement
+// gives all its jobs one token, so matching ids and tokens as two sets would
+// let a late attempt's success land on a newer attempt of the same job
+// claimed by this client in a batch whose token is also in the set
+// (TestFenceMatchesPairs). The id set drives the plan (a primary-key probe
+// per id) and the pairs are a hashed semi-join on the few rows found.
 //
 // These statements name no state: a lease token is present exactly while a
 // job is claimed (the table's relay_jobs_lease_iff_claimed constraint), so
@@ -148,7 +151,8 @@ var sqlClaimAfter = strings.Replace(sqlClaim,
 const sqlCompleteMany = `
 UPDATE relay_jobs AS j
 SET state = 'succeeded', finalized_at = now(), lease_token = NULL, lease_expires_at = NULL
-WHERE j.id = ANY($1::bigint[]) AND j.lease_token = ANY($2::uuid[])
+WHERE j.id = ANY($1::bigint[])
+  AND (j.id, j.lease_token) IN (SELECT * FROM unnest($1::bigint[], $2::uuid[]))
 RETURNING j.id`
 
 // sqlCompleteOne is sqlCompleteMany for one attempt, in a caller's
@@ -184,7 +188,8 @@ SET state            = 'queued',
     history          = j.history || jsonb_build_array(jsonb_build_object(
         'attempt', j.attempt, 'started_at', j.attempted_at, 'finished_at', now(),
         'error', 'interrupted: worker shut down; attempt not counted', 'worker', j.attempted_by))
-WHERE j.id = ANY($1::bigint[]) AND j.lease_token = ANY($2::uuid[])
+WHERE j.id = ANY($1::bigint[])
+  AND (j.id, j.lease_token) IN (SELECT * FROM unnest($1::bigint[], $2::uuid[]))
 RETURNING j.id`
 
 // sqlHeartbeat renews the leases of a batch of running attempts by $3
@@ -193,7 +198,8 @@ RETURNING j.id`
 const sqlHeartbeat = `
 UPDATE relay_jobs AS j
 SET lease_expires_at = now() + $3 * interval '1 millisecond'
-WHERE j.id = ANY($1::bigint[]) AND j.lease_token = ANY($2::uuid[])
+WHERE j.id = ANY($1::bigint[])
+  AND (j.id, j.lease_token) IN (SELECT * FROM unnest($1::bigint[], $2::uuid[]))
 RETURNING j.id`
 
 // sqlRescueExpired locks up to $1 expired leases, oldest first, for rescue

@@ -272,7 +272,7 @@ func (q *queue) executeOne(r *running) {
 		// Cancelled, lease lost or shutting down before it started (a
 		// prefetched job): nothing ran. Only a shutdown has a lease to give
 		// back.
-		c.inflight.Delete(row.ID)
+		c.inflight.CompareAndDelete(row.ID, r)
 		if errors.Is(context.Cause(ctx), ErrShutdown) {
 			c.release([]*JobRow{row})
 		}
@@ -291,7 +291,7 @@ func (q *queue) executeOne(r *running) {
 	} else {
 		err = runHandler(spanCtx, reg, row)
 	}
-	c.inflight.Delete(row.ID)
+	c.inflight.CompareAndDelete(row.ID, r) // not a newer attempt of the same job
 	c.metrics.duration.Record(ctx, time.Since(began).Seconds(), attrs)
 	if err == nil { // the hot path: nothing to log, nothing to allocate
 		endAttemptSpan(span, nil, StateSucceeded, 0)
