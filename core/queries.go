@@ -140,7 +140,7 @@ var sqlClaimAfter = strings.Replace(sqlClaim,
 // per id) and the pairs are a hashed semi-join on the few rows found.
 //
 // These statements name no state: a lease token is present exactly while a
-// job is claimed (the table's relay_jobs_lease_iff_claimed constraint), so
+// job is claimed (a rule of relay_jobs_broken_rule, held by the triggers), so
 // matching the token is matching a claimed attempt. Naming the state would
 // let the planner walk the partial lease index over every claimed row when
 // its statistics say few are claimed (right after a bulk insert and
