@@ -6,13 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/background"
 	"github.com/relayq/relay/internal/notifier"
 )
 
@@ -58,9 +58,7 @@ type Dispatcher struct {
 	byTopic map[string][]Subscription
 	wake    chan struct{}
 
-	lifecycle sync.Mutex
-	cancel    context.CancelFunc
-	done      chan struct{}
+	runner background.Runner // Start and Stop
 }
 
 // NewDispatcher validates the subscriptions.
@@ -109,38 +107,19 @@ func NewDispatcher(pool *pgxpool.Pool, cfg *Config) (*Dispatcher, error) {
 // Start dispatches in the background until Stop: at once, on every
 // notification of a published event, and every PollInterval.
 func (d *Dispatcher) Start(ctx context.Context) error {
-	d.lifecycle.Lock()
-	defer d.lifecycle.Unlock()
-	if d.done != nil {
-		return errors.New("outbox: start: already started")
-	}
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	d.cancel, d.done = cancel, make(chan struct{})
-	go func() {
-		notifier.Run(runCtx, notifier.Config{
+	listen := func(ctx context.Context) {
+		notifier.Run(ctx, notifier.Config{
 			Pool: d.pool, Channels: []string{"relay_outbox"}, Logger: d.cfg.Logger, AppName: "relay-outbox",
 			OnNotify:  func(string, string) { d.poke() },
 			OnConnect: d.poke,
 		})
-	}()
-	go func() { defer close(d.done); d.run(runCtx) }()
-	return nil
+	}
+	return d.runner.Start(ctx, "outbox", listen, d.run)
 }
 
 // Stop stops dispatching; a batch under way commits or rolls back whole.
 func (d *Dispatcher) Stop(ctx context.Context) error {
-	d.lifecycle.Lock()
-	defer d.lifecycle.Unlock()
-	if d.done == nil {
-		return nil
-	}
-	d.cancel()
-	select {
-	case <-d.done:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("outbox: stop: %w", ctx.Err())
-	}
+	return d.runner.Stop(ctx, "outbox")
 }
 
 func (d *Dispatcher) poke() {

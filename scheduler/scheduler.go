@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/background"
 )
 
 // Config configures a Scheduler. Only Schedules is needed; the zero value of
@@ -45,9 +46,7 @@ type Scheduler struct {
 	decls []*declared
 	specs specCache
 
-	lifecycle sync.Mutex
-	cancel    context.CancelFunc
-	done      chan struct{}
+	runner background.Runner // Start and Stop
 }
 
 // New validates the schedules (a broken spec is an error naming the schedule
@@ -99,35 +98,16 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Scheduler, error) {
 // Start declares the schedules in the database, then fires them in the
 // background until Stop. It returns once the declarations are stored.
 func (s *Scheduler) Start(ctx context.Context) error {
-	s.lifecycle.Lock()
-	defer s.lifecycle.Unlock()
-	if s.done != nil {
-		return errors.New("scheduler: start: already started")
-	}
 	if err := s.Declare(ctx); err != nil {
 		return err
 	}
-	loopCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	s.cancel, s.done = cancel, make(chan struct{})
-	go func() { defer close(s.done); s.run(loopCtx) }()
-	return nil
+	return s.runner.Start(ctx, "scheduler", s.run)
 }
 
 // Stop stops firing. A tick under way finishes (or, when ctx ends first, is
 // abandoned and its transaction rolled back: a fire is never half done).
 func (s *Scheduler) Stop(ctx context.Context) error {
-	s.lifecycle.Lock()
-	defer s.lifecycle.Unlock()
-	if s.done == nil {
-		return nil
-	}
-	s.cancel()
-	select {
-	case <-s.done:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("scheduler: stop: %w", ctx.Err())
-	}
+	return s.runner.Stop(ctx, "scheduler")
 }
 
 // Declare stores the schedules without firing them: it upserts every
