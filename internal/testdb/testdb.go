@@ -197,21 +197,9 @@ func (s *server) ensureTemplate(ctx context.Context) error {
 	if _, err := admin.Exec(ctx, fmt.Sprintf("ALTER DATABASE %s RENAME TO %s", building, s.template)); err != nil {
 		return fmt.Errorf("name template: %w", err)
 	}
-	// Templates of older schema versions are dead weight; best effort.
-	rows, err := admin.Query(ctx, `SELECT datname FROM pg_database WHERE datname LIKE 'relay\_tpl\_%' AND datname <> $1 AND datname NOT LIKE '%\_building'`, s.template)
-	if err == nil {
-		var stale []string
-		for rows.Next() {
-			var n string
-			if rows.Scan(&n) == nil {
-				stale = append(stale, n)
-			}
-		}
-		rows.Close()
-		for _, n := range stale {
-			admin.Exec(ctx, fmt.Sprintf("DROP DATABASE IF EXISTS %s", pgx.Identifier{n}.Sanitize())) //nolint:errcheck
-		}
-	}
+	// Templates of other schema versions are left alone: another checkout of
+	// the repository (a branch with other migrations) may be cloning from
+	// one right now on the same server, and dropping it would fail its tests.
 	return nil
 }
 
