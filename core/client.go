@@ -260,6 +260,9 @@ func (c *Client) Start(ctx context.Context) error {
 	c.completer = newCompleter(c)
 	go c.completer.run()
 
+	c.background.Add(1)
+	go func() { defer c.background.Done(); c.checkAutovacuum(bgCtx) }()
+
 	if len(c.queues) > 0 {
 		c.background.Add(1)
 		go func() {
