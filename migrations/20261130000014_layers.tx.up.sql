@@ -27,3 +27,10 @@ CREATE TABLE relay_scheduler_processes (
     heartbeat_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX relay_scheduler_processes_namespace_idx ON relay_scheduler_processes (namespace);
+
+-- Outbox ---------------------------------------------------------------------
+
+-- The publisher's W3C trace context ({"traceparent": ..., "tracestate": ...}),
+-- when Publish ran under a span: each job made from the event is parented
+-- under it (or linked to it), so a request's trace reaches its subscribers.
+ALTER TABLE relay_outbox ADD COLUMN trace_context jsonb;

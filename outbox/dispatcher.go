@@ -10,6 +10,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/internal/background"
@@ -48,6 +53,13 @@ type Config struct {
 	Retention time.Duration
 	// Logger receives the dispatcher's logs. Default slog.Default().
 	Logger *slog.Logger
+	// TracerProvider makes the "dispatch <topic>" span of each event: a
+	// child of the publisher's span when Publish ran under one, a new root
+	// otherwise. Each of the event's jobs stores that span's context, so its
+	// attempts are children of it (or linked to it, per the worker client's
+	// core.TraceMode) and unrelated events never share a trace. Default: the
+	// global provider.
+	TracerProvider trace.TracerProvider
 }
 
 // Dispatcher moves committed events into jobs. Run one in as many processes
@@ -81,6 +93,9 @@ func NewDispatcher(pool *pgxpool.Pool, cfg *Config) (*Dispatcher, error) {
 	}
 	if c.Retention == 0 {
 		c.Retention = 7 * 24 * time.Hour
+	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = otel.GetTracerProvider()
 	}
 	d := &Dispatcher{pool: pool, cfg: c, byTopic: map[string][]Subscription{}, wake: make(chan struct{}, 1)}
 	seen := map[[2]string]bool{}
@@ -180,6 +195,7 @@ func (d *Dispatcher) run(ctx context.Context) {
 // dispatch lock).
 func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 	moved := 0
+	var spans []trace.Span
 	err := pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
 		var locked bool
 		if err := tx.QueryRow(ctx, sqlDispatchLock).Scan(&locked); err != nil {
@@ -192,13 +208,19 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 		if err != nil {
 			return fmt.Errorf("read pending events: %w", err)
 		}
+		var traces []propagation.MapCarrier
 		events, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Delivery, error) {
 			var e Delivery
-			var headers []byte
-			err := r.Scan(&e.EventID, &e.Topic, &e.Key, &e.Payload, &headers, &e.PublishedAt)
+			var headers, tc []byte
+			err := r.Scan(&e.EventID, &e.Topic, &e.Key, &e.Payload, &headers, &e.PublishedAt, &tc)
 			if err == nil {
 				err = json.Unmarshal(headers, &e.Headers)
 			}
+			carrier := propagation.MapCarrier{}
+			if err == nil {
+				err = json.Unmarshal(tc, &carrier)
+			}
+			traces = append(traces, carrier)
 			return e, err
 		})
 		if err != nil {
@@ -210,8 +232,11 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 		ids := make([]int64, len(events))
 		counts := make([]int32, len(events))
 		var params []core.EnqueueParams
+		tracer := d.cfg.TracerProvider.Tracer(instrumentationName)
 		for i, e := range events {
 			ids[i] = e.EventID
+			meta, span := d.startDispatchSpan(ctx, tracer, e, traces[i])
+			spans = append(spans, span)
 			body, err := json.Marshal(e)
 			if err != nil {
 				return fmt.Errorf("encode event %d: %w", e.EventID, err)
@@ -226,6 +251,18 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 				opts := core.EnqueueOpts{}
 				if s.Opts != nil {
 					opts = *s.Opts
+				}
+				if meta != nil {
+					// The event's trace, not the dispatch batch's: core keeps
+					// a traceparent the caller set.
+					m := make(map[string]any, len(opts.Metadata)+len(meta))
+					for k, v := range opts.Metadata {
+						m[k] = v
+					}
+					for k, v := range meta {
+						m[k] = v
+					}
+					opts.Metadata = m
 				}
 				if e.Key != "" {
 					opts.OrderingKey = s.Kind + "|" + s.Endpoint + "|" + e.Key
@@ -245,10 +282,51 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 		moved = len(events)
 		return nil
 	})
+	for _, span := range spans {
+		if err != nil {
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.End()
+	}
 	if err != nil {
 		return 0, fmt.Errorf("outbox: dispatch: %w", err)
 	}
 	return moved, nil
+}
+
+// instrumentationName names the outbox's tracer.
+const instrumentationName = "github.com/relayq/relay/outbox"
+
+// startDispatchSpan starts the span of one event's dispatch — under the
+// publisher's stored context, or as a new root — and returns the trace
+// context its jobs store (nil when there is none to store).
+func (d *Dispatcher) startDispatchSpan(ctx context.Context, tracer trace.Tracer, e Delivery, stored propagation.MapCarrier) (map[string]any, trace.Span) {
+	opts := []trace.SpanStartOption{
+		trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(
+			attribute.String("messaging.system", "relay"),
+			attribute.String("messaging.operation.type", "create"),
+			attribute.String("messaging.destination.name", e.Topic),
+			attribute.Int64("relay.outbox.event_id", e.EventID),
+		),
+	}
+	parent := trace.SpanContextFromContext(traceContext.Extract(context.Background(), stored))
+	if parent.IsValid() {
+		ctx = trace.ContextWithRemoteSpanContext(ctx, parent)
+	} else {
+		opts = append(opts, trace.WithNewRoot())
+	}
+	ctx, span := tracer.Start(ctx, "dispatch "+e.Topic, opts...)
+	if !span.SpanContext().IsValid() {
+		return nil, span
+	}
+	carrier := propagation.MapCarrier{}
+	traceContext.Inject(ctx, carrier)
+	meta := make(map[string]any, len(carrier))
+	for k, v := range carrier {
+		meta[k] = v
+	}
+	return meta, span
 }
 
 // DeleteDispatched deletes up to limit events dispatched more than

@@ -9,8 +9,8 @@ package outbox
 // a later one had been dispatched, and the key's order would break. The
 // parameters are text so that any driver can pass them.
 const sqlPublish = `
-INSERT INTO relay_outbox (topic, key, payload, headers)
-SELECT $1::text, nullif($2::text, ''), $3::jsonb, $4::jsonb
+INSERT INTO relay_outbox (topic, key, payload, headers, trace_context)
+SELECT $1::text, nullif($2::text, ''), $3::jsonb, $4::jsonb, nullif($5::text, '')::jsonb
 FROM (SELECT CASE WHEN $2::text <> ''
              THEN pg_advisory_xact_lock(hashtextextended('relay_outbox|' || $2::text, 0)) END) AS serialise
 RETURNING id`
@@ -22,7 +22,7 @@ const sqlDispatchLock = `SELECT pg_try_advisory_xact_lock(hashtextextended('rela
 
 // sqlPending reads the next undispatched events in publish order.
 const sqlPending = `
-SELECT id, topic, coalesce(key, ''), payload, headers, published_at
+SELECT id, topic, coalesce(key, ''), payload, headers, published_at, coalesce(trace_context, '{}')
 FROM relay_outbox WHERE dispatched_at IS NULL
 ORDER BY id LIMIT $1`
 
