@@ -2,10 +2,13 @@ package outbox
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -41,9 +44,21 @@ type Subscription struct {
 // Config configures a Dispatcher. Subscriptions is needed; the zero value
 // of every other field is a sensible default.
 type Config struct {
-	// Subscriptions are every subscriber of every topic. Every dispatcher
-	// process should declare the same set.
+	// Subscriptions are this process's declarations. They are stored in
+	// the database, and every dispatcher fans out to every stored
+	// subscription that is not retired — whichever process declared it — so
+	// processes of different versions agree. A subscription is retired only
+	// when no live dispatcher of its Namespace declares it. An event gets
+	// the subscriptions active when it is dispatched: one published before
+	// a subscription existed gets it only if not yet dispatched then.
 	Subscriptions []Subscription
+	// Namespace owns the subscriptions: one per service sharing the
+	// database. Default "default".
+	Namespace string
+	// LivenessTimeout is how long a dispatcher's declarations keep its
+	// subscriptions after its last heartbeat (four per timeout while it
+	// runs; Stop ends them at once). Default 1m.
+	LivenessTimeout time.Duration
 	// BatchSize caps the events moved per transaction. Default 500.
 	BatchSize int
 	// PollInterval is the fallback when no notification comes. Default 1s.
@@ -65,10 +80,13 @@ type Config struct {
 // Dispatcher moves committed events into jobs. Run one in as many processes
 // as you like: one at a time holds the dispatch lock, the others stand by.
 type Dispatcher struct {
-	pool    *pgxpool.Pool
-	cfg     Config
-	byTopic map[string][]Subscription
-	wake    chan struct{}
+	pool *pgxpool.Pool
+	cfg  Config
+	id   string // this process in relay_outbox_processes
+	wake chan struct{}
+
+	declareMu sync.Mutex
+	declared  bool
 
 	runner background.Runner // Start and Stop
 }
@@ -97,9 +115,21 @@ func NewDispatcher(pool *pgxpool.Pool, cfg *Config) (*Dispatcher, error) {
 	if c.TracerProvider == nil {
 		c.TracerProvider = otel.GetTracerProvider()
 	}
-	d := &Dispatcher{pool: pool, cfg: c, byTopic: map[string][]Subscription{}, wake: make(chan struct{}, 1)}
+	if c.Namespace == "" {
+		c.Namespace = "default"
+	}
+	if c.LivenessTimeout <= 0 {
+		c.LivenessTimeout = time.Minute
+	}
+	var id [12]byte
+	if _, err := rand.Read(id[:]); err != nil {
+		return nil, fmt.Errorf("outbox: process id: %w", err)
+	}
+	d := &Dispatcher{pool: pool, id: hex.EncodeToString(id[:]), wake: make(chan struct{}, 1)}
+	subs := c.Subscriptions
+	c.Subscriptions = nil
 	seen := map[[2]string]bool{}
-	for _, s := range c.Subscriptions {
+	for _, s := range subs {
 		if s.Endpoint != "" && s.Kind == "" {
 			s.Kind = WebhookKind
 		}
@@ -114,14 +144,19 @@ func NewDispatcher(pool *pgxpool.Pool, cfg *Config) (*Dispatcher, error) {
 			return nil, fmt.Errorf("outbox: subscription %s → %s %s declared twice", s.Topic, s.Kind, s.Endpoint)
 		}
 		seen[id] = true
-		d.byTopic[s.Topic] = append(d.byTopic[s.Topic], s)
+		c.Subscriptions = append(c.Subscriptions, s)
 	}
+	d.cfg = c
 	return d, nil
 }
 
-// Start dispatches in the background until Stop: at once, on every
-// notification of a published event, and every PollInterval.
+// Start declares the subscriptions, then dispatches in the background until
+// Stop: at once, on every notification of a published event, and every
+// PollInterval.
 func (d *Dispatcher) Start(ctx context.Context) error {
+	if err := d.Declare(ctx); err != nil {
+		return err
+	}
 	listen := func(ctx context.Context) {
 		notifier.Run(ctx, notifier.Config{
 			Pool: d.pool, Channels: []string{"relay_outbox"}, Logger: d.cfg.Logger, AppName: "relay-outbox",
@@ -129,12 +164,18 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 			OnConnect: d.poke,
 		})
 	}
-	return d.runner.Start(ctx, "outbox", listen, d.run)
+	return d.runner.Start(ctx, "outbox", listen, d.run, d.heartbeat)
 }
 
 // Stop stops dispatching; a batch under way commits or rolls back whole.
+// This process's declarations end: the live dispatchers retire what only it
+// declared at their next heartbeat.
 func (d *Dispatcher) Stop(ctx context.Context) error {
-	return d.runner.Stop(ctx, "outbox")
+	err := d.runner.Stop(ctx, "outbox")
+	if _, uerr := d.pool.Exec(context.WithoutCancel(ctx), sqlUnregister, d.id); uerr != nil {
+		err = errors.Join(err, fmt.Errorf("outbox: unregister dispatcher: %w", uerr))
+	}
+	return err
 }
 
 func (d *Dispatcher) poke() {
@@ -194,6 +235,9 @@ func (d *Dispatcher) run(ctx context.Context) {
 // and returns how many it moved (0 also when another dispatcher holds the
 // dispatch lock).
 func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
+	if err := d.ensureDeclared(ctx); err != nil {
+		return 0, err
+	}
 	moved := 0
 	var spans []trace.Span
 	err := pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
@@ -229,6 +273,10 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 		if len(events) == 0 {
 			return nil
 		}
+		byTopic, err := activeSubscriptions(ctx, tx)
+		if err != nil {
+			return fmt.Errorf("read subscriptions: %w", err)
+		}
 		ids := make([]int64, len(events))
 		counts := make([]int32, len(events))
 		var params []core.EnqueueParams
@@ -241,7 +289,7 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 			if err != nil {
 				return fmt.Errorf("encode event %d: %w", e.EventID, err)
 			}
-			for _, s := range d.byTopic[e.Topic] {
+			for _, s := range byTopic[e.Topic] {
 				body := body
 				if s.Endpoint != "" {
 					if body, err = json.Marshal(WebhookArgs{Delivery: e, Endpoint: s.Endpoint}); err != nil {
