@@ -38,7 +38,7 @@ func (doomedArgs) Kind() string { return "demo.doomed" }
 func runDemo(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	url := fs.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL (default: a throwaway local cluster)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *url == "" {
