@@ -422,3 +422,31 @@ func TestExpiredKeysAreSweptByTheHelpers(t *testing.T) {
 		t.Errorf("%d of 300 expired keys left after 300 new keys", n)
 	}
 }
+
+// A Cleaner empties the expired keys in bounded batches without any new
+// key arriving, and leaves live ones.
+func TestCleaner(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `
+		INSERT INTO relay_idempotency_keys (scope, key, status, result, expires_at)
+		SELECT 'old', 'k' || i, 'succeeded', '1'::jsonb, now() - interval '1 hour' FROM generate_series(1, 250) i
+		UNION ALL SELECT 'live', 'k', 'succeeded', '1', now() + interval '1 hour'`); err != nil {
+		t.Fatal(err)
+	}
+	c, err := idempotency.NewCleaner(pool, &idempotency.CleanerConfig{BatchSize: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop(ctx)
+	waitFor(t, "the expired keys to go", func() bool {
+		return count(t, pool, `SELECT count(*) FROM relay_idempotency_keys WHERE scope = 'old'`) == 0
+	})
+	if n := count(t, pool, `SELECT count(*) FROM relay_idempotency_keys WHERE scope = 'live'`); n != 1 {
+		t.Errorf("the cleaner deleted a live key")
+	}
+}
