@@ -172,8 +172,13 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 // declared at their next heartbeat.
 func (d *Dispatcher) Stop(ctx context.Context) error {
 	err := d.runner.Stop(ctx, "outbox")
-	if _, uerr := d.pool.Exec(context.WithoutCancel(ctx), sqlUnregister, d.id); uerr != nil {
-		err = errors.Join(err, fmt.Errorf("outbox: unregister dispatcher: %w", uerr))
+	d.declareMu.Lock()
+	declared := d.declared
+	d.declareMu.Unlock()
+	if declared {
+		if _, uerr := d.pool.Exec(context.WithoutCancel(ctx), sqlUnregister, d.id); uerr != nil {
+			err = errors.Join(err, fmt.Errorf("outbox: unregister dispatcher: %w", uerr))
+		}
 	}
 	return err
 }

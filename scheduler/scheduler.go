@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -60,6 +61,8 @@ type Scheduler struct {
 
 	brokenMu sync.Mutex
 	broken   map[string]time.Time // schedules this process cannot evaluate → when to try again
+
+	registered atomic.Bool // Declare stored this process; Stop removes it
 
 	runner background.Runner // Start and Stop
 }
@@ -135,8 +138,10 @@ func (s *Scheduler) Stop(ctx context.Context) error {
 	err := s.runner.Stop(ctx, "scheduler")
 	// This process no longer declares anything; the live ones retire what
 	// only it declared at their next heartbeat.
-	if _, uerr := s.pool.Exec(context.WithoutCancel(ctx), sqlUnregister, s.id); uerr != nil {
-		err = errors.Join(err, fmt.Errorf("scheduler: unregister: %w", uerr))
+	if s.registered.Load() {
+		if _, uerr := s.pool.Exec(context.WithoutCancel(ctx), sqlUnregister, s.id); uerr != nil {
+			err = errors.Join(err, fmt.Errorf("scheduler: unregister: %w", uerr))
+		}
 	}
 	return err
 }
@@ -147,6 +152,7 @@ func (s *Scheduler) Stop(ctx context.Context) error {
 // transaction. Start calls it. Called alone (from a deploy step), its
 // declarations count for one LivenessTimeout.
 func (s *Scheduler) Declare(ctx context.Context) error {
+	s.registered.Store(true) // set first: Stop may remove a row this commits
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, sqlLockNamespace, s.cfg.Namespace); err != nil {
 			return fmt.Errorf("scheduler: lock namespace %q: %w", s.cfg.Namespace, err)

@@ -16,7 +16,7 @@ import (
 	"github.com/relayq/relay/internal/bench"
 )
 
-const usage = `relay — a job queue and workflow engine on PostgreSQL
+const usage = `relay — a job queue on PostgreSQL (durable workflows: in progress)
 
 Usage:
   relay migrate [--database-url URL]   apply pending migrations
