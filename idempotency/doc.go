@@ -18,6 +18,8 @@
 //     Idempotency-Key header, replaying the stored response for a repeated
 //     request and refusing (422) the same key with a different request.
 //
-// Keys expire (Options.TTL) and DeleteExpired removes them in batches.
+// Keys expire (Options.TTL, never before their lease ends). The helpers
+// delete expired keys themselves, a bounded batch now and then as new keys
+// arrive; DeleteExpired removes them at once.
 // docs/idempotency.md says when to use which, and the windows that remain.
 package idempotency

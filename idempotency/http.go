@@ -58,10 +58,12 @@ type storedResponse struct {
 //     response again, with Idempotent-Replayed: true, and the handler does
 //     not run — so a client retrying a POST that enqueues a job enqueues it
 //     once;
-//   - the same key with a different request is refused: 422;
-//   - a repeat while the first is still running is refused: 409, with
-//     Retry-After;
-//   - a 5xx response is not stored, so the client may retry.
+//   - the same key with a different request is refused: 422 (also while the
+//     first is still running);
+//   - a repeat of the same request while the first is still running is
+//     refused: 409, with Retry-After;
+//   - a 5xx response is not stored, and a handler that panics releases the
+//     key (the panic goes on), so the client may retry.
 //
 // Requests without the header pass through. Errors are RFC 9457
 // application/problem+json. The whole response is buffered (no streaming).
@@ -117,6 +119,12 @@ func Middleware(pool *pgxpool.Pool, opts *MiddlewareOptions) func(http.Handler) 
 				return err
 			})
 			switch {
+			case errors.Is(err, ErrInProgress) && st.requestHash != hash:
+				// Compared before "in progress": a different request with a
+				// key in use is a client error whatever the first is doing.
+				problem(w, http.StatusUnprocessableEntity, "Idempotency-Key reused",
+					"this Idempotency-Key is in use by a different request (method, path or body); use a new key for a new request")
+				return
 			case errors.Is(err, ErrInProgress):
 				w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(math.Max(st.leaseLeft, 1)))))
 				problem(w, http.StatusConflict, "Request in progress", "a request with this Idempotency-Key is still being processed; retry later")
@@ -149,8 +157,21 @@ func Middleware(pool *pgxpool.Pool, opts *MiddlewareOptions) func(http.Handler) 
 
 			r.Body = io.NopCloser(bytes.NewReader(body))
 			rec := &recorder{header: http.Header{}, status: http.StatusOK}
-			next.ServeHTTP(rec, r)
 			ctx := context.WithoutCancel(r.Context())
+			func() {
+				// A handler that panics made no response to keep: release
+				// the key so that a retry runs, then let the panic go on to
+				// the server's recovery.
+				defer func() {
+					if p := recover(); p != nil {
+						if _, err := pool.Exec(ctx, sqlForget, o.Scope, key, owner); err != nil {
+							o.Logger.Error("relay: idempotency middleware: forget key after panic", "err", err)
+						}
+						panic(p)
+					}
+				}()
+				next.ServeHTTP(rec, r)
+			}()
 			if rec.status >= 500 {
 				if _, err := pool.Exec(ctx, sqlForget, o.Scope, key, owner); err != nil {
 					o.Logger.Error("relay: idempotency middleware: forget key", "err", err)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -308,6 +309,11 @@ func TestMiddleware(t *testing.T) {
 	if r4.StatusCode != http.StatusConflict || r4.Header.Get("Retry-After") == "" {
 		t.Errorf("in progress: %d, Retry-After %q", r4.StatusCode, r4.Header.Get("Retry-After"))
 	}
+	// A different request with the key in use is refused as different, not
+	// told to wait for a response it could never replay.
+	if r, b := post("k3", "slow, another book"); r.StatusCode != http.StatusUnprocessableEntity || !strings.Contains(b, "different request") {
+		t.Errorf("in progress, other body: %d %q; want 422", r.StatusCode, b)
+	}
 	close(block)
 	<-done
 	if r5, _ := post("k3", "slow"); r5.StatusCode != 201 || calls.Load() != 6 {
@@ -320,4 +326,127 @@ func waitFor(t *testing.T, what string, cond func() bool) { t.Helper(); testdb.W
 func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
 	t.Helper()
 	return testdb.Count(t, pool, sql, args...)
+}
+
+// A handler that panics releases its key (the panic goes on to the
+// server): the retry runs instead of getting 409 for the whole lease.
+func TestMiddlewarePanicReleasesKey(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	var calls atomic.Int32
+	h := idempotency.Middleware(pool, nil)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			panic("handler bug")
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	serve := func() (rec *httptest.ResponseRecorder, panicked any) {
+		defer func() { panicked = recover() }()
+		req := httptest.NewRequest("POST", "/orders", strings.NewReader("book"))
+		req.Header.Set(idempotency.HeaderKey, "p1")
+		rec = httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec, nil
+	}
+	if _, p := serve(); p != "handler bug" {
+		t.Fatalf("panic not passed on: %v", p)
+	}
+	rec, p := serve()
+	if p != nil || rec.Code != http.StatusCreated || calls.Load() != 2 {
+		t.Fatalf("retry after a panic: %d (panic %v), %d calls; want 201 from a second run", rec.Code, p, calls.Load())
+	}
+}
+
+// A key's expiry never comes before its lease ends, and a live lease always
+// wins: with a TTL far shorter than the lease, a second caller during the
+// first call is told it is in progress — never handed the key (and a fresh
+// token) to make the call a second time at once.
+func TestExternalLeaseOutlivesTTL(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+	opts := &idempotency.Options{TTL: 10 * time.Millisecond, Lease: time.Minute}
+	var calls atomic.Int32
+	inCall, release := make(chan struct{}), make(chan struct{})
+	first := make(chan error, 1)
+	go func() {
+		_, _, err := idempotency.External(ctx, pool, "payments", "charge-1", func(ctx context.Context, token string) (string, error) {
+			calls.Add(1)
+			close(inCall)
+			<-release
+			return "ch_1", nil
+		}, opts)
+		first <- err
+	}()
+	<-inCall
+	waitFor(t, "the TTL to pass", func() bool {
+		return count(t, pool, `SELECT count(*) FROM relay_idempotency_keys WHERE key = 'charge-1' AND created_at + interval '50 ms' < now()`) == 1
+	})
+	if n := count(t, pool, `SELECT count(*) FROM relay_idempotency_keys WHERE key = 'charge-1' AND expires_at >= lease_expires_at`); n != 1 {
+		t.Errorf("the key expires before its lease ends")
+	}
+	if _, err := idempotency.DeleteExpired(ctx, pool, 100); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := idempotency.External(ctx, pool, "payments", "charge-1", func(ctx context.Context, token string) (string, error) {
+		calls.Add(1)
+		return "ch_2", nil
+	}, opts)
+	if !errors.Is(err, idempotency.ErrInProgress) || calls.Load() != 1 {
+		t.Fatalf("second caller during the first call: %v, %d calls; want ErrInProgress and one call", err, calls.Load())
+	}
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Expired keys go away without anyone calling DeleteExpired: the helpers
+// sweep a bounded batch now and then as new keys arrive.
+func TestExpiredKeysAreSweptByTheHelpers(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `
+		INSERT INTO relay_idempotency_keys (scope, key, status, result, expires_at)
+		SELECT 'old', 'k' || i, 'succeeded', '1', now() - interval '1 hour' FROM generate_series(1, 300) i`); err != nil {
+		t.Fatal(err)
+	}
+	var ran atomic.Int32
+	for i := range 300 {
+		if _, _, err := credit(ctx, pool, "order-"+strconv.Itoa(i), &ran, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := count(t, pool, `SELECT count(*) FROM relay_idempotency_keys WHERE scope = 'old'`); n != 0 {
+		t.Errorf("%d of 300 expired keys left after 300 new keys", n)
+	}
+}
+
+// A Cleaner empties the expired keys in bounded batches without any new
+// key arriving, and leaves live ones.
+func TestCleaner(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `
+		INSERT INTO relay_idempotency_keys (scope, key, status, result, expires_at)
+		SELECT 'old', 'k' || i, 'succeeded', '1'::jsonb, now() - interval '1 hour' FROM generate_series(1, 250) i
+		UNION ALL SELECT 'live', 'k', 'succeeded', '1', now() + interval '1 hour'`); err != nil {
+		t.Fatal(err)
+	}
+	c, err := idempotency.NewCleaner(pool, &idempotency.CleanerConfig{BatchSize: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop(ctx)
+	waitFor(t, "the expired keys to go", func() bool {
+		return count(t, pool, `SELECT count(*) FROM relay_idempotency_keys WHERE scope = 'old'`) == 0
+	})
+	if n := count(t, pool, `SELECT count(*) FROM relay_idempotency_keys WHERE scope = 'live'`); n != 1 {
+		t.Errorf("the cleaner deleted a live key")
+	}
 }

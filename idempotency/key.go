@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"time"
 
 	"github.com/google/uuid"
@@ -17,7 +18,8 @@ import (
 // Options tune the helpers. The zero value (or nil) is usable.
 type Options struct {
 	// TTL is how long a key is remembered after its effect succeeded (and at
-	// least while it runs). Default 24h.
+	// least while it runs: a key never expires before its lease ends, and a
+	// running key under a live lease is never taken over). Default 24h.
 	TTL time.Duration
 	// Lease is how long External holds a key for one attempt before another
 	// attempt may take it over. Make it longer than the call's timeout.
@@ -69,6 +71,9 @@ func acquire(ctx context.Context, tx pgx.Tx, scope, key string, owner uuid.UUID,
 	for try := 0; try < 3; try++ {
 		err := tx.QueryRow(ctx, sqlClaim, scope, key, owner, lease.Seconds(), hash, ttl.Seconds()).Scan(&st.token)
 		if err == nil {
+			if err := sweep(ctx, tx, key); err != nil {
+				return state{}, false, err
+			}
 			return st, true, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
@@ -83,8 +88,11 @@ func acquire(ctx context.Context, tx pgx.Tx, scope, key string, owner uuid.UUID,
 			return state{}, false, fmt.Errorf("idempotency: read key %s/%s: %w", scope, key, err)
 		}
 		switch {
-		case st.expired, st.status == "running" && st.leaseExpired:
-			if err := tx.QueryRow(ctx, sqlTakeOver, scope, key, owner, lease.Seconds(), hash, ttl.Seconds(), st.expired).Scan(&st.token); err != nil {
+		case st.status == "running" && st.leaseExpired, st.status == "succeeded" && st.expired:
+			// A running key keeps its token even past its expiry: the call
+			// it stands for may have reached the service.
+			fresh := st.status == "succeeded"
+			if err := tx.QueryRow(ctx, sqlTakeOver, scope, key, owner, lease.Seconds(), hash, ttl.Seconds(), fresh).Scan(&st.token); err != nil {
 				return state{}, false, fmt.Errorf("idempotency: take over key %s/%s: %w", scope, key, err)
 			}
 			return st, true, nil
@@ -97,9 +105,35 @@ func acquire(ctx context.Context, tx pgx.Tx, scope, key string, owner uuid.UUID,
 	return state{}, false, fmt.Errorf("idempotency: key %s/%s kept disappearing", scope, key)
 }
 
+// Expired keys are cleaned up by the helpers themselves, so nothing needs to
+// be scheduled: one new key in sweepEvery (picked by a hash of the key, so
+// that the work spreads over callers) deletes up to sweepBatch expired keys
+// in the same transaction, skipping rows other transactions hold. That
+// removes sweepBatch/sweepEvery = 4 expired keys per new key on average,
+// more than the one each new key will become, so expired keys never pile up
+// and no call does more than one bounded batch.
+const (
+	sweepEvery = 16
+	sweepBatch = 64
+)
+
+func sweep(ctx context.Context, tx pgx.Tx, key string) error {
+	h := fnv.New32a()
+	h.Write([]byte(key)) //nolint:errcheck
+	if h.Sum32()%sweepEvery != 0 {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, sqlDeleteExpired, sweepBatch); err != nil {
+		return fmt.Errorf("idempotency: delete expired keys: %w", err)
+	}
+	return nil
+}
+
 // DeleteExpired deletes up to limit expired keys and returns how many it
-// deleted; call it until that is below limit. (Expired keys are ignored by
-// the helpers either way: this only reclaims space.)
+// deleted; call it until that is below limit. The helpers already delete
+// expired keys in small batches as new keys arrive; call this to reclaim
+// space at once (after a traffic peak, say). Keys under a live lease are
+// never deleted.
 func DeleteExpired(ctx context.Context, pool *pgxpool.Pool, limit int) (int64, error) {
 	tag, err := pool.Exec(ctx, sqlDeleteExpired, limit)
 	if err != nil {

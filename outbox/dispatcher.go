@@ -2,14 +2,22 @@ package outbox
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/internal/background"
@@ -36,9 +44,21 @@ type Subscription struct {
 // Config configures a Dispatcher. Subscriptions is needed; the zero value
 // of every other field is a sensible default.
 type Config struct {
-	// Subscriptions are every subscriber of every topic. Every dispatcher
-	// process should declare the same set.
+	// Subscriptions are this process's declarations. They are stored in
+	// the database, and every dispatcher fans out to every stored
+	// subscription that is not retired — whichever process declared it — so
+	// processes of different versions agree. A subscription is retired only
+	// when no live dispatcher of its Namespace declares it. An event gets
+	// the subscriptions active when it is dispatched: one published before
+	// a subscription existed gets it only if not yet dispatched then.
 	Subscriptions []Subscription
+	// Namespace owns the subscriptions: one per service sharing the
+	// database. Default "default".
+	Namespace string
+	// LivenessTimeout is how long a dispatcher's declarations keep its
+	// subscriptions after its last heartbeat (four per timeout while it
+	// runs; Stop ends them at once). Default 1m.
+	LivenessTimeout time.Duration
 	// BatchSize caps the events moved per transaction. Default 500.
 	BatchSize int
 	// PollInterval is the fallback when no notification comes. Default 1s.
@@ -48,15 +68,25 @@ type Config struct {
 	Retention time.Duration
 	// Logger receives the dispatcher's logs. Default slog.Default().
 	Logger *slog.Logger
+	// TracerProvider makes the "dispatch <topic>" span of each event: a
+	// child of the publisher's span when Publish ran under one, a new root
+	// otherwise. Each of the event's jobs stores that span's context, so its
+	// attempts are children of it (or linked to it, per the worker client's
+	// core.TraceMode) and unrelated events never share a trace. Default: the
+	// global provider.
+	TracerProvider trace.TracerProvider
 }
 
 // Dispatcher moves committed events into jobs. Run one in as many processes
 // as you like: one at a time holds the dispatch lock, the others stand by.
 type Dispatcher struct {
-	pool    *pgxpool.Pool
-	cfg     Config
-	byTopic map[string][]Subscription
-	wake    chan struct{}
+	pool *pgxpool.Pool
+	cfg  Config
+	id   string // this process in relay_outbox_processes
+	wake chan struct{}
+
+	declareMu sync.Mutex
+	declared  bool
 
 	runner background.Runner // Start and Stop
 }
@@ -82,9 +112,24 @@ func NewDispatcher(pool *pgxpool.Pool, cfg *Config) (*Dispatcher, error) {
 	if c.Retention == 0 {
 		c.Retention = 7 * 24 * time.Hour
 	}
-	d := &Dispatcher{pool: pool, cfg: c, byTopic: map[string][]Subscription{}, wake: make(chan struct{}, 1)}
+	if c.TracerProvider == nil {
+		c.TracerProvider = otel.GetTracerProvider()
+	}
+	if c.Namespace == "" {
+		c.Namespace = "default"
+	}
+	if c.LivenessTimeout <= 0 {
+		c.LivenessTimeout = time.Minute
+	}
+	var id [12]byte
+	if _, err := rand.Read(id[:]); err != nil {
+		return nil, fmt.Errorf("outbox: process id: %w", err)
+	}
+	d := &Dispatcher{pool: pool, id: hex.EncodeToString(id[:]), wake: make(chan struct{}, 1)}
+	subs := c.Subscriptions
+	c.Subscriptions = nil
 	seen := map[[2]string]bool{}
-	for _, s := range c.Subscriptions {
+	for _, s := range subs {
 		if s.Endpoint != "" && s.Kind == "" {
 			s.Kind = WebhookKind
 		}
@@ -99,14 +144,19 @@ func NewDispatcher(pool *pgxpool.Pool, cfg *Config) (*Dispatcher, error) {
 			return nil, fmt.Errorf("outbox: subscription %s → %s %s declared twice", s.Topic, s.Kind, s.Endpoint)
 		}
 		seen[id] = true
-		d.byTopic[s.Topic] = append(d.byTopic[s.Topic], s)
+		c.Subscriptions = append(c.Subscriptions, s)
 	}
+	d.cfg = c
 	return d, nil
 }
 
-// Start dispatches in the background until Stop: at once, on every
-// notification of a published event, and every PollInterval.
+// Start declares the subscriptions, then dispatches in the background until
+// Stop: at once, on every notification of a published event, and every
+// PollInterval.
 func (d *Dispatcher) Start(ctx context.Context) error {
+	if err := d.Declare(ctx); err != nil {
+		return err
+	}
 	listen := func(ctx context.Context) {
 		notifier.Run(ctx, notifier.Config{
 			Pool: d.pool, Channels: []string{"relay_outbox"}, Logger: d.cfg.Logger, AppName: "relay-outbox",
@@ -114,12 +164,23 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 			OnConnect: d.poke,
 		})
 	}
-	return d.runner.Start(ctx, "outbox", listen, d.run)
+	return d.runner.Start(ctx, "outbox", listen, d.run, d.heartbeat)
 }
 
 // Stop stops dispatching; a batch under way commits or rolls back whole.
+// This process's declarations end: the live dispatchers retire what only it
+// declared at their next heartbeat.
 func (d *Dispatcher) Stop(ctx context.Context) error {
-	return d.runner.Stop(ctx, "outbox")
+	err := d.runner.Stop(ctx, "outbox")
+	d.declareMu.Lock()
+	declared := d.declared
+	d.declareMu.Unlock()
+	if declared {
+		if _, uerr := d.pool.Exec(context.WithoutCancel(ctx), sqlUnregister, d.id); uerr != nil {
+			err = errors.Join(err, fmt.Errorf("outbox: unregister dispatcher: %w", uerr))
+		}
+	}
+	return err
 }
 
 func (d *Dispatcher) poke() {
@@ -179,7 +240,11 @@ func (d *Dispatcher) run(ctx context.Context) {
 // and returns how many it moved (0 also when another dispatcher holds the
 // dispatch lock).
 func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
+	if err := d.ensureDeclared(ctx); err != nil {
+		return 0, err
+	}
 	moved := 0
+	var spans []trace.Span
 	err := pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
 		var locked bool
 		if err := tx.QueryRow(ctx, sqlDispatchLock).Scan(&locked); err != nil {
@@ -192,13 +257,19 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 		if err != nil {
 			return fmt.Errorf("read pending events: %w", err)
 		}
+		var traces []propagation.MapCarrier
 		events, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Delivery, error) {
 			var e Delivery
-			var headers []byte
-			err := r.Scan(&e.EventID, &e.Topic, &e.Key, &e.Payload, &headers, &e.PublishedAt)
+			var headers, tc []byte
+			err := r.Scan(&e.EventID, &e.Topic, &e.Key, &e.Payload, &headers, &e.PublishedAt, &tc)
 			if err == nil {
 				err = json.Unmarshal(headers, &e.Headers)
 			}
+			carrier := propagation.MapCarrier{}
+			if err == nil {
+				err = json.Unmarshal(tc, &carrier)
+			}
+			traces = append(traces, carrier)
 			return e, err
 		})
 		if err != nil {
@@ -207,16 +278,23 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 		if len(events) == 0 {
 			return nil
 		}
+		byTopic, err := activeSubscriptions(ctx, tx)
+		if err != nil {
+			return fmt.Errorf("read subscriptions: %w", err)
+		}
 		ids := make([]int64, len(events))
 		counts := make([]int32, len(events))
 		var params []core.EnqueueParams
+		tracer := d.cfg.TracerProvider.Tracer(instrumentationName)
 		for i, e := range events {
 			ids[i] = e.EventID
+			meta, span := d.startDispatchSpan(ctx, tracer, e, traces[i])
+			spans = append(spans, span)
 			body, err := json.Marshal(e)
 			if err != nil {
 				return fmt.Errorf("encode event %d: %w", e.EventID, err)
 			}
-			for _, s := range d.byTopic[e.Topic] {
+			for _, s := range byTopic[e.Topic] {
 				body := body
 				if s.Endpoint != "" {
 					if body, err = json.Marshal(WebhookArgs{Delivery: e, Endpoint: s.Endpoint}); err != nil {
@@ -226,6 +304,18 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 				opts := core.EnqueueOpts{}
 				if s.Opts != nil {
 					opts = *s.Opts
+				}
+				if meta != nil {
+					// The event's trace, not the dispatch batch's: core keeps
+					// a traceparent the caller set.
+					m := make(map[string]any, len(opts.Metadata)+len(meta))
+					for k, v := range opts.Metadata {
+						m[k] = v
+					}
+					for k, v := range meta {
+						m[k] = v
+					}
+					opts.Metadata = m
 				}
 				if e.Key != "" {
 					opts.OrderingKey = s.Kind + "|" + s.Endpoint + "|" + e.Key
@@ -245,10 +335,51 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 		moved = len(events)
 		return nil
 	})
+	for _, span := range spans {
+		if err != nil {
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.End()
+	}
 	if err != nil {
 		return 0, fmt.Errorf("outbox: dispatch: %w", err)
 	}
 	return moved, nil
+}
+
+// instrumentationName names the outbox's tracer.
+const instrumentationName = "github.com/relayq/relay/outbox"
+
+// startDispatchSpan starts the span of one event's dispatch — under the
+// publisher's stored context, or as a new root — and returns the trace
+// context its jobs store (nil when there is none to store).
+func (d *Dispatcher) startDispatchSpan(ctx context.Context, tracer trace.Tracer, e Delivery, stored propagation.MapCarrier) (map[string]any, trace.Span) {
+	opts := []trace.SpanStartOption{
+		trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(
+			attribute.String("messaging.system", "relay"),
+			attribute.String("messaging.operation.type", "create"),
+			attribute.String("messaging.destination.name", e.Topic),
+			attribute.Int64("relay.outbox.event_id", e.EventID),
+		),
+	}
+	parent := trace.SpanContextFromContext(traceContext.Extract(context.Background(), stored))
+	if parent.IsValid() {
+		ctx = trace.ContextWithRemoteSpanContext(ctx, parent)
+	} else {
+		opts = append(opts, trace.WithNewRoot())
+	}
+	ctx, span := tracer.Start(ctx, "dispatch "+e.Topic, opts...)
+	if !span.SpanContext().IsValid() {
+		return nil, span
+	}
+	carrier := propagation.MapCarrier{}
+	traceContext.Inject(ctx, carrier)
+	meta := make(map[string]any, len(carrier))
+	for k, v := range carrier {
+		meta[k] = v
+	}
+	return meta, span
 }
 
 // DeleteDispatched deletes up to limit events dispatched more than

@@ -15,5 +15,9 @@
 // enqueues its jobs in one transaction, so each subscriber gets each event
 // exactly once, whatever crashes. Events with the same key reach each
 // subscriber in publish order, one at a time (core ordering keys); other
-// keys run in parallel. docs/outbox.md has the guarantees.
+// keys run in parallel. Subscriptions are declared in code and stored in
+// the database, owned by a namespace, so every dispatcher fans out to the
+// same set during a rolling deploy; the publisher's trace context travels
+// with each event to its jobs; webhooks are signed per Standard Webhooks.
+// docs/outbox.md has the guarantees.
 package outbox

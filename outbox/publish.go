@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"time"
 
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/internal/dbx"
 )
@@ -29,6 +32,10 @@ type Event struct {
 // bun.Tx, *sql.Tx) when given one, so the event exists only if the
 // transaction commits. It returns the event's id. Publishers of one key wait
 // for each other's transactions (that is what keeps a key's order).
+//
+// When ctx carries a span, its W3C trace context is stored with the event:
+// the dispatcher parents each of the event's jobs under it (see
+// Config.TracerProvider), so one request's trace shows its event's jobs.
 func Publish(ctx context.Context, db core.DB, e Event) (int64, error) {
 	if e.Topic == "" || len(e.Topic) > 200 {
 		return 0, errors.New("outbox: publish: topic must be 1 to 200 bytes")
@@ -46,12 +53,22 @@ func Publish(ctx context.Context, db core.DB, e Event) (int64, error) {
 			return 0, fmt.Errorf("outbox: publish %s: encode headers: %w", e.Topic, err)
 		}
 	}
+	tc := ""
+	if trace.SpanContextFromContext(ctx).IsValid() {
+		carrier := propagation.MapCarrier{}
+		traceContext.Inject(ctx, carrier)
+		b, err := json.Marshal(carrier)
+		if err != nil {
+			return 0, fmt.Errorf("outbox: publish %s: encode trace context: %w", e.Topic, err)
+		}
+		tc = string(b)
+	}
 	ex, err := dbx.For(db)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: publish: %w", err)
 	}
 	var id int64
-	err = ex.Query(ctx, sqlPublish, []any{e.Topic, e.Key, string(payload), string(headers)}, func(r dbx.Scanner) error {
+	err = ex.Query(ctx, sqlPublish, []any{e.Topic, e.Key, string(payload), string(headers), tc}, func(r dbx.Scanner) error {
 		return r.Scan(&id)
 	})
 	if err != nil {

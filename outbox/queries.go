@@ -9,8 +9,8 @@ package outbox
 // a later one had been dispatched, and the key's order would break. The
 // parameters are text so that any driver can pass them.
 const sqlPublish = `
-INSERT INTO relay_outbox (topic, key, payload, headers)
-SELECT $1::text, nullif($2::text, ''), $3::jsonb, $4::jsonb
+INSERT INTO relay_outbox (topic, key, payload, headers, trace_context)
+SELECT $1::text, nullif($2::text, ''), $3::jsonb, $4::jsonb, nullif($5::text, '')::jsonb
 FROM (SELECT CASE WHEN $2::text <> ''
              THEN pg_advisory_xact_lock(hashtextextended('relay_outbox|' || $2::text, 0)) END) AS serialise
 RETURNING id`
@@ -22,7 +22,7 @@ const sqlDispatchLock = `SELECT pg_try_advisory_xact_lock(hashtextextended('rela
 
 // sqlPending reads the next undispatched events in publish order.
 const sqlPending = `
-SELECT id, topic, coalesce(key, ''), payload, headers, published_at
+SELECT id, topic, coalesce(key, ''), payload, headers, published_at, coalesce(trace_context, '{}')
 FROM relay_outbox WHERE dispatched_at IS NULL
 ORDER BY id LIMIT $1`
 
@@ -43,3 +43,68 @@ DELETE FROM relay_outbox WHERE ctid = ANY (ARRAY(
     SELECT ctid FROM relay_outbox
     WHERE dispatched_at < now() - make_interval(secs => $1)
     LIMIT $2))`
+
+// sqlLockNamespace serializes the declarations and sweeps of one
+// namespace's dispatchers, so that a sweep never misses a declaration
+// committed while it ran.
+const sqlLockNamespace = `SELECT pg_advisory_xact_lock(hashtext('relay.outbox:' || $1))`
+
+// sqlDeclareSubscription upserts one declared subscription and un-retires
+// it. A subscription of another namespace ($9) is taken over only when no
+// live process of that namespace declares it ($10: the liveness timeout in
+// seconds); otherwise nothing is written and no row returns.
+const sqlDeclareSubscription = `
+INSERT INTO relay_outbox_subscriptions AS s
+    (id, topic, kind, endpoint, queue, priority, max_attempts, metadata, namespace)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+ON CONFLICT (id) DO UPDATE SET
+    queue = excluded.queue, priority = excluded.priority,
+    max_attempts = excluded.max_attempts, metadata = excluded.metadata,
+    namespace = excluded.namespace, retired_at = NULL, updated_at = now()
+WHERE s.namespace = excluded.namespace OR NOT EXISTS (
+    SELECT 1 FROM relay_outbox_processes p
+    WHERE p.namespace = s.namespace AND s.id = ANY (p.subscriptions)
+      AND p.heartbeat_at > now() - make_interval(secs => $10))
+RETURNING id`
+
+const sqlSubscriptionOwner = `SELECT namespace FROM relay_outbox_subscriptions WHERE id = $1`
+
+// sqlRegister records (or refreshes) this dispatcher and what it declares.
+const sqlRegister = `
+INSERT INTO relay_outbox_processes (id, namespace, subscriptions)
+VALUES ($1, $2, $3)
+ON CONFLICT (id) DO UPDATE SET
+    namespace = excluded.namespace, subscriptions = excluded.subscriptions, heartbeat_at = now()`
+
+// sqlHeartbeat says this dispatcher is alive; no row means it was swept as
+// dead and must declare again.
+const sqlHeartbeat = `UPDATE relay_outbox_processes SET heartbeat_at = now() WHERE id = $1`
+
+const sqlUnregister = `DELETE FROM relay_outbox_processes WHERE id = $1`
+
+// sqlDeleteDead removes the namespace's processes not seen within the
+// liveness timeout ($2 seconds).
+const sqlDeleteDead = `
+DELETE FROM relay_outbox_processes
+WHERE namespace = $1 AND heartbeat_at <= now() - make_interval(secs => $2)`
+
+// sqlRetire retires the namespace's subscriptions no live process declares.
+// Run after sqlDeleteDead, under sqlLockNamespace.
+const sqlRetire = `
+UPDATE relay_outbox_subscriptions s SET retired_at = now(), updated_at = now()
+WHERE s.namespace = $1 AND s.retired_at IS NULL AND NOT EXISTS (
+    SELECT 1 FROM relay_outbox_processes p
+    WHERE p.namespace = s.namespace AND s.id = ANY (p.subscriptions))
+RETURNING topic, kind, endpoint`
+
+// sqlActiveSubscriptions is the fan-out, read in the dispatch transaction:
+// every dispatcher uses the same stored set.
+const sqlActiveSubscriptions = `
+SELECT topic, kind, endpoint, queue, priority, max_attempts, metadata
+FROM relay_outbox_subscriptions WHERE retired_at IS NULL
+ORDER BY topic, id`
+
+// sqlListSubscriptions is every stored subscription, for Subscriptions.
+const sqlListSubscriptions = `
+SELECT namespace, topic, kind, endpoint, queue, priority, max_attempts, metadata, created_at, retired_at
+FROM relay_outbox_subscriptions ORDER BY topic, id`

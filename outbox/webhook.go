@@ -5,7 +5,7 @@ import (
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
-	"encoding/hex"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,28 +15,64 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/propagation"
+
 	"github.com/relayq/relay/core"
 )
 
 // WebhookKind is the job kind of webhook deliveries.
 const WebhookKind = "relay.webhook"
 
-// The headers of a webhook delivery.
+// The headers of a webhook delivery. Signatures follow the Standard
+// Webhooks specification (https://www.standardwebhooks.com): receivers can
+// verify them with its libraries in many languages, or with Verify in Go.
 const (
-	HeaderEventID   = "Relay-Event-Id"
-	HeaderTopic     = "Relay-Topic"
-	HeaderTimestamp = "Relay-Timestamp"
-	// HeaderSignature is "v1=" and the hex HMAC-SHA256, keyed by the
-	// endpoint's secret, of the timestamp, a dot, and the body.
-	HeaderSignature = "Relay-Signature"
+	// HeaderWebhookID identifies the message: the same for every attempt at
+	// one event for one endpoint ("relay-event-<id>-<endpoint>"), so a
+	// receiver can drop repeats on it. Idempotency-Key carries it too.
+	HeaderWebhookID = "webhook-id"
+	// HeaderTimestamp is the attempt's time, in Unix seconds.
+	HeaderTimestamp = "webhook-timestamp"
+	// HeaderSignature is one or more space-separated "v1,<base64 HMAC-SHA256
+	// of id.timestamp.body>", one per secret the endpoint signs with.
+	HeaderSignature = "webhook-signature"
+	// HeaderEventID and HeaderTopic are Relay's own, for routing.
+	HeaderEventID = "Relay-Event-Id"
+	HeaderTopic   = "Relay-Topic"
 )
+
+// secretPrefix marks a Standard Webhooks secret: "whsec_" and the key in
+// base64.
+const secretPrefix = "whsec_"
+
+// FormatSecret renders a signing key as the "whsec_<base64>" string that
+// Standard Webhooks libraries take.
+func FormatSecret(key []byte) string {
+	return secretPrefix + base64.StdEncoding.EncodeToString(key)
+}
+
+// ParseSecret reads a "whsec_<base64>" secret (the prefix is optional) into
+// the signing key for Endpoint.Secret.
+func ParseSecret(s string) ([]byte, error) {
+	key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(s, secretPrefix))
+	if err != nil {
+		return nil, fmt.Errorf("outbox: webhook secret is not whsec_<base64>: %w", err)
+	}
+	return key, nil
+}
 
 // Endpoint is a webhook receiver. Subscriptions name it; the secret never
 // leaves the worker process (jobs carry only the name).
 type Endpoint struct {
-	Name   string
-	URL    string
+	Name string
+	URL  string
+	// Secret is the signing key (at least 16 bytes): give the receiver
+	// FormatSecret(Secret). ParseSecret reads a whsec_ secret.
 	Secret []byte
+	// PreviousSecrets are also signed with, for key rotation: while they
+	// are listed every delivery carries one signature per secret, so a
+	// receiver verifying with either the new or an old secret accepts it.
+	PreviousSecrets [][]byte
 	// Timeout bounds one delivery attempt. Default 10s.
 	Timeout time.Duration
 }
@@ -48,6 +84,9 @@ type WebhookArgs struct {
 }
 
 func (WebhookArgs) Kind() string { return WebhookKind }
+
+// traceContext is the W3C format the webhook requests carry.
+var traceContext = propagation.TraceContext{}
 
 // webhookBody is what the receiver gets.
 type webhookBody struct {
@@ -62,10 +101,14 @@ type webhookBody struct {
 // WebhookWorker delivers WebhookArgs jobs: a signed POST per attempt, with
 // the core's retries and backoff, dead when the attempts run out. A non-2xx
 // answer fails the attempt with the status and the start of the body, which
-// the job's history keeps. Register it with core.AddWorker.
+// the job's history keeps. Redirects are not followed: a 3xx fails the
+// attempt with its status and Location (re-sending a signed event to
+// another URL is the receiver's configuration to fix, not the sender's to
+// guess). Register it with core.AddWorker.
 type WebhookWorker struct {
 	Endpoints map[string]Endpoint
-	// Client sends the requests. Default: http.Client with the endpoint's
+	// Client sends the requests (its redirect policy is replaced: redirects
+	// are never followed). Default: http.Client with the endpoint's
 	// timeout.
 	Client *http.Client
 	// Now is the clock for signatures. Default time.Now.
@@ -78,6 +121,11 @@ func NewWebhookWorker(endpoints ...Endpoint) (*WebhookWorker, error) {
 	for _, e := range endpoints {
 		if e.Name == "" || e.URL == "" || len(e.Secret) < 16 {
 			return nil, fmt.Errorf("outbox: endpoint %q: Name, URL and a Secret of at least 16 bytes are required", e.Name)
+		}
+		for _, old := range e.PreviousSecrets {
+			if len(old) < 16 {
+				return nil, fmt.Errorf("outbox: endpoint %q: every previous secret must be at least 16 bytes", e.Name)
+			}
 		}
 		if !strings.HasPrefix(e.URL, "http://") && !strings.HasPrefix(e.URL, "https://") {
 			return nil, fmt.Errorf("outbox: endpoint %q: URL %q is not http(s)", e.Name, e.URL)
@@ -113,36 +161,54 @@ func (w *WebhookWorker) Work(ctx context.Context, job *core.Job[WebhookArgs]) er
 		now = w.Now
 	}
 	ts := strconv.FormatInt(now().Unix(), 10)
+	msgID := fmt.Sprintf("relay-event-%d-%s", d.EventID, ep.Name)
+	sigs := make([]string, 0, 1+len(ep.PreviousSecrets))
+	for _, key := range append([][]byte{ep.Secret}, ep.PreviousSecrets...) {
+		sigs = append(sigs, "v1,"+sign(key, msgID, ts, body))
+	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "relay-webhook")
+	req.Header.Set(HeaderWebhookID, msgID)
+	req.Header.Set(HeaderTimestamp, ts)
+	req.Header.Set(HeaderSignature, strings.Join(sigs, " "))
 	req.Header.Set(HeaderEventID, strconv.FormatInt(d.EventID, 10))
 	req.Header.Set(HeaderTopic, d.Topic)
-	req.Header.Set(HeaderTimestamp, ts)
-	req.Header.Set(HeaderSignature, "v1="+sign(ep.Secret, ts, body))
 	// Receivers can drop repeats (at-least-once) on this.
-	req.Header.Set("Idempotency-Key", fmt.Sprintf("relay-event-%d-%s", d.EventID, ep.Name))
-	client := w.Client
-	if client == nil {
-		client = &http.Client{Timeout: timeout}
+	req.Header.Set("Idempotency-Key", msgID)
+	// The attempt's trace continues in the receiver.
+	traceContext.Inject(ctx, propagation.HeaderCarrier(req.Header))
+	client := &http.Client{Timeout: timeout}
+	if w.Client != nil {
+		c := *w.Client
+		client = &c
 	}
+	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	resp, err := client.Do(req)
 	if err != nil {
 		return fmt.Errorf("webhook %s: POST %s: %w", ep.Name, ep.URL, err)
 	}
 	defer resp.Body.Close()
 	excerpt, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	if resp.StatusCode >= 300 && resp.StatusCode <= 399 {
+		return fmt.Errorf("webhook %s: POST %s: %s, Location %q: redirects are not followed; configure the endpoint's final URL",
+			ep.Name, ep.URL, resp.Status, resp.Header.Get("Location"))
+	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return fmt.Errorf("webhook %s: POST %s: %s: %q", ep.Name, ep.URL, resp.Status, excerpt)
 	}
 	return nil
 }
 
-func sign(secret []byte, ts string, body []byte) string {
-	m := hmac.New(sha256.New, secret)
+// sign is the Standard Webhooks v1 signature: base64 of the HMAC-SHA256,
+// keyed by the secret, of "id.timestamp.body".
+func sign(key []byte, msgID, ts string, body []byte) string {
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte(msgID))
+	m.Write([]byte("."))
 	m.Write([]byte(ts))
 	m.Write([]byte("."))
 	m.Write(body)
-	return hex.EncodeToString(m.Sum(nil))
+	return base64.StdEncoding.EncodeToString(m.Sum(nil))
 }
 
 // Signature errors.
@@ -151,11 +217,15 @@ var (
 	ErrStale        = errors.New("outbox: webhook timestamp outside the tolerance (a replay?)")
 )
 
-// Verify checks a webhook delivery as a receiver should: the signature over
-// timestamp and body, with the shared secret, in constant time; and the
-// timestamp within tolerance of now, so a captured request cannot be
-// replayed later.
-func Verify(secret []byte, timestamp, signature string, body []byte, tolerance time.Duration, now time.Time) error {
+// Verify checks a webhook delivery as a receiver should, per Standard
+// Webhooks: one of the space-separated v1 signatures must be the HMAC of
+// "id.timestamp.body" with the shared secret (compared in constant time),
+// and the timestamp must be within tolerance of now, so a captured request
+// cannot be replayed later.
+func Verify(secret []byte, msgID, timestamp, signatures string, body []byte, tolerance time.Duration, now time.Time) error {
+	if msgID == "" {
+		return fmt.Errorf("%w: no %s", ErrBadSignature, HeaderWebhookID)
+	}
 	ts, err := strconv.ParseInt(timestamp, 10, 64)
 	if err != nil {
 		return fmt.Errorf("%w: bad timestamp %q", ErrBadSignature, timestamp)
@@ -163,15 +233,22 @@ func Verify(secret []byte, timestamp, signature string, body []byte, tolerance t
 	if d := now.Sub(time.Unix(ts, 0)); d > tolerance || d < -tolerance {
 		return ErrStale
 	}
-	got, ok := strings.CutPrefix(signature, "v1=")
-	if !ok {
+	want := []byte(sign(secret, msgID, timestamp, body))
+	found := false
+	for _, s := range strings.Fields(signatures) {
+		got, ok := strings.CutPrefix(s, "v1,")
+		if !ok {
+			continue // another scheme or version
+		}
+		found = true
+		if hmac.Equal([]byte(got), want) {
+			return nil
+		}
+	}
+	if !found {
 		return fmt.Errorf("%w: no v1 signature", ErrBadSignature)
 	}
-	want := sign(secret, timestamp, body)
-	if !hmac.Equal([]byte(got), []byte(want)) {
-		return ErrBadSignature
-	}
-	return nil
+	return ErrBadSignature
 }
 
 // VerifyRequest reads r's body and verifies it (Verify, tolerance 5
@@ -181,7 +258,8 @@ func VerifyRequest(r *http.Request, secret []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := Verify(secret, r.Header.Get(HeaderTimestamp), r.Header.Get(HeaderSignature), body, 5*time.Minute, time.Now()); err != nil {
+	if err := Verify(secret, r.Header.Get(HeaderWebhookID), r.Header.Get(HeaderTimestamp), r.Header.Get(HeaderSignature),
+		body, 5*time.Minute, time.Now()); err != nil {
 		return nil, err
 	}
 	return body, nil

@@ -2,6 +2,9 @@ package outbox_test
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"io"
@@ -12,6 +15,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/internal/testdb"
@@ -110,26 +115,27 @@ func TestWebhookSignature(t *testing.T) {
 	if err := w.Work(context.Background(), job); err != nil {
 		t.Fatal(err)
 	}
-	ts, sig := req.Header.Get(outbox.HeaderTimestamp), req.Header.Get(outbox.HeaderSignature)
-	if ts != strconv.FormatInt(now.Unix(), 10) || req.Header.Get(outbox.HeaderEventID) != "7" {
+	id, ts, sig := req.Header.Get(outbox.HeaderWebhookID), req.Header.Get(outbox.HeaderTimestamp), req.Header.Get(outbox.HeaderSignature)
+	if ts != strconv.FormatInt(now.Unix(), 10) || req.Header.Get(outbox.HeaderEventID) != "7" || id != "relay-event-7-e" {
 		t.Fatalf("headers %v", req.Header)
 	}
-	if err := outbox.Verify(secret, ts, sig, reqBody, time.Minute, now.Add(30*time.Second)); err != nil {
+	if err := outbox.Verify(secret, id, ts, sig, reqBody, time.Minute, now.Add(30*time.Second)); err != nil {
 		t.Errorf("genuine delivery: %v", err)
 	}
 	tampered := append([]byte{}, reqBody...)
 	tampered[len(tampered)-2] = 'X'
 	for name, err := range map[string]error{
-		"tampered body": outbox.Verify(secret, ts, sig, tampered, time.Minute, now),
-		"wrong secret":  outbox.Verify([]byte("another secret, 16+ bytes"), ts, sig, reqBody, time.Minute, now),
-		"replayed late": outbox.Verify(secret, ts, sig, reqBody, time.Minute, now.Add(10*time.Minute)),
-		"no signature":  outbox.Verify(secret, ts, "", reqBody, time.Minute, now),
+		"tampered body": outbox.Verify(secret, id, ts, sig, tampered, time.Minute, now),
+		"other id":      outbox.Verify(secret, "relay-event-8-e", ts, sig, reqBody, time.Minute, now),
+		"wrong secret":  outbox.Verify([]byte("another secret, 16+ bytes"), id, ts, sig, reqBody, time.Minute, now),
+		"replayed late": outbox.Verify(secret, id, ts, sig, reqBody, time.Minute, now.Add(10*time.Minute)),
+		"no signature":  outbox.Verify(secret, id, ts, "", reqBody, time.Minute, now),
 	} {
 		if err == nil {
 			t.Errorf("%s: verified", name)
 		}
 	}
-	if !errors.Is(outbox.Verify(secret, ts, sig, reqBody, time.Minute, now.Add(time.Hour)), outbox.ErrStale) {
+	if !errors.Is(outbox.Verify(secret, id, ts, sig, reqBody, time.Minute, now.Add(time.Hour)), outbox.ErrStale) {
 		t.Error("a stale delivery is not ErrStale")
 	}
 	// An endpoint missing from the worker's configuration is a permanent
@@ -140,5 +146,135 @@ func TestWebhookSignature(t *testing.T) {
 	}
 	if _, err := outbox.NewWebhookWorker(outbox.Endpoint{Name: "short", URL: srv.URL, Secret: []byte("short")}); err == nil {
 		t.Error("a short secret was accepted")
+	}
+}
+
+// deliver runs one attempt of event 7 to url and returns the error.
+func deliver(t *testing.T, ep outbox.Endpoint) error {
+	t.Helper()
+	w, err := outbox.NewWebhookWorker(ep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w.Work(context.Background(), &core.Job[outbox.WebhookArgs]{JobRow: &core.JobRow{ID: 1}, Args: outbox.WebhookArgs{
+		Endpoint: ep.Name, Delivery: outbox.Delivery{EventID: 7, Topic: "payment.succeeded", Payload: json.RawMessage(`{"order":"o-7"}`)}}})
+}
+
+// specVerify is a receiver written from the Standard Webhooks
+// specification alone: the secret is whsec_ and base64; the signed content
+// is "id.timestamp.body"; the header holds space-separated "v1,<base64>"
+// signatures, any of which may match.
+func specVerify(whsec string, h http.Header, body []byte) bool {
+	key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(whsec, "whsec_"))
+	if err != nil {
+		return false
+	}
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte(h.Get("webhook-id") + "." + h.Get("webhook-timestamp") + "." + string(body)))
+	want := base64.StdEncoding.EncodeToString(m.Sum(nil))
+	for _, s := range strings.Split(h.Get("webhook-signature"), " ") {
+		if v, sig, ok := strings.Cut(s, ","); ok && v == "v1" && hmac.Equal([]byte(sig), []byte(want)) {
+			return true
+		}
+	}
+	return false
+}
+
+// Deliveries verify with the Standard Webhooks reference Go library and
+// with a receiver written from the specification alone — during a key
+// rotation too, whichever of the two secrets the receiver holds.
+func TestWebhookStandardWebhooksInterop(t *testing.T) {
+	t.Parallel()
+	oldKey, newKey := []byte("the old secret, 16+ bytes"), []byte("the new secret, 16+ bytes")
+	for _, tc := range []struct {
+		name     string
+		ep       outbox.Endpoint
+		receiver []byte // the key the receiver holds
+	}{
+		{"one secret", outbox.Endpoint{Secret: newKey}, newKey},
+		{"rotation, receiver still on the old secret", outbox.Endpoint{Secret: newKey, PreviousSecrets: [][]byte{oldKey}}, oldKey},
+		{"rotation, receiver on the new secret", outbox.Endpoint{Secret: newKey, PreviousSecrets: [][]byte{oldKey}}, newKey},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			whsec := outbox.FormatSecret(tc.receiver)
+			ref, err := standardwebhooks.NewWebhook(whsec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var refErr, bodyErr error
+			var spec, ours bool
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				body, _ := io.ReadAll(r.Body)
+				refErr = ref.Verify(body, r.Header)
+				spec = specVerify(whsec, r.Header, body)
+				key, err := outbox.ParseSecret(whsec)
+				if err != nil {
+					bodyErr = err
+					return
+				}
+				r.Body = io.NopCloser(strings.NewReader(string(body)))
+				_, bodyErr = outbox.VerifyRequest(r, key)
+				ours = bodyErr == nil
+			}))
+			defer srv.Close()
+			tc.ep.Name, tc.ep.URL = "shop", srv.URL
+			if err := deliver(t, tc.ep); err != nil {
+				t.Fatal(err)
+			}
+			if refErr != nil {
+				t.Errorf("reference library: %v", refErr)
+			}
+			if !spec {
+				t.Error("spec-only receiver refused the delivery")
+			}
+			if !ours {
+				t.Errorf("outbox.VerifyRequest: %v", bodyErr)
+			}
+		})
+	}
+	// And a receiver holding a secret the sender does not use refuses.
+	ref, _ := standardwebhooks.NewWebhook(outbox.FormatSecret([]byte("a stranger's secret, 16+")))
+	var refErr error
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		refErr = ref.Verify(body, r.Header)
+	}))
+	defer srv.Close()
+	if err := deliver(t, outbox.Endpoint{Name: "shop", URL: srv.URL, Secret: newKey}); err != nil {
+		t.Fatal(err)
+	}
+	if refErr == nil {
+		t.Error("the reference library verified a delivery signed with another secret")
+	}
+}
+
+// A 3xx is not followed (it would be re-sent as a body-less GET, and a 200
+// there counted as delivered): the attempt fails with the status and the
+// Location.
+func TestWebhookDoesNotFollowRedirects(t *testing.T) {
+	t.Parallel()
+	var gets atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/moved" {
+			gets.Add(1)
+			return
+		}
+		http.Redirect(w, r, "/moved", http.StatusFound)
+	}))
+	defer srv.Close()
+	for _, client := range []*http.Client{nil, {}} {
+		w, err := outbox.NewWebhookWorker(outbox.Endpoint{Name: "shop", URL: srv.URL + "/hooks", Secret: secret})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Client = client
+		err = w.Work(context.Background(), &core.Job[outbox.WebhookArgs]{JobRow: &core.JobRow{ID: 1}, Args: outbox.WebhookArgs{
+			Endpoint: "shop", Delivery: outbox.Delivery{EventID: 7, Topic: "t", Payload: json.RawMessage(`{}`)}}})
+		if err == nil || !strings.Contains(err.Error(), "302 Found") || !strings.Contains(err.Error(), `Location "/moved"`) {
+			t.Errorf("client %v: %v; want a failure naming 302 and the Location", client, err)
+		}
+	}
+	if gets.Load() != 0 {
+		t.Errorf("the redirect was followed %d times", gets.Load())
 	}
 }

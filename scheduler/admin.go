@@ -16,9 +16,15 @@ import (
 // ErrNotFound is returned for a schedule name that is not stored.
 var ErrNotFound = errors.New("scheduler: no such schedule")
 
+// ErrOwned is returned by Declare (and Start) for a schedule name that a live
+// process of another namespace declares.
+var ErrOwned = errors.New("scheduler: schedule owned by namespace")
+
 // Info is a stored schedule as List reports it.
 type Info struct {
-	Name       string
+	Name string
+	// Namespace is the service that owns the schedule (Config.Namespace).
+	Namespace  string
 	Spec       string
 	TimeZone   string
 	Kind       string
@@ -30,9 +36,14 @@ type Info struct {
 	LastFireAt *time.Time
 	LastJobID  *int64
 	Paused     bool
-	// DisabledAt is set when the last process to start did not declare the
-	// schedule; a disabled schedule does not fire.
+	// DisabledAt is set when no live process of the schedule's namespace
+	// declares it any more; a disabled schedule does not fire.
 	DisabledAt *time.Time
+	// BrokenError is why a process could not evaluate the stored spec or
+	// time zone (since BrokenAt); such processes leave the schedule to
+	// others. The next fire by a process that can evaluate it clears both.
+	BrokenError string
+	BrokenAt    *time.Time
 }
 
 // List returns every stored schedule, by name.
@@ -44,9 +55,13 @@ func List(ctx context.Context, pool *pgxpool.Pool) ([]Info, error) {
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Info, error) {
 		var i Info
 		var args string
-		err := r.Scan(&i.Name, &i.Spec, &i.TimeZone, &i.Kind, &args, &i.Queue, &i.CatchUp, &i.Overlap,
-			&i.NextFireAt, &i.LastFireAt, &i.LastJobID, &i.Paused, &i.DisabledAt)
+		var broken *string
+		err := r.Scan(&i.Name, &i.Namespace, &i.Spec, &i.TimeZone, &i.Kind, &args, &i.Queue, &i.CatchUp, &i.Overlap,
+			&i.NextFireAt, &i.LastFireAt, &i.LastJobID, &i.Paused, &i.DisabledAt, &broken, &i.BrokenAt)
 		i.Args = json.RawMessage(args)
+		if broken != nil {
+			i.BrokenError = *broken
+		}
 		return i, err
 	})
 	if err != nil {

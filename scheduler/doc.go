@@ -19,6 +19,11 @@
 // its job and advances the schedule — all in one transaction. A process
 // killed mid-fire rolls back; another takes the fire over.
 //
+// Schedules belong to a namespace (Config.Namespace, one per service) and a
+// schedule is retired only when no live process of its namespace declares
+// it, so a rolling deploy, or two services on one database, never disables
+// a schedule still in use.
+//
 // Specs are robfig/cron/v3 syntax plus L and LW for month-end (see Spec);
 // daylight-saving rules, catch-up after downtime and overlap policies are in
 // docs/scheduler.md. List, Pause, Resume and TriggerNow manage stored

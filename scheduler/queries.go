@@ -4,13 +4,17 @@ package scheduler
 
 // sqlDeclare upserts one declared schedule. The next fire is kept unless the
 // timing changed (spec or zone) or the schedule comes back from being
-// disabled: then it restarts from the fresh next fire ($12), so no catch-up
+// disabled: then it restarts from the fresh next fire ($13), so no catch-up
 // runs for a period the schedule did not exist. Paused stays as it was.
+//
+// A schedule of another namespace ($14) is taken over only when no live
+// process of that namespace declares it ($15 is the liveness timeout in
+// seconds); otherwise nothing is written and no row returns.
 const sqlDeclare = `
 INSERT INTO relay_schedules AS s
     (name, spec, timezone, kind, args, queue, priority, max_attempts, metadata,
-     catch_up, catch_up_limit, overlap, next_fire_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+     catch_up, catch_up_limit, overlap, next_fire_at, namespace)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
 ON CONFLICT (name) DO UPDATE SET
     spec = excluded.spec, timezone = excluded.timezone, kind = excluded.kind,
     args = excluded.args, queue = excluded.queue, priority = excluded.priority,
@@ -21,12 +25,55 @@ ON CONFLICT (name) DO UPDATE SET
         WHEN s.spec <> excluded.spec OR s.timezone <> excluded.timezone OR s.disabled_at IS NOT NULL
         THEN excluded.next_fire_at ELSE s.next_fire_at END,
     disabled_at = NULL,
-    updated_at = now()`
+    broken_error = CASE WHEN s.spec <> excluded.spec OR s.timezone <> excluded.timezone
+        THEN NULL ELSE s.broken_error END,
+    broken_at = CASE WHEN s.spec <> excluded.spec OR s.timezone <> excluded.timezone
+        THEN NULL ELSE s.broken_at END,
+    namespace = excluded.namespace,
+    updated_at = now()
+WHERE s.namespace = excluded.namespace OR NOT EXISTS (
+    SELECT 1 FROM relay_scheduler_processes p
+    WHERE p.namespace = s.namespace AND s.name = ANY (p.schedules)
+      AND p.heartbeat_at > now() - make_interval(secs => $15))
+RETURNING name`
 
-// sqlDisableUndeclared disables the schedules this process does not declare.
-const sqlDisableUndeclared = `
-UPDATE relay_schedules SET disabled_at = now(), updated_at = now()
-WHERE disabled_at IS NULL AND NOT (name = ANY($1::text[]))
+// sqlOwner names the namespace a schedule belongs to.
+const sqlOwner = `SELECT namespace FROM relay_schedules WHERE name = $1`
+
+// sqlLockNamespace serializes the declarations and sweeps of one namespace,
+// so that a sweep never misses a declaration committed while it ran.
+const sqlLockNamespace = `SELECT pg_advisory_xact_lock(hashtext('relay.scheduler:' || $1))`
+
+// sqlRegister records (or refreshes) this process and what it declares.
+const sqlRegister = `
+INSERT INTO relay_scheduler_processes (id, namespace, schedules)
+VALUES ($1, $2, $3)
+ON CONFLICT (id) DO UPDATE SET
+    namespace = excluded.namespace, schedules = excluded.schedules, heartbeat_at = now()`
+
+// sqlHeartbeat says this process is alive; no row means it was swept as
+// dead (a long pause) and must declare again.
+const sqlHeartbeat = `
+UPDATE relay_scheduler_processes SET heartbeat_at = now() WHERE id = $1`
+
+// sqlUnregister removes this process at Stop: its declarations no longer
+// keep schedules alive.
+const sqlUnregister = `DELETE FROM relay_scheduler_processes WHERE id = $1`
+
+// sqlDeleteDead removes the processes of a namespace not seen within the
+// liveness timeout ($2 seconds).
+const sqlDeleteDead = `
+DELETE FROM relay_scheduler_processes
+WHERE namespace = $1 AND heartbeat_at <= now() - make_interval(secs => $2)`
+
+// sqlRetire disables the schedules of a namespace that no live process of
+// it declares: removed from code everywhere it runs. Run after
+// sqlDeleteDead, under sqlLockNamespace.
+const sqlRetire = `
+UPDATE relay_schedules s SET disabled_at = now(), updated_at = now()
+WHERE s.namespace = $1 AND s.disabled_at IS NULL AND NOT EXISTS (
+    SELECT 1 FROM relay_scheduler_processes p
+    WHERE p.namespace = s.namespace AND s.name = ANY (p.schedules))
 RETURNING name`
 
 // sqlNow reads the database's clock: all due checks use it.
@@ -34,12 +81,14 @@ const sqlNow = `SELECT now()`
 
 // sqlLockDue locks the due schedules that no other scheduler holds. A
 // schedule locked elsewhere is being fired there; skipping it is what keeps
-// the processes from queueing behind each other.
+// the processes from queueing behind each other. $2 names the schedules this
+// process cannot evaluate: they are left to processes that can.
 const sqlLockDue = `
 SELECT name, spec, timezone, kind, args, queue, priority, max_attempts, metadata,
        catch_up, catch_up_limit, overlap, next_fire_at, last_job_id, now()
 FROM relay_schedules
 WHERE next_fire_at <= now() AND NOT paused AND disabled_at IS NULL
+  AND NOT (name = ANY ($2::text[]))
 ORDER BY next_fire_at
 LIMIT $1
 FOR UPDATE SKIP LOCKED`
@@ -56,19 +105,29 @@ RETURNING fire_time`
 const sqlSetFireJob = `
 UPDATE relay_schedule_fires SET job_id = $3 WHERE schedule = $1 AND fire_time = $2`
 
-// sqlAdvance moves a schedule past the fires just handled.
+// sqlAdvance moves a schedule past the fires just handled; a process that
+// could evaluate it clears any mark of one that could not.
 const sqlAdvance = `
 UPDATE relay_schedules SET
     next_fire_at = $2,
+    broken_error = NULL,
+    broken_at    = NULL,
     last_fire_at = coalesce($3, last_fire_at),
     last_job_id  = coalesce($4, last_job_id),
     updated_at   = now()
 WHERE name = $1`
 
-// sqlNextDue is how long until the soonest enabled schedule is due.
+// sqlNextDue is how long until the soonest enabled schedule this process
+// can evaluate is due ($1: the ones it cannot).
 const sqlNextDue = `
 SELECT coalesce(extract(epoch FROM min(next_fire_at) - now()), 3600)::float8
-FROM relay_schedules WHERE NOT paused AND disabled_at IS NULL`
+FROM relay_schedules WHERE NOT paused AND disabled_at IS NULL AND NOT (name = ANY ($1::text[]))`
+
+// sqlMarkBroken records why this process cannot evaluate a schedule; the
+// first time it was seen stays.
+const sqlMarkBroken = `
+UPDATE relay_schedules SET broken_error = $2, broken_at = coalesce(broken_at, now())
+WHERE name = $1`
 
 // sqlDeleteFires removes fire records older than the retention, a batch at
 // a time.
@@ -79,8 +138,8 @@ DELETE FROM relay_schedule_fires WHERE ctid = ANY (ARRAY(
     LIMIT $2))`
 
 const sqlList = `
-SELECT name, spec, timezone, kind, args, queue, catch_up, overlap,
-       next_fire_at, last_fire_at, last_job_id, paused, disabled_at
+SELECT name, namespace, spec, timezone, kind, args, queue, catch_up, overlap,
+       next_fire_at, last_fire_at, last_job_id, paused, disabled_at, broken_error, broken_at
 FROM relay_schedules ORDER BY name`
 
 const sqlLockOne = `

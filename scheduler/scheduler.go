@@ -2,11 +2,14 @@ package scheduler
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -19,10 +22,19 @@ import (
 // Config configures a Scheduler. Only Schedules is needed; the zero value of
 // every other field is a sensible default.
 type Config struct {
-	// Schedules are this process's declarations. Start upserts them and
-	// disables every stored schedule not among them, so every process
-	// sharing a database should declare the same set.
+	// Schedules are this process's declarations. Start upserts them; a
+	// stored schedule of Namespace is retired (disabled) only when no live
+	// process of Namespace declares it, so processes of different versions
+	// (a rolling deploy) and different services can share a database.
 	Schedules []Schedule
+	// Namespace owns the schedules: one per service sharing the database.
+	// Only processes of a namespace retire its schedules; a name declared by
+	// a live process of another namespace is an error. Default "default".
+	Namespace string
+	// LivenessTimeout is how long a process's declarations keep its
+	// schedules alive after its last heartbeat (it heartbeats four times per
+	// timeout while running; Stop ends its declarations at once). Default 1m.
+	LivenessTimeout time.Duration
 	// PollInterval is the longest the scheduler sleeps between due checks
 	// (it wakes sooner when a fire is due sooner). Default 1s.
 	PollInterval time.Duration
@@ -43,8 +55,14 @@ type Config struct {
 type Scheduler struct {
 	pool  *pgxpool.Pool
 	cfg   Config
+	id    string // this process in relay_scheduler_processes
 	decls []*declared
 	specs specCache
+
+	brokenMu sync.Mutex
+	broken   map[string]time.Time // schedules this process cannot evaluate → when to try again
+
+	registered atomic.Bool // Declare stored this process; Stop removes it
 
 	runner background.Runner // Start and Stop
 }
@@ -74,7 +92,17 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Scheduler, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	s := &Scheduler{pool: pool, cfg: c}
+	if c.Namespace == "" {
+		c.Namespace = "default"
+	}
+	if c.LivenessTimeout <= 0 {
+		c.LivenessTimeout = time.Minute
+	}
+	var id [12]byte
+	if _, err := rand.Read(id[:]); err != nil {
+		return nil, fmt.Errorf("scheduler: process id: %w", err)
+	}
+	s := &Scheduler{pool: pool, cfg: c, id: hex.EncodeToString(id[:]), broken: map[string]time.Time{}}
 	var errs []error
 	seen := map[string]bool{}
 	for _, sc := range c.Schedules {
@@ -101,21 +129,34 @@ func (s *Scheduler) Start(ctx context.Context) error {
 	if err := s.Declare(ctx); err != nil {
 		return err
 	}
-	return s.runner.Start(ctx, "scheduler", s.run)
+	return s.runner.Start(ctx, "scheduler", s.run, s.heartbeat)
 }
 
 // Stop stops firing. A tick under way finishes (or, when ctx ends first, is
 // abandoned and its transaction rolled back: a fire is never half done).
 func (s *Scheduler) Stop(ctx context.Context) error {
-	return s.runner.Stop(ctx, "scheduler")
+	err := s.runner.Stop(ctx, "scheduler")
+	// This process no longer declares anything; the live ones retire what
+	// only it declared at their next heartbeat.
+	if s.registered.Load() {
+		if _, uerr := s.pool.Exec(context.WithoutCancel(ctx), sqlUnregister, s.id); uerr != nil {
+			err = errors.Join(err, fmt.Errorf("scheduler: unregister: %w", uerr))
+		}
+	}
+	return err
 }
 
 // Declare stores the schedules without firing them: it upserts every
-// declared schedule and disables the stored ones not declared, in one
-// transaction. Start calls it; call it alone from a deploy step or a process
-// that should not fire.
+// declared schedule, records this process as declaring them, and retires the
+// schedules of the namespace that no live process declares, in one
+// transaction. Start calls it. Called alone (from a deploy step), its
+// declarations count for one LivenessTimeout.
 func (s *Scheduler) Declare(ctx context.Context) error {
+	s.registered.Store(true) // set first: Stop may remove a row this commits
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, sqlLockNamespace, s.cfg.Namespace); err != nil {
+			return fmt.Errorf("scheduler: lock namespace %q: %w", s.cfg.Namespace, err)
+		}
 		var now time.Time
 		if err := tx.QueryRow(ctx, sqlNow).Scan(&now); err != nil {
 			return fmt.Errorf("scheduler: read the database clock: %w", err)
@@ -123,25 +164,108 @@ func (s *Scheduler) Declare(ctx context.Context) error {
 		names := make([]string, 0, len(s.decls))
 		for _, d := range s.decls {
 			next := d.parsed.Next(now)
-			if _, err := tx.Exec(ctx, sqlDeclare, d.name, d.spec, d.timezone, d.kind, string(d.args), d.queue,
-				d.priority, d.maxAttempts, string(d.metadata), d.catchUp, d.catchUpLimit, d.overlap, next); err != nil {
+			rows, err := tx.Query(ctx, sqlDeclare, d.name, d.spec, d.timezone, d.kind, string(d.args), d.queue,
+				d.priority, d.maxAttempts, string(d.metadata), d.catchUp, d.catchUpLimit, d.overlap, next,
+				s.cfg.Namespace, s.cfg.LivenessTimeout.Seconds())
+			if err != nil {
 				return fmt.Errorf("scheduler: declare schedule %q: %w", d.name, err)
+			}
+			stored, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
+				return fmt.Errorf("scheduler: declare schedule %q: %w", d.name, err)
+			}
+			if len(stored) == 0 {
+				var owner string
+				if err := tx.QueryRow(ctx, sqlOwner, d.name).Scan(&owner); err != nil {
+					return fmt.Errorf("scheduler: declare schedule %q: read its owner: %w", d.name, err)
+				}
+				return fmt.Errorf("scheduler: declare schedule %q in namespace %q: %w %q, whose live processes declare it",
+					d.name, s.cfg.Namespace, ErrOwned, owner)
 			}
 			names = append(names, d.name)
 		}
-		rows, err := tx.Query(ctx, sqlDisableUndeclared, names)
-		if err != nil {
-			return fmt.Errorf("scheduler: disable undeclared schedules: %w", err)
+		if _, err := tx.Exec(ctx, sqlRegister, s.id, s.cfg.Namespace, names); err != nil {
+			return fmt.Errorf("scheduler: register process: %w", err)
 		}
-		disabled, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return fmt.Errorf("scheduler: disable undeclared schedules: %w", err)
-		}
-		if len(disabled) > 0 {
-			s.cfg.Logger.Info("relay: disabled schedules no longer declared", "schedules", disabled)
-		}
-		return nil
+		return s.retire(ctx, tx)
 	})
+}
+
+// retire deletes the namespace's dead processes and disables the schedules
+// no live one declares. The caller holds the namespace lock.
+func (s *Scheduler) retire(ctx context.Context, tx pgx.Tx) error {
+	if _, err := tx.Exec(ctx, sqlDeleteDead, s.cfg.Namespace, s.cfg.LivenessTimeout.Seconds()); err != nil {
+		return fmt.Errorf("scheduler: delete dead processes: %w", err)
+	}
+	rows, err := tx.Query(ctx, sqlRetire, s.cfg.Namespace)
+	if err != nil {
+		return fmt.Errorf("scheduler: retire undeclared schedules: %w", err)
+	}
+	disabled, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("scheduler: retire undeclared schedules: %w", err)
+	}
+	if len(disabled) > 0 {
+		s.cfg.Logger.Info("relay: disabled schedules no live process declares",
+			"namespace", s.cfg.Namespace, "schedules", disabled)
+	}
+	return nil
+}
+
+// heartbeat keeps this process's declarations alive and retires what no
+// live process of the namespace declares any more. A process found swept as
+// dead (it paused longer than the timeout) declares again.
+func (s *Scheduler) heartbeat(ctx context.Context) {
+	every := s.cfg.LivenessTimeout / 4
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(every):
+		}
+		err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, sqlLockNamespace, s.cfg.Namespace); err != nil {
+				return fmt.Errorf("lock namespace: %w", err)
+			}
+			tag, err := tx.Exec(ctx, sqlHeartbeat, s.id)
+			if err != nil {
+				return fmt.Errorf("heartbeat: %w", err)
+			}
+			if tag.RowsAffected() == 0 {
+				return errSwept
+			}
+			return s.retire(ctx, tx)
+		})
+		if errors.Is(err, errSwept) {
+			s.cfg.Logger.Warn("relay: scheduler was taken for dead; declaring again", "namespace", s.cfg.Namespace)
+			err = s.Declare(ctx)
+		}
+		if err != nil && ctx.Err() == nil {
+			s.cfg.Logger.Error("relay: scheduler heartbeat failed", "err", err)
+		}
+	}
+}
+
+var errSwept = errors.New("process swept as dead")
+
+// brokenRecheck is how long a process leaves a schedule it could not
+// evaluate before trying (and logging) again.
+const brokenRecheck = 5 * time.Minute
+
+// skipped lists the schedules this process cannot evaluate now, forgetting
+// the ones whose recheck time has come.
+func (s *Scheduler) skipped() []string {
+	s.brokenMu.Lock()
+	defer s.brokenMu.Unlock()
+	out := make([]string, 0, len(s.broken))
+	for name, until := range s.broken {
+		if time.Now().After(until) {
+			delete(s.broken, name)
+			continue
+		}
+		out = append(out, name)
+	}
+	return out
 }
 
 func (s *Scheduler) run(ctx context.Context) {
@@ -171,7 +295,7 @@ func (s *Scheduler) run(ctx context.Context) {
 // PollInterval.
 func (s *Scheduler) untilDue(ctx context.Context) time.Duration {
 	var secs float64
-	if err := s.pool.QueryRow(ctx, sqlNextDue).Scan(&secs); err != nil {
+	if err := s.pool.QueryRow(ctx, sqlNextDue, s.skipped()).Scan(&secs); err != nil {
 		return s.cfg.PollInterval
 	}
 	d := time.Duration(secs * float64(time.Second))
@@ -183,7 +307,7 @@ func (s *Scheduler) untilDue(ctx context.Context) time.Duration {
 // or not at all. It reports whether the batch was full (more may be due).
 func (s *Scheduler) tick(ctx context.Context) (full bool, err error) {
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, sqlLockDue, s.cfg.BatchSize)
+		rows, err := tx.Query(ctx, sqlLockDue, s.cfg.BatchSize, s.skipped())
 		if err != nil {
 			return fmt.Errorf("lock due schedules: %w", err)
 		}
@@ -210,9 +334,17 @@ func (s *Scheduler) tick(ctx context.Context) (full bool, err error) {
 func (s *Scheduler) fire(ctx context.Context, tx pgx.Tx, r *row) error {
 	spec, err := s.specs.get(r.spec, r.timezone)
 	if err != nil {
-		// Stored by a newer or broken declaration; leave it for a process
-		// that understands it, and say so.
-		s.cfg.Logger.Error("relay: schedule has a spec this process cannot parse", "schedule", r.name, "err", err)
+		// Stored by a newer or broken declaration: leave it to a process
+		// that understands it, say so once per recheck, and mark the row so
+		// List shows why it does not fire.
+		s.brokenMu.Lock()
+		s.broken[r.name] = time.Now().Add(brokenRecheck)
+		s.brokenMu.Unlock()
+		s.cfg.Logger.Error("relay: schedule has a spec this process cannot evaluate; leaving it to processes that can",
+			"schedule", r.name, "err", err, "recheck_in", brokenRecheck)
+		if _, err := tx.Exec(ctx, sqlMarkBroken, r.name, err.Error()); err != nil {
+			return fmt.Errorf("mark broken: %w", err)
+		}
 		return nil
 	}
 	keep := 0

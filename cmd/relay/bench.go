@@ -27,7 +27,7 @@ func runBench(ctx context.Context, args []string) error {
 	fill := fs.Int("fill-finished", 0, "burn-down: first fill the table with this many finished jobs")
 	prefetch := fs.Int("prefetch", 0, "jobs each process may claim beyond --workers (QueueConfig.Prefetch)")
 	traced := fs.Bool("trace", false, "record every span (to a discarding exporter), to measure tracing's cost")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *jobs < 1 || *workers < 1 || *processes < 1 || *rate < 0 || *fill < 0 {

@@ -38,7 +38,7 @@ func (doomedArgs) Kind() string { return "demo.doomed" }
 func runDemo(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	url := fs.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL (default: a throwaway local cluster)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *url == "" {
@@ -54,6 +54,8 @@ func runDemo(ctx context.Context, args []string) error {
 		}()
 		*url = cluster.URL
 		fmt.Printf("demo: PostgreSQL at 127.0.0.1:%d (data in %s)\n", cluster.Port, cluster.Dir)
+	} else {
+		fmt.Println("demo: using --database-url / $DATABASE_URL; the relay_* tables and the demo's jobs stay there afterwards")
 	}
 	pool, err := pgxpool.New(ctx, *url)
 	if err != nil {

@@ -4,15 +4,19 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/relayq/relay/internal/bench"
 )
 
-const usage = `relay — a job queue and workflow engine on PostgreSQL
+const usage = `relay — a job queue on PostgreSQL (durable workflows: in progress)
 
 Usage:
   relay migrate [--database-url URL]   apply pending migrations
@@ -34,41 +38,110 @@ The database URL defaults to $DATABASE_URL.
 `
 
 func main() {
-	if len(os.Args) < 2 {
+	os.Exit(run(os.Args[1:]))
+}
+
+// run dispatches a command line and returns the exit code: 0 on success
+// and for help, 2 for a usage error (printed once, by parseFlags or here),
+// 1 for a failure, printed as "relay <command>: <error>".
+func run(args []string) int {
+	if len(args) < 1 {
 		fmt.Fprint(os.Stderr, usage)
-		os.Exit(2)
+		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	name := args[0]
 	var err error
-	switch os.Args[1] {
+	switch name {
 	case "migrate":
-		err = runMigrate(ctx, os.Args[2:])
+		err = runMigrate(ctx, args[1:])
 	case "demo":
-		err = runDemo(ctx, os.Args[2:])
+		err = runDemo(ctx, args[1:])
 	case "prove":
-		err = runProve(ctx, os.Args[2:])
+		if len(args) > 1 && !strings.HasPrefix(args[1], "-") {
+			name = "prove " + args[1]
+		}
+		err = runProve(ctx, args[1:])
 	case "prove-worker":
-		err = runProveWorker(ctx, os.Args[2:])
+		err = runProveWorker(ctx, args[1:])
 	case "bench":
-		err = runBench(ctx, os.Args[2:])
+		err = runBench(ctx, args[1:])
 	case "bench-worker":
-		err = bench.RunChild(ctx, os.Args[2:], []bench.System{bench.Relay{}})
+		err = bench.RunChild(ctx, args[1:], []bench.System{bench.Relay{}})
 	case "prove-outbox-worker":
-		err = runProveOutboxWorker(ctx, os.Args[2:])
+		err = runProveOutboxWorker(ctx, args[1:])
 	case "prove-idem-worker":
-		err = runProveIdemWorker(ctx, os.Args[2:])
+		err = runProveIdemWorker(ctx, args[1:])
 	case "prove-scheduler":
-		err = runProveSchedulerProcess(ctx, os.Args[2:])
-	case "help", "-h", "--help":
+		err = runProveSchedulerProcess(ctx, args[1:])
+	case "help", "-h", "--help", "-help":
 		fmt.Print(usage)
-		return
+		return 0
 	default:
-		fmt.Fprintf(os.Stderr, "relay: unknown command %q\n\n%s", os.Args[1], usage)
-		os.Exit(2)
+		fmt.Fprintf(os.Stderr, "relay: unknown command %q\n\n%s", name, usage)
+		return 2
 	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "relay:", err)
-		os.Exit(1)
+	return exitCode(name, err)
+}
+
+// errHelp is returned when help was asked for and printed.
+var errHelp = errors.New("help requested")
+
+// usageError is a command line that cannot run; its message is printed
+// before it is returned.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+
+// exitCode prints err, if it needs printing, and maps it to an exit code.
+func exitCode(name string, err error) int {
+	var ue usageError
+	switch {
+	case err == nil, errors.Is(err, errHelp), errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &ue):
+		return 2
+	}
+	// The command's own prefix ("demo: …", "prove: …") is replaced by the
+	// full one, so every failure names the command that failed once.
+	msg := err.Error()
+	for _, p := range []string{name + ": ", strings.Fields(name)[0] + ": "} {
+		msg = strings.TrimPrefix(msg, p)
+	}
+	fmt.Fprintf(os.Stderr, "relay %s: %s\n", name, msg)
+	return 1
+}
+
+// parseFlags parses a command's flags. Help (-h, --help) prints the
+// command's usage and flags to stdout and returns errHelp; a bad flag
+// prints its error and the usage to stderr, once, and returns a
+// usageError. Every command parses through it, so `relay <command> --help`
+// lists the real flag set (the docs test reads it from there).
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	name := fs.Name()
+	printUsage := func(w io.Writer) {
+		fs.SetOutput(w)
+		fmt.Fprintf(w, "Usage: relay %s [flags]\n\nFlags:\n", name)
+		fs.PrintDefaults()
+	}
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	err := fs.Parse(args)
+	switch {
+	case err == nil:
+		if fs.NArg() > 0 {
+			fmt.Fprintf(os.Stderr, "relay %s: unexpected argument %q\n\n", name, fs.Arg(0))
+			printUsage(os.Stderr)
+			return usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
+		}
+		return nil
+	case errors.Is(err, flag.ErrHelp):
+		printUsage(os.Stdout)
+		return errHelp
+	default:
+		fmt.Fprintf(os.Stderr, "relay %s: %v\n\n", name, err)
+		printUsage(os.Stderr)
+		return usageError{err}
 	}
 }

@@ -16,7 +16,7 @@ import (
 func runMigrate(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
 	url := fs.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *url == "" {

@@ -48,6 +48,23 @@ type proveConfig struct {
 	keep         bool
 }
 
+// proveUsage lists the proofs; each one's flags come with
+// `relay prove <proof> --help`.
+const proveUsage = `Usage: relay prove <proof> [flags]
+
+Proofs:
+  queue        no job is lost or its effect duplicated under kill -9, SIGTERM
+               and database faults
+  scheduler    every fire time of a schedule gets exactly one job across
+               processes under kill -9
+  idempotency  each job's database effect happens once and its outside call
+               keeps one token, under kill -9
+  outbox       published events reach their subscribers once, in order per
+               key, under kill -9
+
+relay prove <proof> --help lists the proof's flags.
+`
+
 func runProve(ctx context.Context, args []string) error {
 	if len(args) > 0 && args[0] == "scheduler" {
 		return runProveScheduler(ctx, args[1:])
@@ -58,8 +75,17 @@ func runProve(ctx context.Context, args []string) error {
 	if len(args) > 0 && args[0] == "outbox" {
 		return runProveOutbox(ctx, args[1:])
 	}
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help" || args[0] == "help") {
+		fmt.Print(proveUsage)
+		return errHelp
+	}
 	if len(args) == 0 || args[0] != "queue" {
-		return errors.New("prove: usage: relay prove queue|scheduler|idempotency|outbox [flags]")
+		what := "name a proof"
+		if len(args) > 0 {
+			what = fmt.Sprintf("unknown proof %q", args[0])
+		}
+		fmt.Fprintf(os.Stderr, "relay prove: %s\n\n%s", what, proveUsage)
+		return usageError{errors.New(what)}
 	}
 	fs := flag.NewFlagSet("prove queue", flag.ContinueOnError)
 	var c proveConfig
@@ -78,7 +104,7 @@ func runProve(ctx context.Context, args []string) error {
 	fs.IntVar(&c.pauses, "pause", 0, "SIGSTOP a worker holding a job until another worker has taken that job over, then SIGCONT it (late-worker case), this many times")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Minute, "give up after this long")
 	fs.BoolVar(&c.keep, "keep", false, "keep the proof's schema afterwards")
-	if err := fs.Parse(args[1:]); err != nil {
+	if err := parseFlags(fs, args[1:]); err != nil {
 		return err
 	}
 	if c.jobs < 1 || c.processes < 1 || c.concurrency < 1 || c.kills < 0 || c.sigterms < 0 || c.lease < 200*time.Millisecond {

@@ -58,7 +58,7 @@ func runProveIdempotency(ctx context.Context, args []string) error {
 	sinkTime := fs.Duration("sink-time", 10*time.Millisecond, "how long the sink takes per call (±50%)")
 	lease := fs.Duration("lease", time.Second, "job lease and idempotency-key lease")
 	timeout := fs.Duration("timeout", 10*time.Minute, "give up after this long")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *jobs < 1 || *processes < 1 || *concurrency < 1 || *kills < 0 {
@@ -208,7 +208,7 @@ func runProveIdemWorker(ctx context.Context, args []string) error {
 	sinkURL := fs.String("sink", "", "sink URL")
 	concurrency := fs.Int("concurrency", 8, "jobs at once")
 	lease := fs.Duration("lease", time.Second, "lease")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	client := &http.Client{Timeout: 10 * time.Second}

@@ -59,7 +59,7 @@ func runProveOutbox(ctx context.Context, args []string) error {
 	kills := fs.Int("kill", 0, "SIGKILL a random worker process this many times, restarting it")
 	lease := fs.Duration("lease", time.Second, "job lease")
 	timeout := fs.Duration("timeout", 10*time.Minute, "give up after this long")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *events < 1 || *keys < 1 || *producers < 1 || *processes < 1 || *kills < 0 || *rollbackPct < 0 || *rollbackPct > 100 {
@@ -184,7 +184,7 @@ func runProveOutboxWorker(ctx context.Context, args []string) error {
 	id := fs.String("id", "", "worker id")
 	concurrency := fs.Int("concurrency", 8, "jobs at once")
 	lease := fs.Duration("lease", time.Second, "lease")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	return runProofClient(ctx, *url, *id, *concurrency, *lease, 10*time.Second, func(ws *core.Workers, pool *pgxpool.Pool) {

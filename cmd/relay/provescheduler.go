@@ -33,7 +33,7 @@ func runProveScheduler(ctx context.Context, args []string) error {
 	kills := fs.Int("kill", 0, "SIGKILL a random process this many times (spread over the first 70% of the run), restarting it")
 	timeout := fs.Duration("timeout", 10*time.Minute, "give up after this long")
 	keep := fs.Bool("keep", false, "keep the proof's schema afterwards")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *processes < 1 || *kills < 0 || *duration <= 0 {
@@ -166,7 +166,7 @@ func runProveSchedulerProcess(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("prove-scheduler", flag.ContinueOnError)
 	url := fs.String("database-url", "", "PostgreSQL URL")
 	spec := fs.String("spec", "@every 1s", "cron spec")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	pool, err := pgxpool.New(context.WithoutCancel(ctx), *url)

@@ -83,7 +83,7 @@ func runProveWorker(ctx context.Context, args []string) error {
 	concurrency := fs.Int("concurrency", 8, "jobs at once")
 	lease := fs.Duration("lease", 5*time.Second, "lease duration")
 	drain := fs.Duration("drain", 10*time.Second, "graceful stop timeout")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	return runProofClient(ctx, *url, *id, *concurrency, *lease, *drain, func(ws *core.Workers, pool *pgxpool.Pool) {

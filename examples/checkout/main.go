@@ -4,6 +4,10 @@
 // that verifies every delivery.
 //
 //	go run ./examples/checkout   # on $DATABASE_URL, else a throwaway PostgreSQL
+//
+// On $DATABASE_URL it works in a schema of its own, relay_example_checkout,
+// dropped and created afresh at each run (and left afterwards for you to
+// inspect), so it runs again and again on a shared database.
 package main
 
 import (
@@ -22,7 +26,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/core"
-	"github.com/relayq/relay/internal/devpg"
+	"github.com/relayq/relay/devdb"
 	"github.com/relayq/relay/outbox"
 )
 
@@ -46,11 +50,14 @@ func main() {
 
 func run(ctx context.Context, url string, w io.Writer) error {
 	out := &lockedWriter{w: w} // the receipt job and the webhook receiver print at once
-	pool, closeDB, err := devpg.Open(ctx, url, out)
+	// A schema of its own, reset at each run: the example runs again and
+	// again on a shared DATABASE_URL and never counts another run's rows.
+	db, err := devdb.Open(ctx, devdb.Options{URL: url, Schema: "relay_example_checkout", Out: out})
 	if err != nil {
 		return err
 	}
-	defer closeDB()
+	defer db.Close()
+	pool := db.Pool
 	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS orders (id text PRIMARY KEY, cents int NOT NULL, paid bool NOT NULL)`); err != nil {
 		return err
 	}

@@ -3,6 +3,10 @@
 //
 //	go run ./examples/receipt   # on $DATABASE_URL, else a throwaway PostgreSQL
 //
+// On $DATABASE_URL it works in a schema of its own, relay_example_receipt,
+// dropped and created afresh at each run (and left afterwards for you to
+// inspect), so it runs again and again on a shared database.
+//
 // Two protections work together:
 //
 //   - the enqueue is unique per order (core.UniqueOpts), so a double-clicked
@@ -32,8 +36,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/devdb"
 	"github.com/relayq/relay/idempotency"
-	"github.com/relayq/relay/internal/devpg"
 )
 
 // ReceiptArgs is the job: send the receipt for one order.
@@ -121,11 +125,14 @@ func main() {
 }
 
 func run(ctx context.Context, url string, out io.Writer) error {
-	pool, closeDB, err := devpg.Open(ctx, url, out)
+	// A schema of its own, reset at each run: the example runs again and
+	// again on a shared DATABASE_URL and never counts another run's rows.
+	db, err := devdb.Open(ctx, devdb.Options{URL: url, Schema: "relay_example_receipt", Out: out})
 	if err != nil {
 		return err
 	}
-	defer closeDB()
+	defer db.Close()
+	pool := db.Pool
 	provider := &mailProvider{seen: map[string]string{}}
 	srv := httptest.NewServer(provider)
 	defer srv.Close()

@@ -6,6 +6,9 @@
 //	go run ./examples/settlement           # declare, trigger twice, settle once
 //
 // It uses $DATABASE_URL, or starts a throwaway PostgreSQL when that is empty.
+// On $DATABASE_URL it works in a schema of its own, relay_example_settlement,
+// dropped and created afresh at each run (and left afterwards for you to
+// inspect), so it runs again and again on a shared database.
 package main
 
 import (
@@ -22,7 +25,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/core"
-	"github.com/relayq/relay/internal/devpg"
+	"github.com/relayq/relay/devdb"
 	"github.com/relayq/relay/scheduler"
 )
 
@@ -112,11 +115,14 @@ func (w *settleWorker) Work(ctx context.Context, job *core.Job[SettleArgs]) erro
 }
 
 func run(ctx context.Context, url string, out io.Writer) error {
-	pool, closeDB, err := devpg.Open(ctx, url, out)
+	// A schema of its own, reset at each run: the example runs again and
+	// again on a shared DATABASE_URL and never counts another run's rows.
+	db, err := devdb.Open(ctx, devdb.Options{URL: url, Schema: "relay_example_settlement", Out: out})
 	if err != nil {
 		return err
 	}
-	defer closeDB()
+	defer db.Close()
+	pool := db.Pool
 	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS settlements (
 		ledger text, period text, job_id bigint, settled_at timestamptz DEFAULT now(),
 		PRIMARY KEY (ledger, period))`); err != nil {

@@ -5,7 +5,11 @@
 //
 //	OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318 go run ./examples/tracing
 //
-// It uses $DATABASE_URL, or a throwaway PostgreSQL. Any OTLP/HTTP collector
+// It prints the trace id whether or not a collector answered, and says so
+// when none did. README.md says how to run one and see the trace.
+//
+// It uses $DATABASE_URL (in schema relay_example_tracing, reset at each
+// run), or a throwaway PostgreSQL. Any OTLP/HTTP collector
 // works: Jaeger, Tempo, Honeycomb, the OpenTelemetry Collector.
 package main
 
@@ -17,6 +21,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -29,7 +34,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/relayq/relay/core"
-	"github.com/relayq/relay/internal/devpg"
+	"github.com/relayq/relay/devdb"
 )
 
 // ChargeArgs is the job: charge an order's card.
@@ -40,33 +45,87 @@ type ChargeArgs struct {
 func (ChargeArgs) Kind() string { return "payment.charge" }
 
 func main() {
-	traceID, err := run(context.Background(), os.Getenv("DATABASE_URL"), os.Stdout)
+	res, err := run(context.Background(), os.Getenv("DATABASE_URL"), os.Stdout)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "tracing:", err)
 		os.Exit(1)
 	}
-	fmt.Printf("trace %s exported to %s\n", traceID, os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT"))
+	fmt.Printf("trace id: %s\n", res.TraceID)
+	if res.ExportErr != nil {
+		fmt.Printf(`no collector answered at %s: %v
+The job ran and its trace was recorded, but it was not exported anywhere.
+Start a collector and run again — see examples/tracing/README.md:
+  docker run --rm -p 16686:16686 -p 4318:4318 cr.jaegertracing.io/jaegertracing/jaeger:2.15.0
+then open http://localhost:16686/trace/<the new trace id>
+`, res.Endpoint, res.ExportErr)
+		return
+	}
+	fmt.Printf("exported to %s; in Jaeger: http://localhost:16686/trace/%s (or its query API: /api/v3/traces/%s)\n",
+		res.Endpoint, res.TraceID, res.TraceID)
 }
 
-// run sets up OTLP export (configured by the standard OTEL_EXPORTER_OTLP_*
-// variables), runs the job to success and returns its trace id.
-func run(ctx context.Context, url string, out io.Writer) (string, error) {
-	exporter, err := otlptracehttp.New(ctx)
+// result is what a run did.
+type result struct {
+	TraceID string
+	// Endpoint is where the spans were sent; ExportErr why they did not
+	// arrive (no collector answered), or nil.
+	Endpoint  string
+	ExportErr error
+}
+
+// exporterOptions reads OTEL_EXPORTER_OTLP_ENDPOINT as the OTLP/HTTP SDK
+// does, except that a plain host:port, or nothing, means plain HTTP
+// (http://localhost:4318): a local collector, not TLS.
+func exporterOptions() ([]otlptracehttp.Option, string) {
+	opts := []otlptracehttp.Option{
+		otlptracehttp.WithTimeout(5 * time.Second),
+		// Fail fast when nothing listens: the example says so instead of
+		// retrying for a minute.
+		otlptracehttp.WithRetry(otlptracehttp.RetryConfig{Enabled: false}),
+	}
+	ep := os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT")
+	switch {
+	case ep == "":
+		return append(opts, otlptracehttp.WithEndpoint("localhost:4318"), otlptracehttp.WithInsecure()),
+			"http://localhost:4318 (the default; set OTEL_EXPORTER_OTLP_ENDPOINT to change it)"
+	case !strings.Contains(ep, "://"):
+		return append(opts, otlptracehttp.WithEndpoint(ep), otlptracehttp.WithInsecure()), "http://" + ep
+	}
+	return opts, ep // a URL: the SDK reads it, scheme included
+}
+
+// run sets up OTLP export, runs the job to success and returns its trace id
+// and whether the export reached a collector.
+func run(ctx context.Context, url string, out io.Writer) (result, error) {
+	var res result
+	opts, endpoint := exporterOptions()
+	res.Endpoint = endpoint
+	exporter, err := otlptracehttp.New(ctx, opts...)
 	if err != nil {
-		return "", err
+		return res, err
 	}
 	tp := sdktrace.NewTracerProvider(
 		sdktrace.WithBatcher(exporter, sdktrace.WithBatchTimeout(100*time.Millisecond)),
 		sdktrace.WithResource(resource.NewSchemaless(attribute.String("service.name", "relay-example-tracing"))),
 	)
-	defer tp.Shutdown(context.WithoutCancel(ctx)) //nolint:errcheck
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		tp.Shutdown(sctx) //nolint:errcheck // a failed export is reported by ForceFlush below
+	}()
 	otel.SetTracerProvider(tp)
+	// A failed export is reported once, by the ForceFlush below, not also
+	// logged by the SDK at every retry and at shutdown.
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(error) {}))
 
-	pool, closeDB, err := devpg.Open(ctx, url, out)
+	// A schema of its own, reset at each run: the example runs again and
+	// again on a shared DATABASE_URL and never counts another run's rows.
+	db, err := devdb.Open(ctx, devdb.Options{URL: url, Schema: "relay_example_tracing", Out: out})
 	if err != nil {
-		return "", err
+		return res, err
 	}
-	defer closeDB()
+	defer db.Close()
+	pool := db.Pool
 
 	var attempts atomic.Int32
 	done := make(chan struct{})
@@ -86,35 +145,36 @@ func run(ctx context.Context, url string, out io.Writer) (string, error) {
 	client, err := core.NewClient(pool, &core.Config{Workers: workers, PollInterval: 50 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
-		return "", err
+		return res, err
 	}
 	if err := client.Start(ctx); err != nil {
-		return "", err
+		return res, err
 	}
 	defer client.Stop(context.Background())
 
 	// The enqueue starts the trace (the caller has no span here).
-	res, err := core.Enqueue(ctx, pool, ChargeArgs{OrderID: "42"}, nil)
+	enq, err := core.Enqueue(ctx, pool, ChargeArgs{OrderID: "42"}, nil)
 	if err != nil {
-		return "", err
+		return res, err
 	}
 	select {
 	case <-done:
 	case <-time.After(30 * time.Second):
-		return "", errors.New("the job did not succeed")
+		return res, errors.New("the job did not succeed")
 	}
 	for client.Stats().Succeeded == 0 {
 		time.Sleep(10 * time.Millisecond)
 	}
-	j, err := core.JobGet(ctx, pool, res.ID)
+	j, err := core.JobGet(ctx, pool, enq.ID)
 	if err != nil {
-		return "", err
+		return res, err
 	}
 	client.Stop(context.Background())
-	if err := tp.ForceFlush(ctx); err != nil {
-		return "", fmt.Errorf("export: %w", err)
-	}
-	return traceIDOf(j), nil
+	res.TraceID = traceIDOf(j)
+	fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	res.ExportErr = tp.ForceFlush(fctx)
+	return res, nil
 }
 
 // traceIDOf reads the trace id from the job's stored trace context.

@@ -113,10 +113,11 @@ func TestTraceInJaeger(t *testing.T) {
 
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", fmt.Sprintf("http://127.0.0.1:%d", otlpHTTP))
 	var out bytes.Buffer
-	traceID, err := run(context.Background(), testdb.URL(t), &out)
-	if err != nil || traceID == "" {
-		t.Fatalf("run: %q %v\n%s", traceID, err, out.String())
+	res, err := run(context.Background(), testdb.URL(t), &out)
+	if err != nil || res.TraceID == "" || res.ExportErr != nil {
+		t.Fatalf("run: %+v %v\n%s", res, err, out.String())
 	}
+	traceID := res.TraceID
 
 	var spans []otlpSpan
 	testdb.WaitFor(t, "the trace in Jaeger", func() bool {
@@ -159,5 +160,23 @@ func TestTraceInJaeger(t *testing.T) {
 	}
 	if producers != 1 || attempts != 3 || failed != 2 {
 		t.Fatalf("trace %s: %d producer spans, %d attempts (%d failed); want 1, 3 (2)\nspans: %+v\njaeger: %s", traceID, producers, attempts, failed, spans, logs.String())
+	}
+}
+
+// With no collector listening the example still runs the job, returns the
+// trace id, and reports the failed export (it does not fail): main prints
+// both. A plain host:port endpoint means plain HTTP.
+func TestNoCollector(t *testing.T) {
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", fmt.Sprintf("127.0.0.1:%d", freePort(t))) // nothing listens there
+	var out bytes.Buffer
+	res, err := run(context.Background(), testdb.URL(t), &out)
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, out.String())
+	}
+	if len(res.TraceID) != 32 || res.ExportErr == nil || !strings.HasPrefix(res.Endpoint, "http://127.0.0.1:") {
+		t.Fatalf("result %+v; want a trace id, an export error, a plain http endpoint", res)
+	}
+	if !strings.Contains(out.String(), "attempt 3: charged order 42") {
+		t.Errorf("the job did not run:\n%s", out.String())
 	}
 }

@@ -1,0 +1,162 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// runRelay runs the binary and returns stdout, stderr and the exit code.
+func runRelay(t *testing.T, bin string, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), "DATABASE_URL=")
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return out.String(), errb.String(), 0
+	case errors.As(err, &ee):
+		return out.String(), errb.String(), ee.ExitCode()
+	}
+	t.Fatalf("relay %v: %v", args, err)
+	return "", "", 0
+}
+
+// Help exits 0 with usage on stdout; a usage error is printed once and
+// exits 2; a failure exits 1 naming the command that failed.
+func TestCommandLine(t *testing.T) {
+	bin := buildRelay(t)
+	for _, args := range [][]string{
+		{"--help"}, {"help"}, {"migrate", "--help"}, {"demo", "-h"}, {"bench", "--help"},
+		{"prove", "queue", "--help"}, {"prove", "scheduler", "--help"}, {"prove", "idempotency", "--help"}, {"prove", "outbox", "--help"},
+	} {
+		out, errOut, code := runRelay(t, bin, args...)
+		if code != 0 || !strings.Contains(out, "Usage") || errOut != "" {
+			t.Errorf("relay %s: exit %d, stdout %q, stderr %q; want usage on stdout, exit 0", strings.Join(args, " "), code, out, errOut)
+		}
+	}
+	out, _, code := runRelay(t, bin, "prove", "--help")
+	for _, proof := range []string{"queue", "scheduler", "idempotency", "outbox"} {
+		if code != 0 || !strings.Contains(out, "\n  "+proof+" ") {
+			t.Errorf("relay prove --help (exit %d) does not list the %s proof:\n%s", code, proof, out)
+		}
+	}
+	for _, args := range [][]string{{"demo", "--nope"}, {"prove"}, {"prove", "bogus"}, {"bogus"}, {"migrate", "stray"}, {"bench", "--jobs", "many"}} {
+		out, errOut, code := runRelay(t, bin, args...)
+		if code != 2 || out != "" {
+			t.Errorf("relay %s: exit %d, stdout %q; want exit 2, nothing on stdout", strings.Join(args, " "), code, out)
+		}
+		if first := strings.SplitN(errOut, "\n", 2)[0]; strings.Count(errOut, first) != 1 || !strings.HasPrefix(first, "relay") {
+			t.Errorf("relay %s: the error is not printed exactly once:\n%s", strings.Join(args, " "), errOut)
+		}
+	}
+	if _, errOut, code := runRelay(t, bin, "migrate"); code != 1 || !strings.HasPrefix(errOut, "relay migrate: no database") {
+		t.Errorf("relay migrate without a database: exit %d, %q; want exit 1 and a message naming the command", code, errOut)
+	}
+	if _, errOut, code := runRelay(t, bin, "demo", "--database-url", "postgres://127.0.0.1:1/none?connect_timeout=2"); code != 1 || !strings.HasPrefix(errOut, "relay demo: ") || strings.Contains(errOut, "demo: demo:") {
+		t.Errorf("relay demo against a dead server: exit %d, %q; want exit 1 and one \"relay demo:\" prefix", code, errOut)
+	}
+}
+
+// commandRef finds a relay invocation in a shell line: `relay X`,
+// `./cmd/relay X`, `bin/relay X`, `$ relay X`.
+var commandRef = regexp.MustCompile(`(?:^|[\s/$(])relay\s+([a-z][a-z-]*)(.*)`)
+
+// flagLine is a flag in flag.PrintDefaults output.
+var flagLine = regexp.MustCompile(`(?m)^\s+-([\w-]+)`)
+
+// Every `relay` subcommand and flag named in a README or docs code block
+// exists. The list of commands and flags comes from the binary itself
+// (`relay <command> --help`), so commands added later are checked as they
+// are.
+func TestDocsNameRealCommands(t *testing.T) {
+	bin := buildRelay(t)
+	root := filepath.Join("..", "..")
+	files, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	files = append(files, filepath.Join(root, "README.md"))
+	examples, _ := filepath.Glob(filepath.Join(root, "examples", "*", "*.md"))
+	files = append(files, examples...)
+
+	flagsOf := map[string]map[string]bool{} // "prove queue" → its flags; nil: no such command
+	lookup := func(cmd []string) map[string]bool {
+		key := strings.Join(cmd, " ")
+		if f, ok := flagsOf[key]; ok {
+			return f
+		}
+		out, _, code := runRelay(t, bin, append(cmd, "--help")...)
+		var f map[string]bool
+		if code == 0 {
+			f = map[string]bool{"h": true, "help": true}
+			for _, m := range flagLine.FindAllStringSubmatch(out, -1) {
+				f[m[1]] = true
+			}
+		}
+		flagsOf[key] = f
+		return f
+	}
+	checked := 0
+	for _, file := range files {
+		text, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		inBlock, skip := false, false
+		for i, line := range strings.Split(string(text), "\n") {
+			if fence, ok := strings.CutPrefix(strings.TrimSpace(line), "```"); ok {
+				if !inBlock {
+					lang := strings.TrimSpace(fence)
+					skip = lang == "go" || lang == "sql" || lang == "mermaid" || lang == "json" || lang == "yaml"
+				}
+				inBlock = !inBlock
+				continue
+			}
+			if !inBlock || skip {
+				continue
+			}
+			m := commandRef.FindStringSubmatch(line)
+			if m == nil || m[1] == "help" {
+				continue
+			}
+			rest := m[2]
+			for _, stop := range []string{"|", "&&", ";", " #", ")"} {
+				rest, _, _ = strings.Cut(rest, stop)
+			}
+			words := strings.Fields(rest)
+			cmd := []string{m[1]}
+			if m[1] == "prove" && len(words) > 0 && !strings.HasPrefix(words[0], "-") {
+				cmd, words = append(cmd, words[0]), words[1:]
+			}
+			where := filepath.Base(file) + ":" + strconv.Itoa(i+1)
+			flags := lookup(cmd)
+			if flags == nil {
+				t.Errorf("%s: `relay %s` is not a command (relay %s --help fails)", where, strings.Join(cmd, " "), strings.Join(cmd, " "))
+				continue
+			}
+			for _, w := range words {
+				if !strings.HasPrefix(w, "-") || w == "-" {
+					continue
+				}
+				name, _, _ := strings.Cut(strings.TrimLeft(w, "-"), "=")
+				if !flags[name] {
+					t.Errorf("%s: `relay %s` has no flag %s", where, strings.Join(cmd, " "), w)
+				}
+			}
+			checked++
+		}
+	}
+	if checked < 5 {
+		t.Fatalf("only %d relay command lines found in the docs; the scan is broken", checked)
+	}
+}

@@ -1,0 +1,54 @@
+package devdb_test
+
+import (
+	"bytes"
+	"context"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/relayq/relay/devdb"
+	"github.com/relayq/relay/internal/testdb"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+// A schema is created, migrated, and reset on the next Open, which says so.
+func TestOpenResetsTheSchema(t *testing.T) {
+	ctx := context.Background()
+	url := testdb.EmptyURL(t)
+	for i := range 2 {
+		var out bytes.Buffer
+		db, err := devdb.Open(ctx, devdb.Options{URL: url, Schema: "relay_example_x", Out: &out})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var jobs int
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM relay_example_x.relay_jobs`).Scan(&jobs); err != nil || jobs != 0 {
+			t.Fatalf("run %d: %d jobs in a fresh schema (%v)", i, jobs, err)
+		}
+		if _, err := db.Pool.Exec(ctx, `INSERT INTO relay_jobs (kind, args) VALUES ('x', '{}')`); err != nil {
+			t.Fatal(err)
+		}
+		db.Close()
+		if said := strings.Contains(out.String(), "left from a previous run"); said != (i == 1) {
+			t.Errorf("run %d said %q", i, out.String())
+		}
+	}
+	if _, err := devdb.Open(ctx, devdb.Options{URL: url, Schema: "Robert'); DROP"}); err == nil {
+		t.Error("a schema name that is not an identifier was accepted")
+	}
+}
+
+// Examples are code to copy: they import nothing a user's module cannot.
+func TestExamplesImportNoInternalPackage(t *testing.T) {
+	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}}: {{join .Imports " "}}`, "../examples/...").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if strings.Contains(line, "/internal/") {
+			t.Errorf("an example imports an internal package: %s", line)
+		}
+	}
+}

@@ -1,0 +1,225 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/core"
+)
+
+// Subscriptions are stored in relay_outbox_subscriptions, declared by the
+// dispatchers like schedules: each dispatcher upserts its own, and fans out
+// to every stored one that is not retired, so during a rolling deploy the
+// old processes already deliver to a subscription the new ones added. A
+// subscription belongs to a namespace (Config.Namespace) and is retired only
+// when no live dispatcher of that namespace declares it.
+
+// ErrOwned is returned when a subscription is declared in one namespace
+// while a live dispatcher of another declares it.
+var ErrOwned = errors.New("outbox: subscription owned by namespace")
+
+// SubscriptionInfo is a stored subscription, as ListSubscriptions reports it.
+type SubscriptionInfo struct {
+	Namespace   string
+	Topic       string
+	Kind        string
+	Endpoint    string
+	Queue       string
+	Priority    int
+	MaxAttempts int
+	Metadata    json.RawMessage
+	CreatedAt   time.Time
+	// RetiredAt is set when no live dispatcher of the namespace declares
+	// the subscription any more; it gets no more jobs.
+	RetiredAt *time.Time
+}
+
+// ListSubscriptions returns every stored subscription, by topic.
+func ListSubscriptions(ctx context.Context, pool *pgxpool.Pool) ([]SubscriptionInfo, error) {
+	rows, err := pool.Query(ctx, sqlListSubscriptions)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: list subscriptions: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (SubscriptionInfo, error) {
+		var i SubscriptionInfo
+		var meta []byte
+		err := r.Scan(&i.Namespace, &i.Topic, &i.Kind, &i.Endpoint, &i.Queue, &i.Priority, &i.MaxAttempts, &meta, &i.CreatedAt, &i.RetiredAt)
+		i.Metadata = meta
+		return i, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: list subscriptions: %w", err)
+	}
+	return out, nil
+}
+
+// subscriptionID is a subscription's stored identity: [topic, kind,
+// endpoint] as JSON, unambiguous whatever the names contain.
+func subscriptionID(s Subscription) string {
+	b, _ := json.Marshal([3]string{s.Topic, s.Kind, s.Endpoint}) // strings always encode
+	return string(b)
+}
+
+// Declare stores this dispatcher's subscriptions, records it as declaring
+// them, and retires the namespace's subscriptions no live dispatcher
+// declares, in one transaction. Start calls it, and so does the first
+// DispatchOnce of a dispatcher never started; called alone, its
+// declarations count for one LivenessTimeout.
+func (d *Dispatcher) Declare(ctx context.Context) error {
+	err := pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, sqlLockNamespace, d.cfg.Namespace); err != nil {
+			return fmt.Errorf("lock namespace %q: %w", d.cfg.Namespace, err)
+		}
+		ids := make([]string, 0, len(d.cfg.Subscriptions))
+		for _, s := range d.cfg.Subscriptions {
+			id := subscriptionID(s)
+			o := core.EnqueueOpts{}
+			if s.Opts != nil {
+				o = *s.Opts
+			}
+			meta := []byte("{}")
+			if len(o.Metadata) > 0 {
+				var err error
+				if meta, err = json.Marshal(o.Metadata); err != nil {
+					return fmt.Errorf("subscription %s → %s: encode metadata: %w", s.Topic, s.Kind, err)
+				}
+			}
+			rows, err := tx.Query(ctx, sqlDeclareSubscription, id, s.Topic, s.Kind, s.Endpoint, o.Queue, o.Priority, o.MaxAttempts,
+				string(meta), d.cfg.Namespace, d.cfg.LivenessTimeout.Seconds())
+			if err != nil {
+				return fmt.Errorf("declare subscription %s → %s: %w", s.Topic, s.Kind, err)
+			}
+			stored, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
+				return fmt.Errorf("declare subscription %s → %s: %w", s.Topic, s.Kind, err)
+			}
+			if len(stored) == 0 {
+				var owner string
+				if err := tx.QueryRow(ctx, sqlSubscriptionOwner, id).Scan(&owner); err != nil {
+					return fmt.Errorf("declare subscription %s → %s: read its owner: %w", s.Topic, s.Kind, err)
+				}
+				return fmt.Errorf("declare subscription %s → %s in namespace %q: %w %q, whose live dispatchers declare it",
+					s.Topic, s.Kind, d.cfg.Namespace, ErrOwned, owner)
+			}
+			ids = append(ids, id)
+		}
+		if _, err := tx.Exec(ctx, sqlRegister, d.id, d.cfg.Namespace, ids); err != nil {
+			return fmt.Errorf("register dispatcher: %w", err)
+		}
+		return d.retire(ctx, tx)
+	})
+	if err != nil {
+		return fmt.Errorf("outbox: %w", err)
+	}
+	d.declareMu.Lock()
+	d.declared = true
+	d.declareMu.Unlock()
+	return nil
+}
+
+// ensureDeclared declares once for a dispatcher used without Start.
+func (d *Dispatcher) ensureDeclared(ctx context.Context) error {
+	d.declareMu.Lock()
+	done := d.declared
+	d.declareMu.Unlock()
+	if done {
+		return nil
+	}
+	return d.Declare(ctx)
+}
+
+// retire deletes the namespace's dead dispatchers and retires the
+// subscriptions no live one declares. The caller holds the namespace lock.
+func (d *Dispatcher) retire(ctx context.Context, tx pgx.Tx) error {
+	if _, err := tx.Exec(ctx, sqlDeleteDead, d.cfg.Namespace, d.cfg.LivenessTimeout.Seconds()); err != nil {
+		return fmt.Errorf("delete dead dispatchers: %w", err)
+	}
+	rows, err := tx.Query(ctx, sqlRetire, d.cfg.Namespace)
+	if err != nil {
+		return fmt.Errorf("retire undeclared subscriptions: %w", err)
+	}
+	retired, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
+		var topic, kind, endpoint string
+		err := r.Scan(&topic, &kind, &endpoint)
+		return topic + " → " + kind + " " + endpoint, err
+	})
+	if err != nil {
+		return fmt.Errorf("retire undeclared subscriptions: %w", err)
+	}
+	if len(retired) > 0 {
+		d.cfg.Logger.Info("relay: retired subscriptions no live dispatcher declares",
+			"namespace", d.cfg.Namespace, "subscriptions", retired)
+	}
+	return nil
+}
+
+// heartbeat keeps this dispatcher's declarations alive and retires what no
+// live dispatcher of the namespace declares any more.
+func (d *Dispatcher) heartbeat(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(d.cfg.LivenessTimeout / 4):
+		}
+		err := pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, sqlLockNamespace, d.cfg.Namespace); err != nil {
+				return fmt.Errorf("lock namespace: %w", err)
+			}
+			tag, err := tx.Exec(ctx, sqlHeartbeat, d.id)
+			if err != nil {
+				return fmt.Errorf("heartbeat: %w", err)
+			}
+			if tag.RowsAffected() == 0 {
+				return errSwept
+			}
+			return d.retire(ctx, tx)
+		})
+		if errors.Is(err, errSwept) {
+			d.cfg.Logger.Warn("relay: outbox dispatcher was taken for dead; declaring again", "namespace", d.cfg.Namespace)
+			err = d.Declare(ctx)
+		}
+		if err != nil && ctx.Err() == nil {
+			d.cfg.Logger.Error("relay: outbox dispatcher heartbeat failed", "err", err)
+		}
+	}
+}
+
+var errSwept = errors.New("dispatcher swept as dead")
+
+// activeSubscriptions reads the stored fan-out in the dispatch transaction.
+func activeSubscriptions(ctx context.Context, tx pgx.Tx) (map[string][]Subscription, error) {
+	rows, err := tx.Query(ctx, sqlActiveSubscriptions)
+	if err != nil {
+		return nil, err
+	}
+	subs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Subscription, error) {
+		var s Subscription
+		var o core.EnqueueOpts
+		var meta []byte
+		if err := r.Scan(&s.Topic, &s.Kind, &s.Endpoint, &o.Queue, &o.Priority, &o.MaxAttempts, &meta); err != nil {
+			return s, err
+		}
+		if len(meta) > 2 {
+			if err := json.Unmarshal(meta, &o.Metadata); err != nil {
+				return s, fmt.Errorf("subscription %s → %s: metadata: %w", s.Topic, s.Kind, err)
+			}
+		}
+		s.Opts = &o
+		return s, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	by := map[string][]Subscription{}
+	for _, s := range subs {
+		by[s.Topic] = append(by[s.Topic], s)
+	}
+	return by, nil
+}

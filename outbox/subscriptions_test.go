@@ -1,0 +1,128 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/internal/testdb"
+	"github.com/relayq/relay/outbox"
+)
+
+func dispatcher(t *testing.T, pool *pgxpool.Pool, ns string, subs ...outbox.Subscription) *outbox.Dispatcher {
+	t.Helper()
+	d, err := outbox.NewDispatcher(pool, &outbox.Config{Namespace: ns, Subscriptions: subs, LivenessTimeout: 2 * time.Second,
+		PollInterval: time.Hour}) // dispatching is driven by hand below
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func active(t *testing.T, pool *pgxpool.Pool) map[string]bool {
+	t.Helper()
+	list, err := outbox.ListSubscriptions(context.Background(), pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	for _, s := range list {
+		out[s.Kind] = s.RetiredAt == nil
+	}
+	return out
+}
+
+// A rolling deploy: v2 adds a subscription while v1 still runs. Whichever
+// process dispatches, the event fans out to the stored set, so an event
+// dispatched by v1 reaches v2's new subscriber; the subscription v2 dropped
+// lives until the last v1 process is gone.
+func TestSubscriptionsSharedAcrossVersions(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	receipt := outbox.Subscription{Topic: "payment.succeeded", Kind: "receipt.send"}
+	audit := outbox.Subscription{Topic: "payment.succeeded", Kind: "audit.log"}
+	ledger := outbox.Subscription{Topic: "payment.succeeded", Kind: "ledger.post"}
+	v1 := dispatcher(t, pool, "", receipt, audit)
+	if err := v1.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer v1.Stop(ctx)
+	// v2 adds ledger and drops audit. It declares now and starts
+	// dispatching later, so v1 is the one that dispatches the first event.
+	v2 := dispatcher(t, pool, "", receipt, ledger)
+	if err := v2.Declare(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	id, err := outbox.Publish(ctx, pool, outbox.Event{Topic: "payment.succeeded", Payload: payment{"o-1", 5}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	undispatched := func() bool { n, err := outbox.Undispatched(ctx, pool); return err == nil && n == 0 }
+	testdb.WaitFor(t, "v1 to dispatch", undispatched)
+	for _, kind := range []string{"receipt.send", "audit.log", "ledger.post"} {
+		if n := count(t, pool, `SELECT count(*) FROM relay_jobs WHERE kind = $1 AND (args->>'event_id')::bigint = $2`, kind, id); n != 1 {
+			t.Errorf("event dispatched by v1: %d %s jobs, want 1", n, kind)
+		}
+	}
+
+	if err := v2.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer v2.Stop(ctx)
+	if err := v1.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	testdb.WaitFor(t, "audit.log retired once no live process declares it", func() bool { return !active(t, pool)["audit.log"] })
+	if a := active(t, pool); !a["receipt.send"] || !a["ledger.post"] {
+		t.Fatalf("after v1 left: %v", a)
+	}
+	id, err = outbox.Publish(ctx, pool, outbox.Event{Topic: "payment.succeeded", Payload: payment{"o-2", 5}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testdb.WaitFor(t, "v2 to dispatch", undispatched)
+	if n := count(t, pool, `SELECT count(*) FROM relay_jobs WHERE (args->>'event_id')::bigint = $1`, id); n != 2 {
+		t.Errorf("event after the deploy made %d jobs, want 2 (receipt, ledger)", n)
+	}
+}
+
+// Two services: neither retires the other's subscriptions, even when one
+// is down entirely, and neither can declare one the other's live
+// dispatchers declare.
+func TestSubscriptionOwners(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	shop := dispatcher(t, pool, "shop", outbox.Subscription{Topic: "order.created", Kind: "invoice.make"})
+	if err := shop.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mail := dispatcher(t, pool, "mail", outbox.Subscription{Topic: "order.created", Kind: "mail.send"})
+	if err := mail.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer mail.Stop(ctx)
+	clash := dispatcher(t, pool, "mail", outbox.Subscription{Topic: "order.created", Kind: "invoice.make"})
+	if err := clash.Declare(ctx); !errors.Is(err, outbox.ErrOwned) {
+		t.Fatalf("declaring shop's live subscription from mail: %v", err)
+	}
+	if err := shop.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Two of mail's heartbeats (each sweeps) pass.
+	var before time.Time
+	if err := pool.QueryRow(ctx, `SELECT now()`).Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	testdb.WaitFor(t, "mail's heartbeats", func() bool {
+		return count(t, pool, `SELECT count(*) FROM relay_outbox_processes WHERE namespace = 'mail' AND heartbeat_at > $1::timestamptz + interval '600 ms'`, before) == 1
+	})
+	if a := active(t, pool); !a["invoice.make"] || !a["mail.send"] {
+		t.Fatalf("with shop down, mail retired its subscription: %v", a)
+	}
+}

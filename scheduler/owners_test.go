@@ -1,0 +1,201 @@
+package scheduler_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/internal/testdb"
+	"github.com/relayq/relay/scheduler"
+)
+
+func every(name string) scheduler.Schedule {
+	return scheduler.Schedule{Name: name, Spec: "@every 1h", Args: reportArgs{}}
+}
+
+func enabled(t *testing.T, pool *pgxpool.Pool) map[string]bool {
+	t.Helper()
+	list, err := scheduler.List(context.Background(), pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	for _, i := range list {
+		out[i.Name] = i.DisabledAt == nil
+	}
+	return out
+}
+
+// heartbeats waits until the scheduler processes of a namespace have
+// heartbeated n more times in total (each one also runs the retirement
+// sweep).
+func heartbeats(t *testing.T, pool *pgxpool.Pool, ns string, n int) {
+	t.Helper()
+	q := `SELECT coalesce(max(heartbeat_at), 'epoch') FROM relay_scheduler_processes WHERE namespace = $1`
+	var last time.Time
+	for range n {
+		var before time.Time
+		if err := pool.QueryRow(context.Background(), q, ns).Scan(&before); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "a heartbeat", func() bool {
+			if err := pool.QueryRow(context.Background(), q, ns).Scan(&last); err != nil {
+				t.Fatal(err)
+			}
+			return last.After(before)
+		})
+	}
+}
+
+// The issue's case: processes declaring {a, shared} and {b, shared} side by
+// side (a rolling deploy in one namespace). Neither disables the other's
+// schedule; a schedule is retired only once no live process declares it.
+func TestRollingDeployKeepsEverySchedule(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	fast := 2 * time.Second
+	v1 := start(t, pool, &scheduler.Config{Schedules: []scheduler.Schedule{every("a"), every("shared"), every("old")}, LivenessTimeout: fast})
+	// v2 adds "b" and drops "old" while v1 still runs.
+	v2 := start(t, pool, &scheduler.Config{Schedules: []scheduler.Schedule{every("b"), every("shared"), every("a")}, LivenessTimeout: fast})
+	heartbeats(t, pool, "default", 2)
+	if e := enabled(t, pool); !e["a"] || !e["b"] || !e["shared"] || !e["old"] {
+		t.Fatalf("with v1 and v2 running: enabled %v; want all four", e)
+	}
+	// Restarting v1 (as a process of the old version might) changes nothing.
+	stop(t, v1)
+	v1 = start(t, pool, &scheduler.Config{Schedules: []scheduler.Schedule{every("a"), every("shared"), every("old")}, LivenessTimeout: fast})
+	if e := enabled(t, pool); !e["b"] || !e["old"] {
+		t.Fatalf("after v1 restarted: enabled %v", e)
+	}
+	// The last v1 process goes: "old" is declared by no live process.
+	stop(t, v1)
+	waitFor(t, `"old" retired`, func() bool { return !enabled(t, pool)["old"] })
+	if e := enabled(t, pool); !e["a"] || !e["b"] || !e["shared"] {
+		t.Fatalf("after v1 left: enabled %v", e)
+	}
+	_ = v2
+}
+
+// A process killed without Stop keeps its schedules alive for the liveness
+// timeout only.
+func TestDeadProcessDeclarationsExpire(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	fast := 2 * time.Second
+	gone, err := scheduler.New(pool, &scheduler.Config{Schedules: []scheduler.Schedule{every("only-gone")}, LivenessTimeout: fast})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gone.Declare(ctx); err != nil { // declares, never heartbeats: as if killed
+		t.Fatal(err)
+	}
+	start(t, pool, &scheduler.Config{Schedules: []scheduler.Schedule{every("kept")}, LivenessTimeout: fast})
+	if e := enabled(t, pool); !e["only-gone"] {
+		t.Fatalf("retired while its process is within the timeout: %v", e)
+	}
+	waitFor(t, "the dead process's schedule retired", func() bool { return !enabled(t, pool)["only-gone"] })
+}
+
+// Two services over one database, each its own namespace: neither retires
+// the other's schedules, even when one stops entirely, and neither can take
+// a name the other's live processes declare.
+func TestTwoServicesOwnTheirSchedules(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	fast := 2 * time.Second
+	billing := start(t, pool, &scheduler.Config{Namespace: "billing", Schedules: []scheduler.Schedule{every("invoice")}, LivenessTimeout: fast})
+	start(t, pool, &scheduler.Config{Namespace: "mail", Schedules: []scheduler.Schedule{every("digest")}, LivenessTimeout: fast})
+
+	clash, err := scheduler.New(pool, &scheduler.Config{Namespace: "mail", Schedules: []scheduler.Schedule{every("invoice")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := clash.Declare(ctx); !errors.Is(err, scheduler.ErrOwned) {
+		t.Fatalf("declaring billing's live schedule from mail: %v; want ErrOwned", err)
+	}
+
+	stop(t, billing) // the whole billing service is down
+	heartbeats(t, pool, "mail", 2)
+	if e := enabled(t, pool); !e["invoice"] || !e["digest"] {
+		t.Fatalf("with billing down, mail retired its schedule: %v", e)
+	}
+	list, err := scheduler.List(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range list {
+		if want := map[string]string{"invoice": "billing", "digest": "mail"}[i.Name]; i.Namespace != want {
+			t.Errorf("%s owned by %q, want %q", i.Name, i.Namespace, want)
+		}
+	}
+}
+
+// countHandler counts log records at ERROR.
+type countHandler struct{ errors atomic.Int64 }
+
+func (h *countHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *countHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelError {
+		h.errors.Add(1)
+	}
+	return nil
+}
+func (h *countHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *countHandler) WithGroup(string) slog.Handler      { return h }
+
+// A stored schedule this process cannot evaluate (a zone its tzdata lacks,
+// a spec from a newer version) is left alone and marked, not retried in a
+// loop: the healthy schedule beside it keeps firing while the broken one
+// costs one error line.
+func TestUnevaluableScheduleDoesNotSpin(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `
+		INSERT INTO relay_schedules (name, spec, timezone, kind, args, queue, priority, max_attempts,
+		                             catch_up, catch_up_limit, overlap, next_fire_at, namespace)
+		VALUES ('mars', '0 9 * * *', 'Mars/Olympus_Mons', 'report', '{}', 'default', 1, 25,
+		        'latest', 100, 'allow', now() - interval '1 minute', 'other'),
+		       ('future', '@fortnightly', 'UTC', 'report', '{}', 'default', 1, 25,
+		        'latest', 100, 'allow', now() - interval '1 minute', 'other')`); err != nil {
+		t.Fatal(err)
+	}
+	h := &countHandler{}
+	start(t, pool, &scheduler.Config{
+		Schedules:    []scheduler.Schedule{{Name: "tick", Spec: "@every 1s", Args: reportArgs{}}},
+		PollInterval: 50 * time.Millisecond,
+		Logger:       slog.New(h),
+	})
+	waitFor(t, "three fires of the healthy schedule", func() bool {
+		return count(t, pool, `SELECT count(*) FROM relay_schedule_fires WHERE schedule = 'tick'`) >= 3
+	})
+	if n := h.errors.Load(); n != 2 {
+		t.Errorf("%d error lines; want one per unevaluable schedule", n)
+	}
+	list, err := scheduler.List(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range list {
+		switch i.Name {
+		case "mars", "future":
+			if i.BrokenError == "" || i.BrokenAt == nil || i.DisabledAt != nil {
+				t.Errorf("%s: broken %q at %v, disabled %v; want marked, not disabled", i.Name, i.BrokenError, i.BrokenAt, i.DisabledAt)
+			}
+		case "tick":
+			if i.BrokenError != "" {
+				t.Errorf("tick marked broken: %s", i.BrokenError)
+			}
+		}
+	}
+	if n := count(t, pool, `SELECT count(*) FROM relay_jobs WHERE metadata->>'relay.schedule' IN ('mars', 'future')`); n != 0 {
+		t.Errorf("%d jobs from unevaluable schedules", n)
+	}
+}
