@@ -83,7 +83,10 @@ func transition(ctx context.Context, ex execer, sql string, id int64, to JobStat
 	return fmt.Errorf("%w: %s → %s", ErrIllegalTransition, state, to)
 }
 
-// JobGet reads one job; ErrNotFound if there is none with that id.
+// JobGet reads one job; ErrNotFound if there is none with that id. A
+// timestamp stored as infinity or -infinity (possible only for rows written
+// behind the API before the row rules refused them) reads as the zero
+// time.
 func JobGet(ctx context.Context, db DB, id int64) (*JobRow, error) {
 	ex, err := execerFor(db)
 	if err != nil {
@@ -92,19 +95,30 @@ func JobGet(ctx context.Context, db DB, id int64) (*JobRow, error) {
 	var j *JobRow
 	err = ex.Query(ctx, sqlGetJob, []any{id}, func(r scanner) error {
 		j = &JobRow{}
-		var state, args, meta, hist string
+		var state, args, meta, hist, tags string
 		var prio int
-		var attemptedAt *time.Time
-		if err := r.Scan(&j.ID, &j.Kind, &j.Queue, &state, &prio, &j.Attempt, &j.MaxAttempts, &j.RunAt, &j.CreatedAt,
-			&attemptedAt, &j.AttemptedBy, &j.FinalizedAt, &j.LastError, &args, &meta, &hist, &j.OrderingKey); err != nil {
+		var runAt, createdAt, attemptedAt *time.Time
+		if err := r.Scan(&j.ID, &j.Kind, &j.Queue, &state, &prio, &j.Attempt, &j.MaxAttempts, &runAt, &createdAt,
+			&attemptedAt, &j.AttemptedBy, &j.FinalizedAt, &j.LastError, &args, &meta, &hist, &j.OrderingKey, &tags); err != nil {
 			return err
 		}
 		j.State, j.Priority = JobState(state), prio
-		if attemptedAt != nil {
-			j.AttemptedAt = *attemptedAt
+		for _, t := range []struct{ src, dst *time.Time }{{runAt, &j.RunAt}, {createdAt, &j.CreatedAt}, {attemptedAt, &j.AttemptedAt}} {
+			if t.src != nil {
+				*t.dst = *t.src
+			}
 		}
 		j.EncodedArgs, j.Metadata = json.RawMessage(args), json.RawMessage(meta)
-		return json.Unmarshal([]byte(hist), &j.History)
+		if err := json.Unmarshal([]byte(tags), &j.Tags); err != nil {
+			return fmt.Errorf("decode tags: %w", err)
+		}
+		if len(j.Tags) == 0 {
+			j.Tags = nil
+		}
+		if err := json.Unmarshal([]byte(hist), &j.History); err != nil {
+			return fmt.Errorf("decode history: %w", err)
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("core: get job %d: %w", id, err)

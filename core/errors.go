@@ -82,3 +82,13 @@ func RetryIn(delay time.Duration, err error) error {
 	}
 	return &retryInError{delay: delay, err: err}
 }
+
+// panicError is a handler's recovered panic, with its stack.
+type panicError struct {
+	value any
+	stack []byte
+}
+
+func (e *panicError) Error() string {
+	return fmt.Sprintf("core: worker panicked: %v\n%s", e.value, e.stack)
+}

@@ -13,14 +13,14 @@ import "strings"
 // parameter is a string. ORDER BY ord keeps RETURNING in the order given.
 // A job's run_at is absolute when given, else database now() plus its delay.
 const sqlEnqueue = `
-INSERT INTO relay_jobs (kind, queue, args, priority, max_attempts, run_at, metadata, ordering_key)
+INSERT INTO relay_jobs (kind, queue, args, priority, max_attempts, run_at, metadata, ordering_key, tags)
 SELECT j.kind, j.queue, j.args, j.priority, j.max_attempts,
        coalesce(j.run_at, now() + j.delay_us * interval '1 microsecond'),
-       j.metadata, j.ordering_key
+       j.metadata, j.ordering_key, coalesce(j.tags, '{}')
 FROM ROWS FROM (jsonb_to_recordset($1::jsonb) AS (
          kind text, queue text, args jsonb, priority smallint, max_attempts integer,
-         run_at timestamptz, delay_us bigint, metadata jsonb, ordering_key text))
-     WITH ORDINALITY AS j(kind, queue, args, priority, max_attempts, run_at, delay_us, metadata, ordering_key, ord)
+         run_at timestamptz, delay_us bigint, metadata jsonb, ordering_key text, tags text[]))
+     WITH ORDINALITY AS j(kind, queue, args, priority, max_attempts, run_at, delay_us, metadata, ordering_key, tags, ord)
 ORDER BY j.ord
 RETURNING id, false`
 
@@ -52,14 +52,14 @@ const sqlNotifyQueues = `SELECT pg_notify('relay_jobs', q) FROM jsonb_array_elem
 // on a row ON CONFLICT updated and zero on a freshly inserted one, which
 // tells duplicates apart. Rows without a key never conflict.
 const sqlEnqueueUnique = `
-INSERT INTO relay_jobs (kind, queue, args, priority, max_attempts, run_at, metadata, ordering_key, unique_key, unique_states)
+INSERT INTO relay_jobs (kind, queue, args, priority, max_attempts, run_at, metadata, ordering_key, tags, unique_key, unique_states)
 SELECT j.kind, j.queue, j.args, j.priority, j.max_attempts,
        coalesce(j.run_at, now() + j.delay_us * interval '1 microsecond'),
-       j.metadata, j.ordering_key, j.unique_key, j.unique_states
+       j.metadata, j.ordering_key, coalesce(j.tags, '{}'), j.unique_key, j.unique_states
 FROM ROWS FROM (jsonb_to_recordset($1::jsonb) AS (
          kind text, queue text, args jsonb, priority smallint, max_attempts integer,
-         run_at timestamptz, delay_us bigint, metadata jsonb, ordering_key text, unique_key text, unique_states text[]))
-     WITH ORDINALITY AS j(kind, queue, args, priority, max_attempts, run_at, delay_us, metadata, ordering_key, unique_key, unique_states, ord)
+         run_at timestamptz, delay_us bigint, metadata jsonb, ordering_key text, tags text[], unique_key text, unique_states text[]))
+     WITH ORDINALITY AS j(kind, queue, args, priority, max_attempts, run_at, delay_us, metadata, ordering_key, tags, unique_key, unique_states, ord)
 ORDER BY j.ord
 ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state = ANY (unique_states)
 DO UPDATE SET unique_key = excluded.unique_key
@@ -115,7 +115,7 @@ SET state            = 'claimed',
 FROM picked, (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
 WHERE j.id = picked.id
 RETURNING j.id, j.kind, j.queue, j.priority, j.attempt, j.max_attempts, j.run_at,
-          j.created_at, j.attempted_at, j.args, j.metadata, j.lease_token, coalesce(j.ordering_key, '')`
+          j.created_at, j.attempted_at, j.args, j.metadata, j.lease_token, coalesce(j.ordering_key, ''), j.tags`
 
 // sqlClaimAfter is sqlClaim starting after the position ($6 priority, $7
 // run_at, $8 id) in claim order: the last job of the previous claim, when
@@ -274,11 +274,16 @@ const sqlNotifyQueue = `SELECT pg_notify('relay_jobs', $1::text)`
 // sqlJobState reads one job's state (to explain a refused transition).
 const sqlJobState = `SELECT state FROM relay_jobs WHERE id = $1`
 
-// sqlGetJob reads one job.
+// sqlGetJob reads one job. Timestamps that no client can decode
+// (infinity, -infinity: written behind the API, before the row rules
+// refused them) read as NULL, so that the row can still be inspected; the
+// tags travel as JSON, which every driver can read.
 const sqlGetJob = `
-SELECT id, kind, queue, state, priority, attempt, max_attempts, run_at, created_at,
-       attempted_at, coalesce(attempted_by, ''), finalized_at, coalesce(last_error, ''),
-       args::text, metadata::text, history::text, coalesce(ordering_key, '')
+SELECT id, kind, queue, state, priority, attempt, max_attempts,
+       CASE WHEN isfinite(run_at) THEN run_at END, CASE WHEN isfinite(created_at) THEN created_at END,
+       CASE WHEN isfinite(attempted_at) THEN attempted_at END, coalesce(attempted_by, ''),
+       CASE WHEN isfinite(finalized_at) THEN finalized_at END, coalesce(last_error, ''),
+       args::text, metadata::text, history::text, coalesce(ordering_key, ''), array_to_json(tags)::text
 FROM relay_jobs
 WHERE id = $1`
 

@@ -183,17 +183,14 @@ func (q *queue) claim(ctx context.Context, limit int, after *claimCursor) ([]*Jo
 	defer rows.Close()
 	var out []*JobRow
 	for rows.Next() {
-		r := &JobRow{State: StateClaimed, AttemptedBy: c.cfg.ID}
-		var token uuid.UUID
-		var prio int16
-		var args, meta []byte // raw: scanning jsonb into json.RawMessage re-parses it
-		if err := rows.Scan(&r.ID, &r.Kind, &r.Queue, &prio, &r.Attempt, &r.MaxAttempts, &r.RunAt,
-			&r.CreatedAt, &r.AttemptedAt, &args, &meta, &token, &r.OrderingKey); err != nil {
+		var raw claimedRow
+		if err := rows.Scan(raw.dest()...); err != nil {
 			return nil, fmt.Errorf("claim: scan: %w", err)
 		}
-		r.Priority = int(prio)
-		r.LeaseToken = token
-		r.EncodedArgs, r.Metadata = args, meta
+		r, err := raw.job(c.cfg.ID)
+		if err != nil {
+			r.undecodable = err
+		}
 		out = append(out, r)
 	}
 	if err := rows.Err(); err != nil {
@@ -309,7 +306,9 @@ func (q *queue) executeOne(r *running) {
 	began := time.Now()
 	reg := c.workers[row.Kind]
 	var err error
-	if reg == nil {
+	if row.undecodable != nil {
+		err = Permanent(row.undecodable)
+	} else if reg == nil {
 		err = fmt.Errorf("%w %q in this process (registered: %v)", ErrUnknownKind, row.Kind, c.cfg.Workers.Kinds())
 	} else {
 		err = runHandler(spanCtx, reg, row)
@@ -366,7 +365,7 @@ func runHandler(ctx context.Context, reg *registration, row *JobRow) (err error)
 	}
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("core: worker panicked: %v\n%s", r, debug.Stack())
+			err = &panicError{value: r, stack: debug.Stack()}
 		}
 	}()
 	return reg.work(ctx, row)
@@ -388,7 +387,7 @@ func (c *Client) fail(log interface {
 	default:
 		delay = c.retryDelay(reg, row.Attempt, err)
 	}
-	msg := truncate(err.Error(), 8<<10)
+	msg := truncate(sanitizeText(err.Error()), 8<<10)
 	ctx, cancel := dbCtx()
 	defer cancel()
 	n, dbErr := dbx.PGX{Q: c.pool}.Exec(ctx, sqlFail, row.ID, row.LeaseToken, string(state), delay.Microseconds(), msg)
