@@ -2,12 +2,9 @@ package core
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-
 	"fmt"
 	"strconv"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -94,31 +91,9 @@ func JobGet(ctx context.Context, db DB, id int64) (*JobRow, error) {
 	}
 	var j *JobRow
 	err = ex.Query(ctx, sqlGetJob, []any{id}, func(r scanner) error {
-		j = &JobRow{}
-		var state, args, meta, hist, tags string
-		var prio int
-		var runAt, createdAt, attemptedAt *time.Time
-		if err := r.Scan(&j.ID, &j.Kind, &j.Queue, &state, &prio, &j.Attempt, &j.MaxAttempts, &runAt, &createdAt,
-			&attemptedAt, &j.AttemptedBy, &j.FinalizedAt, &j.LastError, &args, &meta, &hist, &j.OrderingKey, &tags); err != nil {
-			return err
-		}
-		j.State, j.Priority = JobState(state), prio
-		for _, t := range []struct{ src, dst *time.Time }{{runAt, &j.RunAt}, {createdAt, &j.CreatedAt}, {attemptedAt, &j.AttemptedAt}} {
-			if t.src != nil {
-				*t.dst = *t.src
-			}
-		}
-		j.EncodedArgs, j.Metadata = json.RawMessage(args), json.RawMessage(meta)
-		if err := json.Unmarshal([]byte(tags), &j.Tags); err != nil {
-			return fmt.Errorf("decode tags: %w", err)
-		}
-		if len(j.Tags) == 0 {
-			j.Tags = nil
-		}
-		if err := json.Unmarshal([]byte(hist), &j.History); err != nil {
-			return fmt.Errorf("decode history: %w", err)
-		}
-		return nil
+		var err error
+		j, err = scanJobRow(r)
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("core: get job %d: %w", id, err)

@@ -274,18 +274,37 @@ const sqlNotifyQueue = `SELECT pg_notify('relay_jobs', $1::text)`
 // sqlJobState reads one job's state (to explain a refused transition).
 const sqlJobState = `SELECT state FROM relay_jobs WHERE id = $1`
 
-// sqlGetJob reads one job. Timestamps that no client can decode
-// (infinity, -infinity: written behind the API, before the row rules
-// refused them) read as NULL, so that the row can still be inspected; the
-// tags travel as JSON, which every driver can read.
-const sqlGetJob = `
-SELECT id, kind, queue, state, priority, attempt, max_attempts,
+// jobColumns is the select list of a JobRow (scanned by scanJobRow).
+// Timestamps that no client can decode (infinity, -infinity: written
+// behind the API, before the row rules refused them) read as NULL, so that
+// the row can still be inspected; the tags travel as JSON, which every
+// driver can read.
+const jobColumns = `id, kind, queue, state, priority, attempt, max_attempts,
        CASE WHEN isfinite(run_at) THEN run_at END, CASE WHEN isfinite(created_at) THEN created_at END,
        CASE WHEN isfinite(attempted_at) THEN attempted_at END, coalesce(attempted_by, ''),
        CASE WHEN isfinite(finalized_at) THEN finalized_at END, coalesce(last_error, ''),
-       args::text, metadata::text, history::text, coalesce(ordering_key, ''), array_to_json(tags)::text
+       args::text, metadata::text, history::text, coalesce(ordering_key, ''), array_to_json(tags)::text`
+
+// sqlGetJob reads one job.
+const sqlGetJob = `SELECT ` + jobColumns + `
 FROM relay_jobs
 WHERE id = $1`
+
+// sqlListJobs lists up to $7 jobs, newest first, below id $6 (0: from the
+// newest), filtered by queue $1 (” for any), kinds $2, states $3 (JSON
+// arrays, empty for any) and tags $4 (JSON array; a job must carry them
+// all). Arrays travel as JSON text so that every driver can send them.
+// The tag filter says tags <> '{}' as well, so that it can use the
+// partial GIN index relay_jobs_tags_idx; $5 says whether it applies.
+const sqlListJobs = `SELECT ` + jobColumns + `
+FROM relay_jobs
+WHERE ($1 = '' OR queue = $1)
+  AND ($2::jsonb = '[]' OR kind IN (SELECT jsonb_array_elements_text($2::jsonb)))
+  AND ($3::jsonb = '[]' OR state IN (SELECT jsonb_array_elements_text($3::jsonb)))
+  AND (NOT $5::boolean OR (tags <> '{}' AND tags @> ARRAY(SELECT jsonb_array_elements_text($4::jsonb))))
+  AND ($6::bigint = 0 OR id < $6::bigint)
+ORDER BY id DESC
+LIMIT $7`
 
 // sqlBlockedKeys lists ordering keys whose first unfinished job is dead:
 // nothing after it runs until it is requeued or cancelled. $1 ” means every
