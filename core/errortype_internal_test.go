@@ -23,7 +23,7 @@ func TestErrorTypeNamesTheUnderlyingError(t *testing.T) {
 		{RetryIn(0, fmt.Errorf("decode: %w", err)), "*json.SyntaxError"},
 		{RetryIn(0, nil), "retry_in"},
 		{fmt.Errorf("call: %w", context.DeadlineExceeded), "timeout"},
-		{&panicError{value: "x"}, "panic"},
+		{&PanicError{Value: "x"}, "panic"},
 		{Permanent(errors.New("no")), "permanent"},
 		{fmt.Errorf("%w: x", ErrLeaseLost), "lease_lost"},
 		{Permanent(fmt.Errorf("%w 1: run_at", ErrUndecodableJob)), "undecodable"},

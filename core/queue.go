@@ -365,7 +365,7 @@ func runHandler(ctx context.Context, reg *registration, row *JobRow) (err error)
 	}
 	defer func() {
 		if r := recover(); r != nil {
-			err = &panicError{value: r, stack: debug.Stack()}
+			err = &PanicError{Value: r, Stack: debug.Stack()}
 		}
 	}()
 	return reg.work(ctx, row)

@@ -183,7 +183,7 @@ func errorType(err error) string {
 	case errors.Is(err, ErrUndecodableJob):
 		return "undecodable"
 	}
-	var pe *panicError
+	var pe *PanicError
 	if errors.As(err, &pe) {
 		return "panic"
 	}
