@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
@@ -36,6 +37,29 @@ type claimedRow struct {
 func (r *claimedRow) dest() []any {
 	return []any{&r.id, &r.kind, &r.queue, &r.priority, &r.attempt, &r.maxAttempts, &r.runAt,
 		&r.createdAt, &r.attemptedAt, &r.args, &r.meta, &r.token, &r.orderingKey, &r.tags}
+}
+
+// scanClaimed reads a claim statement's rows. A row the client cannot run
+// comes back marked undecodable (it fails alone); only a failure of the
+// result set itself is an error.
+func scanClaimed(rows pgx.Rows, clientID string) ([]*JobRow, error) {
+	defer rows.Close()
+	var out []*JobRow
+	for rows.Next() {
+		var raw claimedRow
+		if err := rows.Scan(raw.dest()...); err != nil {
+			return nil, fmt.Errorf("claim: scan: %w", err)
+		}
+		r, err := raw.job(clientID)
+		if err != nil {
+			r.undecodable = err
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("claim: %w", err)
+	}
+	return out, nil
 }
 
 // job turns a scanned row into the JobRow a worker gets. A row the

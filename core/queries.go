@@ -336,3 +336,95 @@ const sqlDrawIDs = `SELECT nextval(pg_get_serial_sequence('relay_jobs', 'id')) F
 // sqlNotifyAfterCommit tells the insert trigger, for this transaction,
 // that the wake-up is sent after the commit.
 const sqlNotifyAfterCommit = `SELECT set_config('relay.notify', 'after', true)`
+
+// sqlLimitsApply says whether a global limit may apply to a claim of queue
+// $1: one on the queue, or one on any kind.
+const sqlLimitsApply = `SELECT EXISTS (SELECT 1 FROM relay_limits WHERE (scope = 'queue' AND name = $1) OR scope = 'kind')`
+
+// sqlLockLimits locks the limits that apply to a claim of queue $1, in a
+// fixed order (no deadlocks between claimers), and reads them with the
+// transaction's now(). Held until the claim commits: claims of limited
+// work serialise here, so each counts what the previous one claimed. The
+// transaction commits asynchronously, as sqlClaim does, for the same
+// reasons.
+const sqlLockLimits = `
+SELECT scope, name, max_running, rate, per_us, window_start, window_count, now()
+FROM relay_limits, (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+WHERE (scope = 'queue' AND name = $1) OR scope = 'kind'
+ORDER BY scope, name
+FOR UPDATE OF relay_limits`
+
+// sqlCountRunning counts claimed jobs by kind, split by whether they are
+// of queue $1, among those of queue $1 or of a kind in $2. It walks
+// relay_jobs_lease_idx: the running jobs, a number bounded by the workers.
+const sqlCountRunning = `
+SELECT kind, queue = $1, count(*)
+FROM relay_jobs
+WHERE state = 'claimed' AND (queue = $1 OR kind = ANY($2::text[]))
+GROUP BY 1, 2`
+
+// sqlClaimLimited is sqlClaim under global limits (see sqlLockLimits; it
+// runs in the same transaction). It claims up to $2 jobs of queue $1 —
+// $2 already bounded by the queue's limits — skipping kinds in $6 (at
+// their limit) and taking at most $8[i] jobs of kind $7[i]. Candidates
+// are locked first, up to $9 of them (more than $2, so that a capped kind
+// at the head of the queue does not hide the others), and then ranked per
+// kind: FOR UPDATE cannot share a query level with a window function.
+// Candidates not claimed stay locked until the commit, which other
+// claimers skip.
+const sqlClaimLimited = `
+WITH candidates AS (
+    SELECT id, kind, priority, run_at
+    FROM relay_jobs AS c
+    WHERE state = 'queued' AND queue = $1 AND run_at <= now()
+      AND NOT (kind = ANY($6::text[]))
+      AND (ordering_key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM relay_jobs AS e
+          WHERE e.queue = c.queue AND e.ordering_key = c.ordering_key AND e.id < c.id
+            AND e.state IN ('queued', 'claimed', 'dead')))
+    ORDER BY priority, run_at, id
+    LIMIT $9
+    FOR UPDATE SKIP LOCKED
+), ranked AS (
+    SELECT id, kind, priority, run_at,
+           row_number() OVER (PARTITION BY kind ORDER BY priority, run_at, id) AS nth
+    FROM candidates
+), picked AS (
+    SELECT r.id
+    FROM ranked AS r
+    LEFT JOIN unnest($7::text[], $8::integer[]) AS cap(kind, n) ON cap.kind = r.kind
+    WHERE cap.n IS NULL OR r.nth <= cap.n
+    ORDER BY r.priority, r.run_at, r.id
+    LIMIT $2
+)
+UPDATE relay_jobs AS j
+SET state            = 'claimed',
+    attempt          = j.attempt + 1,
+    attempted_at     = now(),
+    attempted_by     = $4,
+    lease_token      = $5::uuid,
+    lease_expires_at = now() + $3 * interval '1 millisecond'
+FROM picked
+WHERE j.id = picked.id
+RETURNING j.id, j.kind, j.queue, j.priority, j.attempt, j.max_attempts, j.run_at,
+          j.created_at, j.attempted_at, j.args, j.metadata, j.lease_token, coalesce(j.ordering_key, ''), j.tags`
+
+// sqlAdvanceWindow records claims against a rate limit: window start $3,
+// claims in it $4.
+const sqlAdvanceWindow = `
+UPDATE relay_limits SET window_start = $3, window_count = $4
+WHERE scope = $1 AND name = $2`
+
+// sqlSetLimit creates or replaces a limit; its rate window starts over.
+const sqlSetLimit = `
+INSERT INTO relay_limits (scope, name, max_running, rate, per_us)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (scope, name) DO UPDATE
+SET max_running = excluded.max_running, rate = excluded.rate, per_us = excluded.per_us,
+    window_start = now(), window_count = 0, updated_at = now()`
+
+// sqlDeleteLimit removes a limit.
+const sqlDeleteLimit = `DELETE FROM relay_limits WHERE scope = $1 AND name = $2`
+
+// sqlListLimits reads every limit.
+const sqlListLimits = `SELECT scope, name, max_running, rate, per_us FROM relay_limits ORDER BY scope, name`

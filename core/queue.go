@@ -44,6 +44,8 @@ type queue struct {
 	// by every notification, since a new job may sort before it.
 	rescan atomic.Bool
 	wake   chan struct{}
+	// limits says whether global limits apply to this queue (limits.go).
+	limits limitState
 }
 
 // claimCursor is a position in claim order: (priority, run_at, id).
@@ -172,6 +174,9 @@ func (q *queue) run(ctx, workCtx context.Context) {
 
 func (q *queue) claim(ctx context.Context, limit int, after *claimCursor) ([]*JobRow, error) {
 	c := q.client
+	if q.limits.apply(ctx, c, q.name) {
+		return q.claimLimited(ctx, limit)
+	}
 	sql, args := sqlClaim, []any{q.name, limit, c.cfg.LeaseDuration.Milliseconds(), c.cfg.ID, [16]byte(uuid.New())}
 	if after != nil {
 		sql, args = sqlClaimAfter, append(args, int16(after.priority), after.runAt, after.id)
@@ -180,21 +185,9 @@ func (q *queue) claim(ctx context.Context, limit int, after *claimCursor) ([]*Jo
 	if err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
-	defer rows.Close()
-	var out []*JobRow
-	for rows.Next() {
-		var raw claimedRow
-		if err := rows.Scan(raw.dest()...); err != nil {
-			return nil, fmt.Errorf("claim: scan: %w", err)
-		}
-		r, err := raw.job(c.cfg.ID)
-		if err != nil {
-			r.undecodable = err
-		}
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("claim: %w", err)
+	out, err := scanClaimed(rows, c.cfg.ID)
+	if err != nil {
+		return nil, err
 	}
 	c.stats.claimed.Add(int64(len(out)))
 	return out, nil

@@ -1,4 +1,4 @@
--- Tags on jobs, and the row rules refuse infinite timestamps.
+-- Tags on jobs; the row rules refuse infinite timestamps; global limits.
 --
 -- Tags: a text array, empty by default (adding a column with a constant
 -- default rewrites nothing). The GIN index covers tagged rows only, so
@@ -91,3 +91,24 @@ CREATE TRIGGER relay_jobs_state_machine
     ON relay_jobs
     FOR EACH ROW
     EXECUTE FUNCTION relay_jobs_check_transition();
+
+-- Global limits, enforced at claim time across every process: at most
+-- max_running jobs of a queue or a kind claimed at once, and at most rate
+-- claims per window of per_us microseconds. A claim of a limited queue
+-- locks the limit rows that apply (so claims of limited work serialise),
+-- counts the claimed jobs, claims no more than the limits allow and
+-- advances the rate window, in one transaction. See core/limits.go.
+CREATE TABLE relay_limits (
+    scope        text        NOT NULL CHECK (scope IN ('queue', 'kind')),
+    name         text        NOT NULL CHECK (name <> ''),
+    -- 0: no concurrency limit.
+    max_running  integer     NOT NULL DEFAULT 0 CHECK (max_running >= 0),
+    -- 0: no rate limit.
+    rate         integer     NOT NULL DEFAULT 0 CHECK (rate >= 0),
+    per_us       bigint      NOT NULL DEFAULT 1000000 CHECK (per_us > 0),
+    -- The current rate window and the claims made in it.
+    window_start timestamptz NOT NULL DEFAULT now(),
+    window_count integer     NOT NULL DEFAULT 0,
+    updated_at   timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (scope, name)
+);
