@@ -30,7 +30,12 @@ import (
 // slot freed in one process is used by another at its next poll: keep the
 // PollInterval of limited queues short. Claims of limited work serialise
 // on the limits' rows and cost three more statements each; see
-// docs/benchmarks.md.
+// docs/benchmarks.md. A kind may be enqueued into any queue, so a limit on
+// a kind puts the claims of every queue on that path.
+//
+// A limit binds claims, not enqueues: jobs beyond it wait queued. Jobs
+// claimed before a limit was set or lowered run to the end; the limit
+// then admits no new claim until the count is below it.
 type Limit struct {
 	// Queue names the queue limited (every kind in it).
 	Queue string
@@ -150,8 +155,10 @@ func (s *limitState) apply(ctx context.Context, c *Client, queue string) bool {
 	}
 	var applies bool
 	if err := c.pool.QueryRow(ctx, sqlLimitsApply, queue).Scan(&applies); err != nil {
-		// Keep the last answer; the next claim asks again.
-		return s.applies
+		// Keep the last answer; the next claim asks again. With none yet,
+		// assume limits: the limited claim then fails the same way (the
+		// database is unreachable, say) rather than run unlimited.
+		return s.applies || s.at.IsZero()
 	}
 	s.at, s.applies = time.Now(), applies
 	return applies
