@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -10,8 +11,10 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Limit caps how much of a queue's or a kind's work runs, across every
-// process and client on the database. Set exactly one of Queue and Kind.
+// Limit caps how much of a queue's, a kind's or a tag's work runs, across
+// every process and client on the database. Set exactly one of Queue, Kind
+// and Tag. A tag names a key of your choosing carried by jobs
+// (EnqueueOpts.Tags): "api:stripe", "tenant:acme".
 //
 // Limits are enforced when jobs are claimed: a claim of a limited queue
 // locks the limits that apply, counts the jobs claimed right now, and
@@ -30,8 +33,8 @@ import (
 // slot freed in one process is used by another at its next poll: keep the
 // PollInterval of limited queues short. Claims of limited work serialise
 // on the limits' rows and cost three more statements each; see
-// docs/benchmarks.md. A kind may be enqueued into any queue, so a limit on
-// a kind puts the claims of every queue on that path.
+// docs/benchmarks.md. A kind or a tag may be in any queue, so a limit on a
+// kind or a tag puts the claims of every queue on that path.
 //
 // A limit binds claims, not enqueues: jobs beyond it wait queued. Jobs
 // claimed before a limit was set or lowered run to the end; the limit
@@ -41,6 +44,8 @@ type Limit struct {
 	Queue string
 	// Kind names the kind limited (in every queue).
 	Kind string
+	// Tag limits the jobs carrying this tag (of any kind, in any queue).
+	Tag string
 	// MaxRunning is the most jobs claimed at once. 0: no concurrency limit.
 	MaxRunning int
 	// Rate is the most claims per Per. 0: no rate limit.
@@ -50,13 +55,21 @@ type Limit struct {
 }
 
 func (l Limit) scope() (scope, name string, err error) {
+	set := 0
+	for _, v := range []string{l.Queue, l.Kind, l.Tag} {
+		if v != "" {
+			set++
+		}
+	}
 	switch {
-	case (l.Queue == "") == (l.Kind == ""):
-		return "", "", &ValidationError{Field: "limit", Reason: "set exactly one of Queue and Kind"}
+	case set != 1:
+		return "", "", &ValidationError{Field: "limit", Reason: "set exactly one of Queue, Kind and Tag"}
 	case l.Queue != "":
 		return "queue", l.Queue, validateName("queue", l.Queue, 128)
-	default:
+	case l.Kind != "":
 		return "kind", l.Kind, validateName("kind", l.Kind, 255)
+	default:
+		return "tag", l.Tag, validateName("tag", l.Tag, 255)
 	}
 }
 
@@ -86,8 +99,8 @@ func SetLimit(ctx context.Context, db DB, l Limit) error {
 	return nil
 }
 
-// DeleteLimit removes the limit on a queue or a kind (set one of l.Queue
-// and l.Kind); removing none is no error.
+// DeleteLimit removes the limit on a queue, a kind or a tag (set one of
+// l.Queue, l.Kind and l.Tag); removing none is no error.
 func DeleteLimit(ctx context.Context, db DB, l Limit) error {
 	scope, name, err := l.scope()
 	if err != nil {
@@ -117,10 +130,13 @@ func Limits(ctx context.Context, db DB) ([]Limit, error) {
 		if err := r.Scan(&scope, &name, &l.MaxRunning, &l.Rate, &perUS); err != nil {
 			return err
 		}
-		if scope == "queue" {
+		switch scope {
+		case "queue":
 			l.Queue = name
-		} else {
+		case "kind":
 			l.Kind = name
+		default:
+			l.Tag = name
 		}
 		l.Per = time.Duration(perUS) * time.Microsecond
 		out = append(out, l)
@@ -206,7 +222,7 @@ func (q *queue) claimLimited(ctx context.Context, limit int) ([]*JobRow, error) 
 			return err
 		}
 		var lims []*limitRow
-		var kinds []string
+		var kinds, tags []string
 		for rows.Next() {
 			l := &limitRow{}
 			if err := rows.Scan(&l.scope, &l.name, &l.maxRunning, &l.rate, &l.perUS, &l.windowStart, &l.windowCount, &l.now); err != nil {
@@ -214,8 +230,11 @@ func (q *queue) claimLimited(ctx context.Context, limit int) ([]*JobRow, error) 
 				return err
 			}
 			lims = append(lims, l)
-			if l.scope == "kind" {
+			switch l.scope {
+			case "kind":
 				kinds = append(kinds, l.name)
+			case "tag":
+				tags = append(tags, l.name)
 			}
 		}
 		if err := rows.Err(); err != nil {
@@ -242,28 +261,55 @@ func (q *queue) claimLimited(ctx context.Context, limit int) ([]*JobRow, error) 
 		if err := rows.Err(); err != nil {
 			return err
 		}
-		var blocked, capKinds []string
-		var caps []int32
+		byTag := map[string]int{}
+		if len(tags) > 0 {
+			rows, err = tx.Query(ctx, sqlCountRunningTagged, tags)
+			if err != nil {
+				return err
+			}
+			for rows.Next() {
+				var tag string
+				var n int
+				if err := rows.Scan(&tag, &n); err != nil {
+					rows.Close()
+					return err
+				}
+				byTag[tag] = n
+			}
+			if err := rows.Err(); err != nil {
+				return err
+			}
+		}
+		var blocked, capKinds, blockedTags, capTags []string
+		var caps, tagCaps []int32
 		for _, l := range lims {
-			if l.scope == "queue" {
+			switch l.scope {
+			case "queue":
 				l.running = inQueue
-			} else {
+			case "kind":
 				l.running = byKind[l.name]
+			default:
+				l.running = byTag[l.name]
 			}
 			left := l.remaining()
 			switch {
 			case left < 0:
 			case l.scope == "queue":
 				limit = min(limit, left)
-			case left == 0:
+			case l.scope == "kind" && left == 0:
 				blocked = append(blocked, l.name)
-			default:
+			case l.scope == "kind":
 				capKinds, caps = append(capKinds, l.name), append(caps, int32(min(left, limit)))
+			case left == 0:
+				blockedTags = append(blockedTags, l.name)
+			default:
+				capTags, tagCaps = append(capTags, l.name), append(tagCaps, int32(min(left, limit)))
 			}
 		}
 		if limit > 0 {
 			rows, err = tx.Query(ctx, sqlClaimLimited, q.name, limit, c.cfg.LeaseDuration.Milliseconds(), c.cfg.ID,
-				[16]byte(uuid.New()), nonNil(blocked), nonNil(capKinds), nonNil(caps), min(4*limit, limit+1000))
+				[16]byte(uuid.New()), nonNil(blocked), nonNil(capKinds), nonNil(caps), min(4*limit, limit+1000),
+				nonNil(blockedTags), nonNil(capTags), nonNil(tagCaps))
 			if err != nil {
 				return err
 			}
@@ -277,7 +323,7 @@ func (q *queue) claimLimited(ctx context.Context, limit int) ([]*JobRow, error) 
 				continue
 			}
 			for _, r := range out {
-				if l.scope == "queue" || r.Kind == l.name {
+				if l.scope == "queue" || (l.scope == "kind" && r.Kind == l.name) || (l.scope == "tag" && slices.Contains(r.Tags, l.name)) {
 					l.claimed++
 				}
 			}

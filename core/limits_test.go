@@ -31,6 +31,10 @@ type cappedBArgs struct{}
 
 func (cappedBArgs) Kind() string { return "limits.capped_b" }
 
+type stripeArgs struct{}
+
+func (stripeArgs) Kind() string { return "limits.stripe" }
+
 type ratedArgs struct{}
 
 func (ratedArgs) Kind() string { return "limits.rated" }
@@ -55,8 +59,8 @@ func TestLimitsChild(t *testing.T) {
 	// statements (committed whatever the job does).
 	record := func(ctx context.Context, row *core.JobRow, d time.Duration) error {
 		var id int64
-		if err := pool.QueryRow(ctx, `INSERT INTO limit_audit (job_id, kind, queue, pid, started)
-			VALUES ($1, $2, $3, $4, clock_timestamp()) RETURNING id`, row.ID, row.Kind, row.Queue, os.Getpid()).Scan(&id); err != nil {
+		if err := pool.QueryRow(ctx, `INSERT INTO limit_audit (job_id, kind, queue, tags, pid, started)
+			VALUES ($1, $2, $3, $4, $5, clock_timestamp()) RETURNING id`, row.ID, row.Kind, row.Queue, append([]string{}, row.Tags...), os.Getpid()).Scan(&id); err != nil {
 			return err
 		}
 		time.Sleep(d) // the job's work
@@ -74,6 +78,9 @@ func TestLimitsChild(t *testing.T) {
 		return record(ctx, j.JobRow, 40*time.Millisecond)
 	}))
 	core.MustAddWorker(ws, core.WorkFunc[cappedBArgs](func(ctx context.Context, j *core.Job[cappedBArgs]) error {
+		return record(ctx, j.JobRow, 40*time.Millisecond)
+	}))
+	core.MustAddWorker(ws, core.WorkFunc[stripeArgs](func(ctx context.Context, j *core.Job[stripeArgs]) error {
 		return record(ctx, j.JobRow, 40*time.Millisecond)
 	}))
 	core.MustAddWorker(ws, core.WorkFunc[ratedArgs](func(ctx context.Context, j *core.Job[ratedArgs]) error {
@@ -96,7 +103,8 @@ func TestLimitsChild(t *testing.T) {
 // Three worker processes of ten workers per queue share the database's
 // limits: a kind limited to 3 never has more than 3 jobs running and
 // reaches 3, while an unlimited kind of the same queue runs wider; a queue
-// limited to 4 likewise, whatever its kinds; a kind limited to 10 starts
+// limited to 4 likewise, whatever its kinds; a tag limited to 2 likewise,
+// whatever the kinds carrying it; a kind limited to 10 starts
 // per second never starts more than 20 in any second (two windows). The
 // audit reads the handlers' own start and end times.
 func TestGlobalLimitsAcrossProcesses(t *testing.T) {
@@ -112,24 +120,33 @@ func TestGlobalLimitsAcrossProcesses(t *testing.T) {
 	}
 	t.Cleanup(pool.Close)
 	if _, err := pool.Exec(ctx, `CREATE TABLE limit_audit (id bigserial PRIMARY KEY, job_id bigint, kind text, queue text,
-		pid int, started timestamptz, ended timestamptz)`); err != nil {
+		tags text[], pid int, started timestamptz, ended timestamptz)`); err != nil {
 		t.Fatal(err)
 	}
 	for _, l := range []core.Limit{
 		{Kind: "limits.limited", MaxRunning: 3},
 		{Queue: "capped", MaxRunning: 4},
 		{Kind: "limits.rated", Rate: 10, Per: time.Second},
+		{Tag: "api:stripe", MaxRunning: 2},
 	} {
 		if err := core.SetLimit(ctx, pool, l); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if ls, err := core.Limits(ctx, pool); err != nil || len(ls) != 3 {
+	if ls, err := core.Limits(ctx, pool); err != nil || len(ls) != 4 {
 		t.Fatalf("limits %+v, %v", ls, err)
 	}
 	var params []core.EnqueueParams
+	stripe := &core.EnqueueOpts{Tags: []string{"api:stripe"}}
 	for i := range 40 {
-		params = append(params, core.EnqueueParams{Args: limitedArgs{}})
+		if i%8 == 0 { // a kind limit and a tag limit on one job
+			params = append(params, core.EnqueueParams{Args: limitedArgs{}, Opts: stripe})
+		} else {
+			params = append(params, core.EnqueueParams{Args: limitedArgs{}})
+		}
+		if i < 20 {
+			params = append(params, core.EnqueueParams{Args: stripeArgs{}, Opts: stripe})
+		}
 		if i%2 == 0 {
 			params = append(params, core.EnqueueParams{Args: freeArgs{}})
 		}
@@ -198,6 +215,9 @@ func TestGlobalLimitsAcrossProcesses(t *testing.T) {
 	if n := maxConcurrent(`kind = 'limits.free'`); n <= 3 {
 		t.Errorf("the unlimited kind of the same queue ran at most %d at once: the kind limit leaked", n)
 	}
+	if n := maxConcurrent(`'api:stripe' = ANY(tags)`); n != 2 {
+		t.Errorf("tag limited to 2 ran %d at once (it must never exceed 2, and should reach it)", n)
+	}
 	if n := maxConcurrent(`queue = 'capped'`); n != 4 {
 		t.Errorf("queue limited to 4 ran %d at once (it must never exceed 4, and should reach it)", n)
 	}
@@ -211,7 +231,7 @@ func TestGlobalLimitsAcrossProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	var ve *core.ValidationError
-	if err := core.SetLimit(ctx, pool, core.Limit{Queue: "q", Kind: "k"}); !errors.As(err, &ve) {
+	if err := core.SetLimit(ctx, pool, core.Limit{Queue: "q", Tag: "k"}); !errors.As(err, &ve) {
 		t.Fatalf("a limit on a queue and a kind at once: %v", err)
 	}
 }

@@ -338,8 +338,8 @@ const sqlDrawIDs = `SELECT nextval(pg_get_serial_sequence('relay_jobs', 'id')) F
 const sqlNotifyAfterCommit = `SELECT set_config('relay.notify', 'after', true)`
 
 // sqlLimitsApply says whether a global limit may apply to a claim of queue
-// $1: one on the queue, or one on any kind.
-const sqlLimitsApply = `SELECT EXISTS (SELECT 1 FROM relay_limits WHERE (scope = 'queue' AND name = $1) OR scope = 'kind')`
+// $1: one on the queue, or one on any kind or tag.
+const sqlLimitsApply = `SELECT EXISTS (SELECT 1 FROM relay_limits WHERE (scope = 'queue' AND name = $1) OR scope IN ('kind', 'tag'))`
 
 // sqlLockLimits locks the limits that apply to a claim of queue $1, in a
 // fixed order (no deadlocks between claimers), and reads them with the
@@ -350,7 +350,7 @@ const sqlLimitsApply = `SELECT EXISTS (SELECT 1 FROM relay_limits WHERE (scope =
 const sqlLockLimits = `
 SELECT scope, name, max_running, rate, per_us, window_start, window_count, now()
 FROM relay_limits, (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
-WHERE (scope = 'queue' AND name = $1) OR scope = 'kind'
+WHERE (scope = 'queue' AND name = $1) OR scope IN ('kind', 'tag')
 ORDER BY scope, name
 FOR UPDATE OF relay_limits`
 
@@ -363,21 +363,31 @@ FROM relay_jobs
 WHERE state = 'claimed' AND (queue = $1 OR kind = ANY($2::text[]))
 GROUP BY 1, 2`
 
+// sqlCountRunningTagged counts claimed jobs carrying each tag of $1.
+const sqlCountRunningTagged = `
+SELECT t.tag, count(*)
+FROM relay_jobs AS j, unnest($1::text[]) AS t(tag)
+WHERE j.state = 'claimed' AND j.tags <> '{}' AND t.tag = ANY(j.tags)
+GROUP BY 1`
+
 // sqlClaimLimited is sqlClaim under global limits (see sqlLockLimits; it
 // runs in the same transaction). It claims up to $2 jobs of queue $1 —
-// $2 already bounded by the queue's limits — skipping kinds in $6 (at
-// their limit) and taking at most $8[i] jobs of kind $7[i]. Candidates
-// are locked first, up to $9 of them (more than $2, so that a capped kind
-// at the head of the queue does not hide the others), and then ranked per
-// kind: FOR UPDATE cannot share a query level with a window function.
+// $2 already bounded by the queue's limits — skipping kinds in $6 and
+// jobs carrying a tag in $10 (at their limit), and taking at most $8[i]
+// jobs of kind $7[i] and at most $12[i] jobs carrying tag $11[i].
+// Candidates are locked first, up to $9 of them (more than $2, so that a
+// capped kind at the head of the queue does not hide the others), and
+// then ranked per kind and per capped tag: FOR UPDATE cannot share a query
+// level with a window function. A job with several capped tags is ranked
+// under each independently, which can only claim fewer, never more.
 // Candidates not claimed stay locked until the commit, which other
 // claimers skip.
 const sqlClaimLimited = `
 WITH candidates AS (
-    SELECT id, kind, priority, run_at
+    SELECT id, kind, priority, run_at, tags
     FROM relay_jobs AS c
     WHERE state = 'queued' AND queue = $1 AND run_at <= now()
-      AND NOT (kind = ANY($6::text[]))
+      AND NOT (kind = ANY($6::text[])) AND NOT (tags && $10::text[])
       AND (ordering_key IS NULL OR NOT EXISTS (
           SELECT 1 FROM relay_jobs AS e
           WHERE e.queue = c.queue AND e.ordering_key = c.ordering_key AND e.id < c.id
@@ -389,11 +399,19 @@ WITH candidates AS (
     SELECT id, kind, priority, run_at,
            row_number() OVER (PARTITION BY kind ORDER BY priority, run_at, id) AS nth
     FROM candidates
+), over_tag_cap AS (
+    SELECT id
+    FROM (SELECT c.id, cap.n,
+                 row_number() OVER (PARTITION BY cap.tag ORDER BY c.priority, c.run_at, c.id) AS nth
+          FROM candidates AS c
+          JOIN unnest($11::text[], $12::integer[]) AS cap(tag, n) ON cap.tag = ANY(c.tags)) AS t
+    WHERE t.nth > t.n
 ), picked AS (
     SELECT r.id
     FROM ranked AS r
     LEFT JOIN unnest($7::text[], $8::integer[]) AS cap(kind, n) ON cap.kind = r.kind
-    WHERE cap.n IS NULL OR r.nth <= cap.n
+    WHERE (cap.n IS NULL OR r.nth <= cap.n)
+      AND r.id NOT IN (SELECT id FROM over_tag_cap)
     ORDER BY r.priority, r.run_at, r.id
     LIMIT $2
 )

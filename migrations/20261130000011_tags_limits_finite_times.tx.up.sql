@@ -93,13 +93,15 @@ CREATE TRIGGER relay_jobs_state_machine
     EXECUTE FUNCTION relay_jobs_check_transition();
 
 -- Global limits, enforced at claim time across every process: at most
--- max_running jobs of a queue or a kind claimed at once, and at most rate
+-- max_running jobs of a queue, a kind or a tag claimed at once, and at most rate
 -- claims per window of per_us microseconds. A claim of a limited queue
 -- locks the limit rows that apply (so claims of limited work serialise),
 -- counts the claimed jobs, claims no more than the limits allow and
 -- advances the rate window, in one transaction. See core/limits.go.
 CREATE TABLE relay_limits (
-    scope        text        NOT NULL CHECK (scope IN ('queue', 'kind')),
+    -- A queue, a kind, or a tag (the jobs carrying it: a key such as
+    -- tenant:acme or api:stripe).
+    scope        text        NOT NULL CHECK (scope IN ('queue', 'kind', 'tag')),
     name         text        NOT NULL CHECK (name <> ''),
     -- 0: no concurrency limit.
     max_running  integer     NOT NULL DEFAULT 0 CHECK (max_running >= 0),
