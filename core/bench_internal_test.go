@@ -11,10 +11,16 @@ import (
 
 // BenchmarkClaimComplete claims and completes jobs in batches of n from a
 // queue of queued jobs, reporting each statement's cost per job: the two
-// hot statements of the worker loop, without the runtime around them.
+// hot statements of the worker loop, without the runtime around them. With
+// limited=true a global limit applies to the queue (one that never binds:
+// the cost of enforcing it, see limits.go).
 func BenchmarkClaimComplete(b *testing.B) {
-	for _, n := range []int{1, 10, 100} {
-		b.Run(fmt.Sprintf("batch=%d", n), func(b *testing.B) {
+	for _, bc := range []struct {
+		n       int
+		limited bool
+	}{{1, false}, {10, false}, {100, false}, {1, true}, {10, true}, {100, true}} {
+		n := bc.n
+		b.Run(fmt.Sprintf("batch=%d/limited=%v", n, bc.limited), func(b *testing.B) {
 			pool := testdb.New(b)
 			ctx := context.Background()
 			total := b.N * n
@@ -24,7 +30,12 @@ func BenchmarkClaimComplete(b *testing.B) {
 			if _, err := pool.Exec(ctx, `VACUUM ANALYZE relay_jobs`); err != nil {
 				b.Fatal(err)
 			}
-			c := &Client{pool: pool, cfg: Config{ID: "bench", LeaseDuration: 30e9}}
+			if bc.limited {
+				if err := SetLimit(ctx, pool, Limit{Queue: DefaultQueue, MaxRunning: 1 << 30}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			c := &Client{pool: pool, cfg: Config{ID: "bench", LeaseDuration: 30e9, PollInterval: time.Hour}}
 			c.completer = newCompleter(c)
 			q := &queue{client: c, name: DefaultQueue}
 			var claimNs, completeNs int64

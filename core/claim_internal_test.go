@@ -116,8 +116,8 @@ func TestFencedWritesProbeThePrimaryKey(t *testing.T) {
 	var ids []int64
 	var tokens []uuid.UUID
 	for rows.Next() {
-		var r [13]any
-		ptrs := make([]any, 13)
+		var r [14]any
+		ptrs := make([]any, 14)
 		for i := range r {
 			ptrs[i] = &r[i]
 		}

@@ -62,13 +62,15 @@ type Config struct {
 	Logger *slog.Logger
 	// TracerProvider makes each attempt's span. Default: the global one
 	// (otel.SetTracerProvider); with none set, tracing costs next to
-	// nothing. Enqueue always uses the global provider.
+	// nothing. The client's Enqueue methods use it too; the package-level
+	// Enqueue and EnqueueMany use the global provider.
 	TracerProvider trace.TracerProvider
 	// TraceMode relates attempts' spans to the enqueue's: TraceParent (one
 	// trace per job, the default) or TraceLink.
 	TraceMode TraceMode
-	// MeterProvider makes the client's metrics (see docs/observability.md).
-	// Default: the global one (otel.SetMeterProvider).
+	// MeterProvider makes the client's metrics (see docs/observability.md),
+	// the client's Enqueue methods' relay.jobs.enqueued included. Default:
+	// the global one (otel.SetMeterProvider).
 	MeterProvider metric.MeterProvider
 }
 
@@ -158,6 +160,9 @@ func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 		c.cfg = *cfg
 	}
 	cf := &c.cfg
+	if err := cf.validate(); err != nil {
+		return nil, err
+	}
 	cf.LeaseDuration = cmp.Or(cf.LeaseDuration, 30*time.Second)
 	if cf.LeaseDuration < 100*time.Millisecond {
 		return nil, fmt.Errorf("core: new client: LeaseDuration %s is below 100ms", cf.LeaseDuration)
@@ -217,16 +222,6 @@ func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 
 // ID is the name this client writes into leases (attempted_by).
 func (c *Client) ID() string { return c.cfg.ID }
-
-// Enqueue is the package-level Enqueue on the client's pool.
-func (c *Client) Enqueue(ctx context.Context, args JobArgs, opts *EnqueueOpts) (EnqueueResult, error) {
-	return Enqueue(ctx, c.pool, args, opts)
-}
-
-// EnqueueMany is the package-level EnqueueMany on the client's pool.
-func (c *Client) EnqueueMany(ctx context.Context, params []EnqueueParams) ([]EnqueueResult, error) {
-	return EnqueueMany(ctx, c.pool, params)
-}
 
 // Stats returns the client's counters.
 func (c *Client) Stats() Stats {
@@ -334,6 +329,7 @@ func (c *Client) Stop(ctx context.Context) error {
 		}
 	}
 	c.completer.stop()
+	c.metrics.close()
 	c.bgCancel()
 	c.background.Wait()
 	c.workCancel(ErrShutdown)

@@ -76,10 +76,14 @@ func copyRows(ctx context.Context, c copier, rows []enqueueRow) ([]EnqueueResult
 		if r.OrderingKey != nil {
 			ok = r.OrderingKey
 		}
-		src[i] = []any{ids[i], r.Kind, r.Queue, []byte(r.Args), int16(r.Priority), int32(r.MaxAttempts), []byte(r.Metadata), ok}
+		tags := r.Tags
+		if tags == nil {
+			tags = []string{}
+		}
+		src[i] = []any{ids[i], r.Kind, r.Queue, []byte(r.Args), int16(r.Priority), int32(r.MaxAttempts), []byte(r.Metadata), ok, tags}
 	}
 	n, err := c.CopyFrom(ctx, pgx.Identifier{"relay_jobs"},
-		[]string{"id", "kind", "queue", "args", "priority", "max_attempts", "metadata", "ordering_key"},
+		[]string{"id", "kind", "queue", "args", "priority", "max_attempts", "metadata", "ordering_key", "tags"},
 		pgx.CopyFromRows(src))
 	if err != nil {
 		return nil, fmt.Errorf("copy: %w", err)

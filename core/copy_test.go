@@ -28,7 +28,7 @@ func TestBatchEnqueueByCopy(t *testing.T) {
 		for i := range ps {
 			ps[i] = core.EnqueueParams{Args: bulkArgs{N: i}}
 			if i%100 == 0 {
-				ps[i].Opts = &core.EnqueueOpts{OrderingKey: "k", Priority: 3}
+				ps[i].Opts = &core.EnqueueOpts{OrderingKey: "k", Priority: new(3)}
 			}
 		}
 		return ps

@@ -28,7 +28,7 @@ func TestUrgentJobDuringDrain(t *testing.T) {
 	const drain = 4000
 	params := make([]core.EnqueueParams, drain)
 	for i := range params {
-		params[i] = core.EnqueueParams{Args: drainArgs{}, Opts: &core.EnqueueOpts{Priority: 5}}
+		params[i] = core.EnqueueParams{Args: drainArgs{}, Opts: &core.EnqueueOpts{Priority: new(5)}}
 	}
 	if _, err := core.EnqueueMany(ctx, pool, params); err != nil {
 		t.Fatal(err)

@@ -7,8 +7,10 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -18,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // DefaultQueue is the queue of jobs enqueued without one.
@@ -29,15 +32,22 @@ const DefaultMaxAttempts = 25
 // MaxPriority is the largest (least urgent) priority.
 const MaxPriority = 32767
 
+// MaxMaxAttempts is the largest MaxAttempts (the column is a 32-bit
+// integer).
+const MaxMaxAttempts = math.MaxInt32
+
 // EnqueueOpts tune one enqueue. The zero value (or nil) means: queue
-// "default", priority 0, run now, 25 attempts, no metadata. Non-zero fields
-// override the kind's defaults from JobArgsWithOpts.
+// "default", priority 0, run now, 25 attempts, no metadata, no tags. Set
+// fields (non-zero, or non-nil for Priority) override the kind's defaults
+// from JobArgsWithOpts.
 type EnqueueOpts struct {
 	// Queue names the queue; workers serve queues by name.
 	Queue string
 	// Priority orders runnable jobs within a queue: 0 runs first, larger
-	// numbers later, up to MaxPriority.
-	Priority int
+	// numbers later, up to MaxPriority. Nil means the kind's default, else
+	// 0. A pointer so that 0 can override a kind's default: write
+	// Priority: new(0) (Go 1.26's new(expr)).
+	Priority *int
 	// RunAt makes the job runnable no earlier than this instant. Use Delay to
 	// count from the database's clock instead of this process's.
 	RunAt time.Time
@@ -47,6 +57,11 @@ type EnqueueOpts struct {
 	MaxAttempts int
 	// Metadata is stored with the job as a JSON object.
 	Metadata map[string]any
+	// Tags label the job for people and tools: stored with it, returned in
+	// JobRow.Tags and matched by JobList's filter. At most MaxTags, each 1
+	// to 255 bytes of UTF-8 without NUL; duplicates are dropped. Set tags
+	// replace the kind's default tags.
+	Tags []string
 	// OrderingKey, when set, makes the job wait for every earlier job of its
 	// queue with the same key: such jobs run one at a time, in enqueue (id)
 	// order, while different keys run in parallel. A dead job blocks its key
@@ -108,7 +123,17 @@ func Enqueue(ctx context.Context, db DB, args JobArgs, opts *EnqueueOpts) (Enque
 // EnqueueMany writes a batch of jobs in one statement and one round trip,
 // returning their results in the order given. Either every job is written or,
 // on any error, none is.
+//
+// Enqueue and EnqueueMany trace and count with OpenTelemetry's global
+// providers; a Client's Enqueue methods use the client's (see
+// docs/observability.md).
 func EnqueueMany(ctx context.Context, db DB, params []EnqueueParams) ([]EnqueueResult, error) {
+	return enqueueMany(ctx, db, params, nil, nil)
+}
+
+// enqueueMany is EnqueueMany tracing with tp and counting with ctr (nil:
+// the global providers').
+func enqueueMany(ctx context.Context, db DB, params []EnqueueParams, tp trace.TracerProvider, ctr metric.Int64Counter) ([]EnqueueResult, error) {
 	if len(params) == 0 {
 		return nil, nil
 	}
@@ -129,7 +154,7 @@ func EnqueueMany(ctx context.Context, db DB, params []EnqueueParams) ([]EnqueueR
 	}
 	// The producer span; its trace context goes into every job's metadata
 	// (once: retries never touch it), so each attempt can join the trace.
-	ctx, span, tc := startEnqueueSpan(ctx, rows[0].Queue, len(rows))
+	ctx, span, tc := startEnqueueSpan(ctx, tp, rows[0].Queue, len(rows))
 	defer span.End()
 	if tc != nil {
 		for i := range rows {
@@ -157,7 +182,7 @@ func EnqueueMany(ctx context.Context, db DB, params []EnqueueParams) ([]EnqueueR
 	if len(results) == 1 {
 		span.SetAttributes(attribute.String("messaging.message.id", strconv.FormatInt(results[0].ID, 10)))
 	}
-	countEnqueued(ctx, rows, results)
+	countEnqueued(ctx, ctr, rows, results)
 	if ownTx {
 		notifyQueues(ctx, ex, rows, results)
 	}
@@ -194,13 +219,14 @@ func notifyQueues(ctx context.Context, ex execer, rows []enqueueRow, results []E
 	ex.Exec(ctx, sqlNotifyQueues, string(list)) //nolint:errcheck
 }
 
-// countEnqueued adds the jobs written (not the duplicates) to the
-// relay.jobs.enqueued counter of the global meter, by queue and kind.
-func countEnqueued(ctx context.Context, rows []enqueueRow, results []EnqueueResult) {
-	ctr, err := otel.GetMeterProvider().Meter(instrumentationName).Int64Counter("relay.jobs.enqueued",
-		metric.WithDescription("Jobs enqueued."), metric.WithUnit("{job}"))
-	if err != nil {
-		return
+// countEnqueued adds the jobs written (not the duplicates) to ctr (nil:
+// the relay.jobs.enqueued counter of the global meter), by queue and kind.
+func countEnqueued(ctx context.Context, ctr metric.Int64Counter, rows []enqueueRow, results []EnqueueResult) {
+	if ctr == nil {
+		var err error
+		if ctr, err = newEnqueuedCounter(otel.GetMeterProvider()); err != nil {
+			return
+		}
 	}
 	type qk struct{ queue, kind string }
 	counts := map[qk]int64{}
@@ -212,6 +238,12 @@ func countEnqueued(ctx context.Context, rows []enqueueRow, results []EnqueueResu
 	for k, n := range counts {
 		ctr.Add(ctx, n, metric.WithAttributes(attribute.String("queue", k.queue), attribute.String("kind", k.kind)))
 	}
+}
+
+// newEnqueuedCounter makes the relay.jobs.enqueued counter of mp.
+func newEnqueuedCounter(mp metric.MeterProvider) (metric.Int64Counter, error) {
+	return mp.Meter(instrumentationName).Int64Counter("relay.jobs.enqueued",
+		metric.WithDescription("Jobs enqueued."), metric.WithUnit("{job}"))
 }
 
 // enqueueRows writes prepared rows in one statement; ownTx says the
@@ -284,6 +316,7 @@ type enqueueRow struct {
 	DelayUS     int64           `json:"delay_us"`
 	Metadata    json.RawMessage `json:"metadata"`
 	OrderingKey *string         `json:"ordering_key,omitempty"`
+	Tags        []string        `json:"tags,omitempty"`
 	// Unique jobs only.
 	UniqueKey    *string  `json:"unique_key,omitempty"`
 	UniqueStates []string `json:"unique_states,omitempty"`
@@ -294,24 +327,19 @@ func prepareEnqueue(args JobArgs, opts *EnqueueOpts) (enqueueRow, error) {
 		return enqueueRow{}, &ValidationError{Field: "args", Reason: "nil JobArgs"}
 	}
 	kind := args.Kind()
-	if kind == "" {
-		return enqueueRow{}, &ValidationError{Field: "kind", Reason: fmt.Sprintf("%T.Kind() returned an empty string", args)}
-	}
-	if !utf8.ValidString(kind) {
-		return enqueueRow{}, &ValidationError{Field: "kind", Reason: "not valid UTF-8"}
-	}
-	if len(kind) > 255 {
-		return enqueueRow{}, &ValidationError{Field: "kind", Reason: "longer than 255 bytes"}
+	if err := validateKind(kind, args); err != nil {
+		return enqueueRow{}, err
 	}
 	o := mergeOpts(args, opts)
-	if !utf8.ValidString(o.Queue) {
-		return enqueueRow{}, &ValidationError{Field: "queue", Reason: "not valid UTF-8"}
+	if err := validateName("queue", o.Queue, 128); err != nil {
+		return enqueueRow{}, err
 	}
-	if len(o.Queue) > 128 {
-		return enqueueRow{}, &ValidationError{Field: "queue", Reason: "longer than 128 bytes"}
+	priority := 0
+	if o.Priority != nil {
+		priority = *o.Priority
 	}
-	if o.Priority < 0 || o.Priority > MaxPriority {
-		return enqueueRow{}, &ValidationError{Field: "priority", Reason: fmt.Sprintf("%d is outside 0..%d", o.Priority, MaxPriority)}
+	if priority < 0 || priority > MaxPriority {
+		return enqueueRow{}, &ValidationError{Field: "priority", Reason: fmt.Sprintf("%d is outside 0..%d", priority, MaxPriority)}
 	}
 	if o.Delay < 0 {
 		return enqueueRow{}, &ValidationError{Field: "delay", Reason: fmt.Sprintf("%s is negative", o.Delay)}
@@ -319,8 +347,15 @@ func prepareEnqueue(args JobArgs, opts *EnqueueOpts) (enqueueRow, error) {
 	if o.Delay > 0 && !o.RunAt.IsZero() {
 		return enqueueRow{}, &ValidationError{Field: "run at", Reason: "RunAt and Delay are both set; choose one"}
 	}
-	if o.MaxAttempts < 0 {
-		return enqueueRow{}, &ValidationError{Field: "max attempts", Reason: fmt.Sprintf("%d is negative", o.MaxAttempts)}
+	if !o.RunAt.IsZero() {
+		// PostgreSQL's timestamptz ends in 294276 AD and JSON's RFC 3339
+		// has four-digit years: keep to years 1 through 9999.
+		if y := o.RunAt.UTC().Year(); y < 1 || y > 9999 {
+			return enqueueRow{}, &ValidationError{Field: "run at", Reason: fmt.Sprintf("year %d is outside 1..9999", y)}
+		}
+	}
+	if o.MaxAttempts < 0 || o.MaxAttempts > MaxMaxAttempts {
+		return enqueueRow{}, &ValidationError{Field: "max attempts", Reason: fmt.Sprintf("%d is outside 1..%d (0 means the default)", o.MaxAttempts, MaxMaxAttempts)}
 	}
 	encoded, err := json.Marshal(args)
 	if err != nil {
@@ -329,20 +364,31 @@ func prepareEnqueue(args JobArgs, opts *EnqueueOpts) (enqueueRow, error) {
 	if len(encoded) == 0 || encoded[0] != '{' {
 		return enqueueRow{}, &ValidationError{Field: "args", Reason: fmt.Sprintf("%T encodes to %.20s, not a JSON object", args, encoded)}
 	}
+	if hasJSONNul(encoded) {
+		return enqueueRow{}, &ValidationError{Field: "args", Reason: "a string holds a NUL character (\\u0000), which PostgreSQL's jsonb refuses"}
+	}
 	meta := json.RawMessage(`{}`)
 	if len(o.Metadata) > 0 {
 		if meta, err = json.Marshal(o.Metadata); err != nil {
 			return enqueueRow{}, &ValidationError{Field: "metadata", Reason: err.Error()}
 		}
+		if hasJSONNul(meta) {
+			return enqueueRow{}, &ValidationError{Field: "metadata", Reason: "a string holds a NUL character (\\u0000), which PostgreSQL's jsonb refuses"}
+		}
+	}
+	tags, err := validateTags(o.Tags)
+	if err != nil {
+		return enqueueRow{}, err
 	}
 	r := enqueueRow{
 		Kind:        kind,
 		Queue:       o.Queue,
 		Args:        encoded,
-		Priority:    o.Priority,
+		Priority:    priority,
 		MaxAttempts: o.MaxAttempts,
 		DelayUS:     o.Delay.Microseconds(),
 		Metadata:    meta,
+		Tags:        tags,
 	}
 	if r.Queue == "" {
 		r.Queue = DefaultQueue
@@ -355,8 +401,8 @@ func prepareEnqueue(args JobArgs, opts *EnqueueOpts) (enqueueRow, error) {
 		r.RunAt = &t
 	}
 	if o.OrderingKey != "" {
-		if !utf8.ValidString(o.OrderingKey) || len(o.OrderingKey) > 500 {
-			return enqueueRow{}, &ValidationError{Field: "ordering key", Reason: "must be valid UTF-8, at most 500 bytes"}
+		if err := validateName("ordering key", o.OrderingKey, 500); err != nil {
+			return enqueueRow{}, err
 		}
 		k := o.OrderingKey
 		r.OrderingKey = &k
@@ -375,8 +421,8 @@ func prepareEnqueue(args JobArgs, opts *EnqueueOpts) (enqueueRow, error) {
 // kind|key or kind|args:<sha256 of the encoded args>, then |period start.
 func uniqueKey(kind string, args []byte, u *UniqueOpts) (string, []string, error) {
 	key := u.Key
-	if !utf8.ValidString(key) {
-		return "", nil, &ValidationError{Field: "unique key", Reason: "not valid UTF-8"}
+	if !utf8.ValidString(key) || strings.IndexByte(key, 0) >= 0 {
+		return "", nil, &ValidationError{Field: "unique key", Reason: "must be valid UTF-8 without NUL bytes"}
 	}
 	if key == "" {
 		sum := sha256.Sum256(args)
@@ -422,7 +468,7 @@ func mergeOpts(args JobArgs, opts *EnqueueOpts) EnqueueOpts {
 	if opts.Queue != "" {
 		o.Queue = opts.Queue
 	}
-	if opts.Priority != 0 {
+	if opts.Priority != nil {
 		o.Priority = opts.Priority
 	}
 	if !opts.RunAt.IsZero() {
@@ -446,6 +492,9 @@ func mergeOpts(args JobArgs, opts *EnqueueOpts) EnqueueOpts {
 	}
 	if opts.OrderingKey != "" {
 		o.OrderingKey = opts.OrderingKey
+	}
+	if opts.Tags != nil {
+		o.Tags = opts.Tags
 	}
 	return o
 }
@@ -482,6 +531,16 @@ func appendBatch(b []byte, rows []enqueueRow) []byte {
 		if r.OrderingKey != nil {
 			b = append(b, `,"ordering_key":`...)
 			b = appendString(b, *r.OrderingKey)
+		}
+		if len(r.Tags) > 0 {
+			b = append(b, `,"tags":[`...)
+			for j, t := range r.Tags {
+				if j > 0 {
+					b = append(b, ',')
+				}
+				b = appendString(b, t)
+			}
+			b = append(b, ']')
 		}
 		if r.UniqueKey != nil {
 			b = append(b, `,"unique_key":`...)

@@ -103,7 +103,7 @@ func TestEnqueueOptionsStored(t *testing.T) {
 	ctx := context.Background()
 	runAt := time.Now().Add(time.Hour).Truncate(time.Microsecond)
 	res, err := core.Enqueue(ctx, pool, echoArgs{Msg: "x"}, &core.EnqueueOpts{
-		Queue: "emails", Priority: 3, RunAt: runAt, MaxAttempts: 7, Metadata: map[string]any{"tenant": "acme"},
+		Queue: "emails", Priority: new(3), RunAt: runAt, MaxAttempts: 7, Metadata: map[string]any{"tenant": "acme"},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -140,7 +140,7 @@ type withDefaults struct{}
 
 func (withDefaults) Kind() string { return "with_defaults" }
 func (withDefaults) EnqueueOpts() core.EnqueueOpts {
-	return core.EnqueueOpts{Queue: "reports", Priority: 5, MaxAttempts: 2}
+	return core.EnqueueOpts{Queue: "reports", Priority: new(5), MaxAttempts: 2}
 }
 
 func TestEnqueueKindDefaultsAndOverrides(t *testing.T) {
@@ -148,7 +148,7 @@ func TestEnqueueKindDefaultsAndOverrides(t *testing.T) {
 	pool := testdb.New(t)
 	ctx := context.Background()
 	a, _ := core.Enqueue(ctx, pool, withDefaults{}, nil)
-	b, _ := core.Enqueue(ctx, pool, withDefaults{}, &core.EnqueueOpts{Priority: 1})
+	b, _ := core.Enqueue(ctx, pool, withDefaults{}, &core.EnqueueOpts{Priority: new(1)})
 	ja, _ := core.JobGet(ctx, pool, a.ID)
 	jb, _ := core.JobGet(ctx, pool, b.ID)
 	if ja.Queue != "reports" || ja.Priority != 5 || ja.MaxAttempts != 2 {
@@ -184,8 +184,8 @@ func TestEnqueueRejectsBadInput(t *testing.T) {
 		{"empty kind", emptyKind{}, nil, "kind"},
 		{"unencodable args", unencodable{C: make(chan int)}, nil, "args"},
 		{"nil args", nil, nil, "args"},
-		{"negative priority", echoArgs{}, &core.EnqueueOpts{Priority: -1}, "priority"},
-		{"priority too large", echoArgs{}, &core.EnqueueOpts{Priority: core.MaxPriority + 1}, "priority"},
+		{"negative priority", echoArgs{}, &core.EnqueueOpts{Priority: new(-1)}, "priority"},
+		{"priority too large", echoArgs{}, &core.EnqueueOpts{Priority: new(core.MaxPriority + 1)}, "priority"},
 		{"negative delay", echoArgs{}, &core.EnqueueOpts{Delay: -time.Second}, "delay"},
 		{"run at and delay", echoArgs{}, &core.EnqueueOpts{Delay: time.Second, RunAt: time.Now()}, "run at"},
 		{"negative attempts", echoArgs{}, &core.EnqueueOpts{MaxAttempts: -1}, "max attempts"},
@@ -214,7 +214,7 @@ func TestEnqueueManyBatch(t *testing.T) {
 	ctx := context.Background()
 	params := make([]core.EnqueueParams, 5000)
 	for i := range params {
-		params[i] = core.EnqueueParams{Args: echoArgs{Msg: string(rune('a' + i%26))}, Opts: &core.EnqueueOpts{Priority: i % 4}}
+		params[i] = core.EnqueueParams{Args: echoArgs{Msg: string(rune('a' + i%26))}, Opts: &core.EnqueueOpts{Priority: new(i % 4)}}
 	}
 	res, err := core.EnqueueMany(ctx, pool, params)
 	if err != nil {

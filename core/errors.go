@@ -82,3 +82,15 @@ func RetryIn(delay time.Duration, err error) error {
 	}
 	return &retryInError{delay: delay, err: err}
 }
+
+// PanicError is the error of an attempt whose handler panicked: the
+// recovered value and the stack. Middleware and error hooks see it (use
+// errors.As); the job's last_error records its text.
+type PanicError struct {
+	Value any
+	Stack []byte
+}
+
+func (e *PanicError) Error() string {
+	return fmt.Sprintf("core: worker panicked: %v\n%s", e.Value, e.Stack)
+}

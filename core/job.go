@@ -68,12 +68,17 @@ type JobRow struct {
 	History []AttemptRecord
 	// OrderingKey is the job's ordering key ("" for none).
 	OrderingKey string
+	// Tags are the job's tags (EnqueueOpts.Tags), nil for none.
+	Tags []string
 	// LeaseToken fences this attempt's writes. Zero outside a worker.
 	LeaseToken uuid.UUID
 
 	// completedInTx is set by CompleteTx, telling the executor that success
 	// was recorded in the handler's own transaction.
 	completedInTx bool
+	// undecodable, when set, is why the claimed row cannot run (see
+	// ErrUndecodableJob): the attempt fails with it instead of running.
+	undecodable error
 }
 
 // AttemptRecord is one failed or interrupted attempt.

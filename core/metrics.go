@@ -16,6 +16,8 @@ import (
 // into relay_jobs_started_total, and so on.
 type metrics struct {
 	started, succeeded, retried, dead, cancelled, leaseLost metric.Int64Counter
+	enqueued                                                metric.Int64Counter // the client's Enqueue methods
+	gauges                                                  metric.Registration
 	duration, pickup                                        metric.Float64Histogram
 	mu                                                      sync.RWMutex
 	attrs                                                   map[string]map[string]metric.MeasurementOption // queue → kind →
@@ -46,6 +48,9 @@ func newMetrics(c *Client) (*metrics, error) {
 	if err != nil {
 		return nil, err
 	}
+	if out.enqueued, err = newEnqueuedCounter(mp); err != nil {
+		return nil, err
+	}
 	buckets := metric.WithExplicitBucketBoundaries(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 	if out.duration, err = m.Float64Histogram("relay.job.duration", metric.WithUnit("s"),
 		metric.WithDescription("Handler run time per attempt."), buckets); err != nil {
@@ -69,7 +74,7 @@ func newMetrics(c *Client) (*metrics, error) {
 		return nil, err
 	}
 	cache := &depthCache{c: c}
-	_, err = m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+	out.gauges, err = m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 		for _, q := range cache.read(ctx) {
 			set := metric.WithAttributes(attribute.String("queue", q.queue))
 			o.ObserveInt64(depth, q.depth, set)
@@ -78,6 +83,14 @@ func newMetrics(c *Client) (*metrics, error) {
 		return nil
 	}, depth, age)
 	return out, err
+}
+
+// close unregisters the queue gauges: a stopped client reports nothing
+// rather than the depth it last read.
+func (m *metrics) close() {
+	if m.gauges != nil {
+		m.gauges.Unregister() //nolint:errcheck // nothing to do about it
+	}
 }
 
 // with returns the attributes of a job's measurements, cached per queue and
@@ -110,10 +123,11 @@ type queueDepth struct {
 
 // depthCache reads queue depths at most every 5 seconds.
 type depthCache struct {
-	c    *Client
-	mu   sync.Mutex
-	at   time.Time
-	last []queueDepth
+	c     *Client
+	mu    sync.Mutex
+	at    time.Time
+	last  []queueDepth
+	known map[string]bool // queues reported so far
 }
 
 func (d *depthCache) read(ctx context.Context) []queueDepth {
@@ -130,11 +144,32 @@ func (d *depthCache) read(ctx context.Context) []queueDepth {
 	}
 	defer rows.Close()
 	var out []queueDepth
+	seen := map[string]bool{}
 	for rows.Next() {
 		var q queueDepth
 		if rows.Scan(&q.queue, &q.depth, &q.oldest) == nil {
 			out = append(out, q)
+			seen[q.queue] = true
 		}
+	}
+	if rows.Err() != nil {
+		return d.last
+	}
+	// A drained queue has no row: it reads 0, not nothing, for every queue
+	// this client serves or has seen with jobs.
+	if d.known == nil {
+		d.known = map[string]bool{}
+	}
+	for name := range d.c.queues {
+		d.known[name] = true
+	}
+	for name := range d.known {
+		if !seen[name] {
+			out = append(out, queueDepth{queue: name})
+		}
+	}
+	for name := range seen {
+		d.known[name] = true
 	}
 	d.at, d.last = time.Now(), out
 	return out

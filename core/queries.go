@@ -13,14 +13,14 @@ import "strings"
 // parameter is a string. ORDER BY ord keeps RETURNING in the order given.
 // A job's run_at is absolute when given, else database now() plus its delay.
 const sqlEnqueue = `
-INSERT INTO relay_jobs (kind, queue, args, priority, max_attempts, run_at, metadata, ordering_key)
+INSERT INTO relay_jobs (kind, queue, args, priority, max_attempts, run_at, metadata, ordering_key, tags)
 SELECT j.kind, j.queue, j.args, j.priority, j.max_attempts,
        coalesce(j.run_at, now() + j.delay_us * interval '1 microsecond'),
-       j.metadata, j.ordering_key
+       j.metadata, j.ordering_key, coalesce(j.tags, '{}')
 FROM ROWS FROM (jsonb_to_recordset($1::jsonb) AS (
          kind text, queue text, args jsonb, priority smallint, max_attempts integer,
-         run_at timestamptz, delay_us bigint, metadata jsonb, ordering_key text))
-     WITH ORDINALITY AS j(kind, queue, args, priority, max_attempts, run_at, delay_us, metadata, ordering_key, ord)
+         run_at timestamptz, delay_us bigint, metadata jsonb, ordering_key text, tags text[]))
+     WITH ORDINALITY AS j(kind, queue, args, priority, max_attempts, run_at, delay_us, metadata, ordering_key, tags, ord)
 ORDER BY j.ord
 RETURNING id, false`
 
@@ -52,14 +52,14 @@ const sqlNotifyQueues = `SELECT pg_notify('relay_jobs', q) FROM jsonb_array_elem
 // on a row ON CONFLICT updated and zero on a freshly inserted one, which
 // tells duplicates apart. Rows without a key never conflict.
 const sqlEnqueueUnique = `
-INSERT INTO relay_jobs (kind, queue, args, priority, max_attempts, run_at, metadata, ordering_key, unique_key, unique_states)
+INSERT INTO relay_jobs (kind, queue, args, priority, max_attempts, run_at, metadata, ordering_key, tags, unique_key, unique_states)
 SELECT j.kind, j.queue, j.args, j.priority, j.max_attempts,
        coalesce(j.run_at, now() + j.delay_us * interval '1 microsecond'),
-       j.metadata, j.ordering_key, j.unique_key, j.unique_states
+       j.metadata, j.ordering_key, coalesce(j.tags, '{}'), j.unique_key, j.unique_states
 FROM ROWS FROM (jsonb_to_recordset($1::jsonb) AS (
          kind text, queue text, args jsonb, priority smallint, max_attempts integer,
-         run_at timestamptz, delay_us bigint, metadata jsonb, ordering_key text, unique_key text, unique_states text[]))
-     WITH ORDINALITY AS j(kind, queue, args, priority, max_attempts, run_at, delay_us, metadata, ordering_key, unique_key, unique_states, ord)
+         run_at timestamptz, delay_us bigint, metadata jsonb, ordering_key text, tags text[], unique_key text, unique_states text[]))
+     WITH ORDINALITY AS j(kind, queue, args, priority, max_attempts, run_at, delay_us, metadata, ordering_key, tags, unique_key, unique_states, ord)
 ORDER BY j.ord
 ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state = ANY (unique_states)
 DO UPDATE SET unique_key = excluded.unique_key
@@ -115,7 +115,7 @@ SET state            = 'claimed',
 FROM picked, (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
 WHERE j.id = picked.id
 RETURNING j.id, j.kind, j.queue, j.priority, j.attempt, j.max_attempts, j.run_at,
-          j.created_at, j.attempted_at, j.args, j.metadata, j.lease_token, coalesce(j.ordering_key, '')`
+          j.created_at, j.attempted_at, j.args, j.metadata, j.lease_token, coalesce(j.ordering_key, ''), j.tags`
 
 // sqlClaimAfter is sqlClaim starting after the position ($6 priority, $7
 // run_at, $8 id) in claim order: the last job of the previous claim, when
@@ -274,13 +274,37 @@ const sqlNotifyQueue = `SELECT pg_notify('relay_jobs', $1::text)`
 // sqlJobState reads one job's state (to explain a refused transition).
 const sqlJobState = `SELECT state FROM relay_jobs WHERE id = $1`
 
+// jobColumns is the select list of a JobRow (scanned by scanJobRow).
+// Timestamps that no client can decode (infinity, -infinity: written
+// behind the API, before the row rules refused them) read as NULL, so that
+// the row can still be inspected; the tags travel as JSON, which every
+// driver can read.
+const jobColumns = `id, kind, queue, state, priority, attempt, max_attempts,
+       CASE WHEN isfinite(run_at) THEN run_at END, CASE WHEN isfinite(created_at) THEN created_at END,
+       CASE WHEN isfinite(attempted_at) THEN attempted_at END, coalesce(attempted_by, ''),
+       CASE WHEN isfinite(finalized_at) THEN finalized_at END, coalesce(last_error, ''),
+       args::text, metadata::text, history::text, coalesce(ordering_key, ''), array_to_json(tags)::text`
+
 // sqlGetJob reads one job.
-const sqlGetJob = `
-SELECT id, kind, queue, state, priority, attempt, max_attempts, run_at, created_at,
-       attempted_at, coalesce(attempted_by, ''), finalized_at, coalesce(last_error, ''),
-       args::text, metadata::text, history::text, coalesce(ordering_key, '')
+const sqlGetJob = `SELECT ` + jobColumns + `
 FROM relay_jobs
 WHERE id = $1`
+
+// sqlListJobs lists up to $7 jobs, newest first, below id $6 (0: from the
+// newest), filtered by queue $1 (” for any), kinds $2, states $3 (JSON
+// arrays, empty for any) and tags $4 (JSON array; a job must carry them
+// all). Arrays travel as JSON text so that every driver can send them.
+// The tag filter says tags <> '{}' as well, so that it can use the
+// partial GIN index relay_jobs_tags_idx; $5 says whether it applies.
+const sqlListJobs = `SELECT ` + jobColumns + `
+FROM relay_jobs
+WHERE ($1 = '' OR queue = $1)
+  AND ($2::jsonb = '[]' OR kind IN (SELECT jsonb_array_elements_text($2::jsonb)))
+  AND ($3::jsonb = '[]' OR state IN (SELECT jsonb_array_elements_text($3::jsonb)))
+  AND (NOT $5::boolean OR (tags <> '{}' AND tags @> ARRAY(SELECT jsonb_array_elements_text($4::jsonb))))
+  AND ($6::bigint = 0 OR id < $6::bigint)
+ORDER BY id DESC
+LIMIT $7`
 
 // sqlBlockedKeys lists ordering keys whose first unfinished job is dead:
 // nothing after it runs until it is requeued or cancelled. $1 ” means every
@@ -312,3 +336,113 @@ const sqlDrawIDs = `SELECT nextval(pg_get_serial_sequence('relay_jobs', 'id')) F
 // sqlNotifyAfterCommit tells the insert trigger, for this transaction,
 // that the wake-up is sent after the commit.
 const sqlNotifyAfterCommit = `SELECT set_config('relay.notify', 'after', true)`
+
+// sqlLimitsApply says whether a global limit may apply to a claim of queue
+// $1: one on the queue, or one on any kind or tag.
+const sqlLimitsApply = `SELECT EXISTS (SELECT 1 FROM relay_limits WHERE (scope = 'queue' AND name = $1) OR scope IN ('kind', 'tag'))`
+
+// sqlLockLimits locks the limits that apply to a claim of queue $1, in a
+// fixed order (no deadlocks between claimers), and reads them with the
+// transaction's now(). Held until the claim commits: claims of limited
+// work serialise here, so each counts what the previous one claimed. The
+// transaction commits asynchronously, as sqlClaim does, for the same
+// reasons.
+const sqlLockLimits = `
+SELECT scope, name, max_running, rate, per_us, window_start, window_count, now()
+FROM relay_limits, (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+WHERE (scope = 'queue' AND name = $1) OR scope IN ('kind', 'tag')
+ORDER BY scope, name
+FOR UPDATE OF relay_limits`
+
+// sqlCountRunning counts claimed jobs by kind, split by whether they are
+// of queue $1, among those of queue $1 or of a kind in $2. It walks
+// relay_jobs_lease_idx: the running jobs, a number bounded by the workers.
+const sqlCountRunning = `
+SELECT kind, queue = $1, count(*)
+FROM relay_jobs
+WHERE state = 'claimed' AND (queue = $1 OR kind = ANY($2::text[]))
+GROUP BY 1, 2`
+
+// sqlCountRunningTagged counts claimed jobs carrying each tag of $1.
+const sqlCountRunningTagged = `
+SELECT t.tag, count(*)
+FROM relay_jobs AS j, unnest($1::text[]) AS t(tag)
+WHERE j.state = 'claimed' AND j.tags <> '{}' AND t.tag = ANY(j.tags)
+GROUP BY 1`
+
+// sqlClaimLimited is sqlClaim under global limits (see sqlLockLimits; it
+// runs in the same transaction). It claims up to $2 jobs of queue $1 —
+// $2 already bounded by the queue's limits — skipping kinds in $6 and
+// jobs carrying a tag in $10 (at their limit), and taking at most $8[i]
+// jobs of kind $7[i] and at most $12[i] jobs carrying tag $11[i].
+// Candidates are locked first, up to $9 of them (more than $2, so that a
+// capped kind at the head of the queue does not hide the others), and
+// then ranked per kind and per capped tag: FOR UPDATE cannot share a query
+// level with a window function. A job with several capped tags is ranked
+// under each independently, which can only claim fewer, never more.
+// Candidates not claimed stay locked until the commit, which other
+// claimers skip.
+const sqlClaimLimited = `
+WITH candidates AS (
+    SELECT id, kind, priority, run_at, tags
+    FROM relay_jobs AS c
+    WHERE state = 'queued' AND queue = $1 AND run_at <= now()
+      AND NOT (kind = ANY($6::text[])) AND NOT (tags && $10::text[])
+      AND (ordering_key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM relay_jobs AS e
+          WHERE e.queue = c.queue AND e.ordering_key = c.ordering_key AND e.id < c.id
+            AND e.state IN ('queued', 'claimed', 'dead')))
+    ORDER BY priority, run_at, id
+    LIMIT $9
+    FOR UPDATE SKIP LOCKED
+), ranked AS (
+    SELECT id, kind, priority, run_at,
+           row_number() OVER (PARTITION BY kind ORDER BY priority, run_at, id) AS nth
+    FROM candidates
+), over_tag_cap AS (
+    SELECT id
+    FROM (SELECT c.id, cap.n,
+                 row_number() OVER (PARTITION BY cap.tag ORDER BY c.priority, c.run_at, c.id) AS nth
+          FROM candidates AS c
+          JOIN unnest($11::text[], $12::integer[]) AS cap(tag, n) ON cap.tag = ANY(c.tags)) AS t
+    WHERE t.nth > t.n
+), picked AS (
+    SELECT r.id
+    FROM ranked AS r
+    LEFT JOIN unnest($7::text[], $8::integer[]) AS cap(kind, n) ON cap.kind = r.kind
+    WHERE (cap.n IS NULL OR r.nth <= cap.n)
+      AND r.id NOT IN (SELECT id FROM over_tag_cap)
+    ORDER BY r.priority, r.run_at, r.id
+    LIMIT $2
+)
+UPDATE relay_jobs AS j
+SET state            = 'claimed',
+    attempt          = j.attempt + 1,
+    attempted_at     = now(),
+    attempted_by     = $4,
+    lease_token      = $5::uuid,
+    lease_expires_at = now() + $3 * interval '1 millisecond'
+FROM picked
+WHERE j.id = picked.id
+RETURNING j.id, j.kind, j.queue, j.priority, j.attempt, j.max_attempts, j.run_at,
+          j.created_at, j.attempted_at, j.args, j.metadata, j.lease_token, coalesce(j.ordering_key, ''), j.tags`
+
+// sqlAdvanceWindow records claims against a rate limit: window start $3,
+// claims in it $4.
+const sqlAdvanceWindow = `
+UPDATE relay_limits SET window_start = $3, window_count = $4
+WHERE scope = $1 AND name = $2`
+
+// sqlSetLimit creates or replaces a limit; its rate window starts over.
+const sqlSetLimit = `
+INSERT INTO relay_limits (scope, name, max_running, rate, per_us)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (scope, name) DO UPDATE
+SET max_running = excluded.max_running, rate = excluded.rate, per_us = excluded.per_us,
+    window_start = now(), window_count = 0, updated_at = now()`
+
+// sqlDeleteLimit removes a limit.
+const sqlDeleteLimit = `DELETE FROM relay_limits WHERE scope = $1 AND name = $2`
+
+// sqlListLimits reads every limit.
+const sqlListLimits = `SELECT scope, name, max_running, rate, per_us FROM relay_limits ORDER BY scope, name`

@@ -44,6 +44,8 @@ type queue struct {
 	// by every notification, since a new job may sort before it.
 	rescan atomic.Bool
 	wake   chan struct{}
+	// limits says whether global limits apply to this queue (limits.go).
+	limits limitState
 }
 
 // claimCursor is a position in claim order: (priority, run_at, id).
@@ -172,6 +174,9 @@ func (q *queue) run(ctx, workCtx context.Context) {
 
 func (q *queue) claim(ctx context.Context, limit int, after *claimCursor) ([]*JobRow, error) {
 	c := q.client
+	if q.limits.apply(ctx, c, q.name) {
+		return q.claimLimited(ctx, limit)
+	}
 	sql, args := sqlClaim, []any{q.name, limit, c.cfg.LeaseDuration.Milliseconds(), c.cfg.ID, [16]byte(uuid.New())}
 	if after != nil {
 		sql, args = sqlClaimAfter, append(args, int16(after.priority), after.runAt, after.id)
@@ -180,24 +185,9 @@ func (q *queue) claim(ctx context.Context, limit int, after *claimCursor) ([]*Jo
 	if err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
-	defer rows.Close()
-	var out []*JobRow
-	for rows.Next() {
-		r := &JobRow{State: StateClaimed, AttemptedBy: c.cfg.ID}
-		var token uuid.UUID
-		var prio int16
-		var args, meta []byte // raw: scanning jsonb into json.RawMessage re-parses it
-		if err := rows.Scan(&r.ID, &r.Kind, &r.Queue, &prio, &r.Attempt, &r.MaxAttempts, &r.RunAt,
-			&r.CreatedAt, &r.AttemptedAt, &args, &meta, &token, &r.OrderingKey); err != nil {
-			return nil, fmt.Errorf("claim: scan: %w", err)
-		}
-		r.Priority = int(prio)
-		r.LeaseToken = token
-		r.EncodedArgs, r.Metadata = args, meta
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("claim: %w", err)
+	out, err := scanClaimed(rows, c.cfg.ID)
+	if err != nil {
+		return nil, err
 	}
 	c.stats.claimed.Add(int64(len(out)))
 	return out, nil
@@ -309,7 +299,9 @@ func (q *queue) executeOne(r *running) {
 	began := time.Now()
 	reg := c.workers[row.Kind]
 	var err error
-	if reg == nil {
+	if row.undecodable != nil {
+		err = Permanent(row.undecodable)
+	} else if reg == nil {
 		err = fmt.Errorf("%w %q in this process (registered: %v)", ErrUnknownKind, row.Kind, c.cfg.Workers.Kinds())
 	} else {
 		err = runHandler(spanCtx, reg, row)
@@ -366,7 +358,7 @@ func runHandler(ctx context.Context, reg *registration, row *JobRow) (err error)
 	}
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("core: worker panicked: %v\n%s", r, debug.Stack())
+			err = &PanicError{Value: r, Stack: debug.Stack()}
 		}
 	}()
 	return reg.work(ctx, row)
@@ -388,7 +380,7 @@ func (c *Client) fail(log interface {
 	default:
 		delay = c.retryDelay(reg, row.Attempt, err)
 	}
-	msg := truncate(err.Error(), 8<<10)
+	msg := truncate(sanitizeText(err.Error()), 8<<10)
 	ctx, cancel := dbCtx()
 	defer cancel()
 	n, dbErr := dbx.PGX{Q: c.pool}.Exec(ctx, sqlFail, row.ID, row.LeaseToken, string(state), delay.Microseconds(), msg)

@@ -54,10 +54,11 @@ func tracer(tp trace.TracerProvider) trace.Tracer {
 
 // startEnqueueSpan starts the producer span of an enqueue of n jobs into
 // queue (the first job's queue for a batch; a batch spanning queues says so
-// in relay.batch.queues). It returns the span and the trace context to store
-// in each job's metadata (nil when the span is not recording).
-func startEnqueueSpan(ctx context.Context, queue string, n int) (context.Context, trace.Span, map[string]string) {
-	ctx, span := tracer(nil).Start(ctx, "send "+queue,
+// in relay.batch.queues) with tp (nil: the global provider). It returns the
+// span and the trace context to store in each job's metadata (nil when the
+// span is not recording).
+func startEnqueueSpan(ctx context.Context, tp trace.TracerProvider, queue string, n int) (context.Context, trace.Span, map[string]string) {
+	ctx, span := tracer(tp).Start(ctx, "send "+queue,
 		trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithAttributes(
 			attribute.String("messaging.system", "relay"),
@@ -77,8 +78,11 @@ func startEnqueueSpan(ctx context.Context, queue string, n int) (context.Context
 }
 
 // withTraceMetadata adds the trace context to a job's encoded metadata.
+// The caller's values are kept byte for byte (json.RawMessage): decoding
+// them into map[string]any would turn every number into a float64 and
+// change 1234567890123456789 into 1234567890123456800.
 func withTraceMetadata(meta json.RawMessage, tc map[string]string) (json.RawMessage, error) {
-	m := map[string]any{}
+	m := map[string]json.RawMessage{}
 	if err := json.Unmarshal(meta, &m); err != nil {
 		return nil, err
 	}
@@ -86,7 +90,11 @@ func withTraceMetadata(meta json.RawMessage, tc map[string]string) (json.RawMess
 		return meta, nil // the caller chose one; keep it
 	}
 	for k, v := range tc {
-		m[k] = v
+		b, err := json.Marshal(v)
+		if err != nil {
+			return nil, err
+		}
+		m[k] = b
 	}
 	return json.Marshal(m)
 }
@@ -97,11 +105,12 @@ func (c *Client) startAttemptSpan(ctx context.Context, row *JobRow) (context.Con
 	// Cheap when nothing traces: no metadata parse unless a trace context
 	// was stored, attributes only on a recording span.
 	if bytes.Contains(row.Metadata, []byte(MetaTraceParent)) {
-		var m map[string]any
+		var m map[string]json.RawMessage
 		if json.Unmarshal(row.Metadata, &m) == nil {
 			stored := propagation.MapCarrier{}
 			for _, k := range []string{MetaTraceParent, MetaTraceState} {
-				if v, ok := m[k].(string); ok {
+				var v string
+				if json.Unmarshal(m[k], &v) == nil && v != "" {
 					stored[k] = v
 				}
 			}
@@ -156,8 +165,11 @@ func endAttemptSpan(span trace.Span, err error, outcome JobState, retryIn time.D
 	span.End()
 }
 
-// errorType names an error's kind for error.type: Relay's own outcomes by
-// name, anything else by its Go type.
+// errorType names an error's kind for error.type: a stable category for
+// Relay's own outcomes (lease_lost, cancelled, shutdown, unknown_kind,
+// undecodable, panic, timeout, permanent), else the Go type of the
+// underlying error — beneath RetryIn and fmt.Errorf's %w wrappers, which
+// say nothing about what failed.
 func errorType(err error) string {
 	switch {
 	case errors.Is(err, ErrLeaseLost):
@@ -168,10 +180,37 @@ func errorType(err error) string {
 		return "shutdown"
 	case errors.Is(err, ErrUnknownKind):
 		return "unknown_kind"
+	case errors.Is(err, ErrUndecodableJob):
+		return "undecodable"
+	}
+	var pe *PanicError
+	if errors.As(err, &pe) {
+		return "panic"
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return "timeout"
 	}
 	var perm *permanentError
 	if errors.As(err, &perm) {
 		return "permanent"
 	}
-	return fmt.Sprintf("%T", err)
+	for {
+		var next error
+		switch e := err.(type) {
+		case *retryInError:
+			if e.err == nil {
+				return "retry_in"
+			}
+			next = e.err
+		default:
+			// fmt.Errorf's wrappers (one %w) carry no meaning of their own.
+			if t := fmt.Sprintf("%T", err); t == "*fmt.wrapError" {
+				next = errors.Unwrap(err)
+			}
+		}
+		if next == nil {
+			return fmt.Sprintf("%T", err)
+		}
+		err = next
+	}
 }

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -34,7 +35,8 @@ func (f WorkFunc[T]) Work(ctx context.Context, job *Job[T]) error { return f(ctx
 // Workers maps job kinds to the workers that run them. Build one with
 // NewWorkers and AddWorker, then hand it to a Client.
 type Workers struct {
-	byKind map[string]*registration
+	byKind     map[string]*registration
+	middleware []Middleware
 }
 
 // registration is one kind's worker with its type erased.
@@ -53,20 +55,26 @@ func NewWorkers() *Workers { return &Workers{byKind: map[string]*registration{}}
 func AddWorker[T JobArgs](ws *Workers, w Worker[T]) error {
 	var zero T
 	kind := zero.Kind()
-	if kind == "" {
-		return fmt.Errorf("core: add worker: %T.Kind() returned an empty string", zero)
+	if err := validateKind(kind, zero); err != nil {
+		return fmt.Errorf("core: add worker: %w", err)
 	}
 	if _, dup := ws.byKind[kind]; dup {
 		return fmt.Errorf("core: add worker: kind %q is already registered", kind)
 	}
+	handle := func(ctx context.Context, row *JobRow) error {
+		var args T
+		if bytes.Equal(bytes.TrimSpace(row.EncodedArgs), []byte("null")) {
+			// json.Unmarshal takes null as "leave args zero": the handler
+			// would run on zero values. Enqueue never writes it.
+			return fmt.Errorf("core: decode args of %s job %d into %T: args are JSON null, not an object", row.Kind, row.ID, args)
+		}
+		if err := json.Unmarshal(row.EncodedArgs, &args); err != nil {
+			return fmt.Errorf("core: decode args of %s job %d into %T: %w", row.Kind, row.ID, args, err)
+		}
+		return w.Work(ctx, &Job[T]{JobRow: row, Args: args})
+	}
 	reg := &registration{
-		work: func(ctx context.Context, row *JobRow) error {
-			var args T
-			if err := json.Unmarshal(row.EncodedArgs, &args); err != nil {
-				return fmt.Errorf("core: decode args of %s job %d into %T: %w", row.Kind, row.ID, args, err)
-			}
-			return w.Work(ctx, &Job[T]{JobRow: row, Args: args})
-		},
+		work: func(ctx context.Context, row *JobRow) error { return ws.chain(ctx, row, handle) },
 	}
 	if t, ok := w.(interface{ Timeout(*JobRow) time.Duration }); ok {
 		reg.timeout = t.Timeout

@@ -132,11 +132,11 @@ func TestClaimOrder(t *testing.T) {
 	ctx := context.Background()
 	base := time.Now().Add(-time.Hour)
 	params := []core.EnqueueParams{
-		{Args: echoArgs{Msg: "p2-early"}, Opts: &core.EnqueueOpts{Priority: 2, RunAt: base}},
-		{Args: echoArgs{Msg: "p0-late"}, Opts: &core.EnqueueOpts{Priority: 0, RunAt: base.Add(2 * time.Minute)}},
-		{Args: echoArgs{Msg: "p1"}, Opts: &core.EnqueueOpts{Priority: 1, RunAt: base}},
-		{Args: echoArgs{Msg: "p0-early"}, Opts: &core.EnqueueOpts{Priority: 0, RunAt: base.Add(time.Minute)}},
-		{Args: echoArgs{Msg: "future"}, Opts: &core.EnqueueOpts{Priority: 0, Delay: time.Hour}},
+		{Args: echoArgs{Msg: "p2-early"}, Opts: &core.EnqueueOpts{Priority: new(2), RunAt: base}},
+		{Args: echoArgs{Msg: "p0-late"}, Opts: &core.EnqueueOpts{Priority: new(0), RunAt: base.Add(2 * time.Minute)}},
+		{Args: echoArgs{Msg: "p1"}, Opts: &core.EnqueueOpts{Priority: new(1), RunAt: base}},
+		{Args: echoArgs{Msg: "p0-early"}, Opts: &core.EnqueueOpts{Priority: new(0), RunAt: base.Add(time.Minute)}},
+		{Args: echoArgs{Msg: "future"}, Opts: &core.EnqueueOpts{Priority: new(0), Delay: time.Hour}},
 	}
 	if _, err := core.EnqueueMany(ctx, pool, params); err != nil {
 		t.Fatal(err)

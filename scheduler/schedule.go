@@ -146,7 +146,7 @@ func (s Schedule) validate() (*declared, error) {
 		if s.Opts.Queue != "" {
 			o.Queue = s.Opts.Queue
 		}
-		if s.Opts.Priority != 0 {
+		if s.Opts.Priority != nil {
 			o.Priority = s.Opts.Priority
 		}
 		if s.Opts.MaxAttempts != 0 {
@@ -162,8 +162,12 @@ func (s Schedule) validate() (*declared, error) {
 	if o.MaxAttempts == 0 {
 		o.MaxAttempts = core.DefaultMaxAttempts
 	}
-	if o.Priority < 0 || o.Priority > core.MaxPriority || o.MaxAttempts < 0 {
-		return fail("priority %d or max attempts %d out of range", o.Priority, o.MaxAttempts)
+	priority := 0
+	if o.Priority != nil {
+		priority = *o.Priority
+	}
+	if priority < 0 || priority > core.MaxPriority || o.MaxAttempts < 0 || o.MaxAttempts > core.MaxMaxAttempts {
+		return fail("priority %d or max attempts %d out of range", priority, o.MaxAttempts)
 	}
 	meta := json.RawMessage(`{}`)
 	if len(o.Metadata) > 0 {
@@ -188,7 +192,7 @@ func (s Schedule) validate() (*declared, error) {
 	}
 	return &declared{
 		name: s.Name, spec: s.Spec, timezone: parsed.Location().String(), parsed: parsed,
-		kind: s.Args.Kind(), args: args, queue: o.Queue, priority: o.Priority, maxAttempts: o.MaxAttempts,
+		kind: s.Args.Kind(), args: args, queue: o.Queue, priority: priority, maxAttempts: o.MaxAttempts,
 		metadata: meta, catchUp: catchUp, catchUpLimit: limit, overlap: overlap,
 	}, nil
 }

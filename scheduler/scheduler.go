@@ -418,7 +418,7 @@ func enqueueFire(ctx context.Context, tx pgx.Tx, r *row, ft time.Time) (int64, e
 	meta[MetaSchedule] = r.name
 	meta[MetaFireTime] = ft.UTC().Format(time.RFC3339Nano)
 	res, err := core.Enqueue(ctx, tx, storedArgs{kind: r.kind, args: r.args}, &core.EnqueueOpts{
-		Queue: r.queue, Priority: r.priority, MaxAttempts: r.maxAttempts, Metadata: meta,
+		Queue: r.queue, Priority: new(r.priority), MaxAttempts: r.maxAttempts, Metadata: meta,
 	})
 	if err != nil {
 		return 0, fmt.Errorf("enqueue fire %s: %w", ft, err)

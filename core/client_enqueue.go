@@ -1,0 +1,33 @@
+package core
+
+import "context"
+
+// Enqueue writes one job on the client's pool, traced and counted with the
+// client's TracerProvider and MeterProvider (the package-level Enqueue
+// uses the global ones). See Enqueue.
+func (c *Client) Enqueue(ctx context.Context, args JobArgs, opts *EnqueueOpts) (EnqueueResult, error) {
+	return c.EnqueueTx(ctx, c.pool, args, opts)
+}
+
+// EnqueueMany writes a batch of jobs on the client's pool, with the
+// client's providers. See EnqueueMany.
+func (c *Client) EnqueueMany(ctx context.Context, params []EnqueueParams) ([]EnqueueResult, error) {
+	return c.EnqueueManyTx(ctx, c.pool, params)
+}
+
+// EnqueueTx writes one job through db (a caller's transaction, usually),
+// with the client's providers: the job's attempts then join the trace of
+// the span in ctx through the client's TracerProvider even when no global
+// provider is set.
+func (c *Client) EnqueueTx(ctx context.Context, db DB, args JobArgs, opts *EnqueueOpts) (EnqueueResult, error) {
+	res, err := c.EnqueueManyTx(ctx, db, []EnqueueParams{{Args: args, Opts: opts}})
+	if err != nil {
+		return EnqueueResult{}, err
+	}
+	return res[0], nil
+}
+
+// EnqueueManyTx is EnqueueMany through db with the client's providers.
+func (c *Client) EnqueueManyTx(ctx context.Context, db DB, params []EnqueueParams) ([]EnqueueResult, error) {
+	return enqueueMany(ctx, db, params, c.cfg.TracerProvider, c.metrics.enqueued)
+}
