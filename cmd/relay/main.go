@@ -29,6 +29,9 @@ Usage:
   relay bench [flags]                  measure throughput and latency: a burn-down of
                                        --jobs, or --rate jobs/s for --duration
                                        (relay bench -h lists the flags)
+  relay serve   [flags]                serve the admin API, /metrics, /healthz, /readyz
+                                       (relay serve -h lists the flags; docs/admin.md)
+  relay token   [flags]                print a development token signed with $RELAY_JWT_SECRET
 
 The database URL defaults to $DATABASE_URL.
 `
@@ -60,6 +63,10 @@ func main() {
 		err = runProveIdemWorker(ctx, os.Args[2:])
 	case "prove-scheduler":
 		err = runProveSchedulerProcess(ctx, os.Args[2:])
+	case "serve":
+		err = runServe(ctx, os.Args[2:])
+	case "token":
+		err = runToken(os.Args[2:])
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 		return
