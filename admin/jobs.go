@@ -144,6 +144,11 @@ type bulkInput struct {
 func (in *bulkInput) Resolve(huma.Context) []error {
 	f := in.Body.Filter
 	errs := checkRanges("body.filter", f.CreatedAfter, f.CreatedBefore, f.FinalizedAfter, f.FinalizedBefore)
+	for name, v := range map[string]string{"queue": f.Queue, "kind": f.Kind, "ordering_key": f.OrderingKey} {
+		if !cleanText(v) {
+			errs = append(errs, &huma.ErrorDetail{Location: "body.filter." + name, Message: "must be UTF-8 without NUL bytes"})
+		}
+	}
 	if f.State != "" && !slices.Contains(bulkStates[in.Body.Action], f.State) {
 		errs = append(errs, &huma.ErrorDetail{Location: "body.filter.state",
 			Message: fmt.Sprintf("%s applies to jobs in states %s", in.Body.Action, strings.Join(bulkStates[in.Body.Action], ", ")), Value: f.State})

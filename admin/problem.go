@@ -3,6 +3,8 @@ package admin
 import (
 	"encoding/json"
 	"net/http"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/danielgtaylor/huma/v2"
 )
@@ -28,6 +30,10 @@ func problemTransformer(ctx huma.Context, status string, v any) (any, error) {
 type problemRouter struct{ mux *http.ServeMux }
 
 func (p problemRouter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !cleanText(r.URL.Path) || !cleanText(queryText(r)) {
+		writeProblem(w, r, http.StatusBadRequest, "the path or query holds a NUL byte or invalid UTF-8")
+		return
+	}
 	h, pattern := p.mux.Handler(r)
 	if pattern != "" {
 		p.mux.ServeHTTP(w, r)
@@ -65,3 +71,21 @@ type headerRecorder struct {
 func (h *headerRecorder) Header() http.Header         { return h.header }
 func (h *headerRecorder) Write(b []byte) (int, error) { return len(b), nil }
 func (h *headerRecorder) WriteHeader(code int)        { h.status = code }
+
+// cleanText reports whether s can be a PostgreSQL text value: valid UTF-8
+// without NUL bytes. Anything else would fail in the database as a 500.
+func cleanText(s string) bool {
+	return utf8.ValidString(s) && !strings.ContainsRune(s, 0)
+}
+
+// queryText is every decoded query key and value, joined.
+func queryText(r *http.Request) string {
+	var b strings.Builder
+	for k, vs := range r.URL.Query() {
+		b.WriteString(k)
+		for _, v := range vs {
+			b.WriteString(v)
+		}
+	}
+	return b.String()
+}
