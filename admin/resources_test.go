@@ -5,12 +5,15 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/danielgtaylor/huma/v2"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -408,4 +411,40 @@ func TestOpenAPIMatchesHandlers(t *testing.T) {
 		}
 	}
 	t.Logf("%d operations documented and served", ops)
+}
+
+// TestDocsListEveryEndpoint: docs/admin.md has a heading for every
+// operation in the OpenAPI document, and none for an operation that is not.
+func TestDocsListEveryEndpoint(t *testing.T) {
+	t.Parallel()
+	_, api, err := newAPI(testdb.New(t), &Config{NoAuth: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs, err := os.ReadFile("../docs/admin.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	documented := map[string]bool{}
+	for _, m := range regexp.MustCompile("(?m)^#### ((?:GET|POST|DELETE|PUT|PATCH) \\S+)$").FindAllStringSubmatch(string(docs), -1) {
+		documented[m[1]] = true
+	}
+	served := map[string]bool{}
+	for path, item := range api.OpenAPI().Paths {
+		for method, o := range map[string]*huma.Operation{"GET": item.Get, "POST": item.Post, "DELETE": item.Delete, "PUT": item.Put, "PATCH": item.Patch} {
+			if o != nil {
+				served[method+" "+path] = true
+			}
+		}
+	}
+	for op := range served {
+		if !documented[op] {
+			t.Errorf("docs/admin.md lacks %q", op)
+		}
+	}
+	for op := range documented {
+		if !served[op] {
+			t.Errorf("docs/admin.md documents %q, which is not served", op)
+		}
+	}
 }
