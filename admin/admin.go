@@ -119,6 +119,7 @@ func newAPI(pool *pgxpool.Pool, cfg *Config) (http.Handler, huma.API, error) {
 	s.registerOutbox(api)
 	s.registerIdempotency(api)
 	s.registerAudit(api)
+	s.registerWhoami(api)
 	s.registerWorkflows(api)
 	return problemRouter{mux: mux}, api, nil
 }

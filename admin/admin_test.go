@@ -311,6 +311,10 @@ func TestJobLifecycle(t *testing.T) {
 		t.Fatalf("attempts: %s", mustJSON(atts))
 	}
 
+	if q := b.ok(b.do("GET", "/v1/queues/mail", b.ro, nil)); q["dead"].(float64) != 1 || q["succeeded"].(float64) != 1 {
+		t.Fatalf("queue: %s", mustJSON(q))
+	}
+
 	r := b.ok(b.do("POST", "/v1/jobs/"+itoa(dead)+"/requeue", b.rw, nil))
 	if r["state"] != "queued" || b.state(dead) != "queued" {
 		t.Fatalf("requeue: %s", mustJSON(r))
@@ -326,6 +330,11 @@ func TestJobLifecycle(t *testing.T) {
 	if e["subject"] != b.subject || e["action"] != "jobs.requeue" || e["rows_changed"].(float64) != 1 ||
 		!strings.Contains(string(mustJSON(e["target"])), itoa(dead)) {
 		t.Fatalf("audit entry: %s", mustJSON(e))
+	}
+
+	who := b.ok(b.do("GET", "/v1/whoami", b.ro, nil))
+	if who["subject"] != "reader" || string(mustJSON(who["scopes"])) != `["relay:read"]` {
+		t.Fatalf("whoami: %v", who)
 	}
 
 	// Retry now: a job queued for later runs now.

@@ -95,3 +95,20 @@ func (s *server) registerAudit(api huma.API) {
 			return out, nil
 		})
 }
+
+// Whoami is the caller as the API sees it.
+type Whoami struct {
+	Subject string   `json:"subject"`
+	Scopes  []string `json:"scopes" doc:"A client (the dashboard) hides what the token may not do"`
+}
+
+type whoamiOutput struct {
+	Body Whoami
+}
+
+func (s *server) registerWhoami(api huma.API) {
+	huma.Register(api, op("whoami", http.MethodGet, "/v1/whoami", "Who the token acts as, with its scopes", "auth"),
+		func(ctx context.Context, _ *struct{}) (*whoamiOutput, error) {
+			return &whoamiOutput{Body: Whoami{Subject: subject(ctx), Scopes: scopes(ctx)}}, nil
+		})
+}

@@ -260,9 +260,18 @@ func MintToken(secret []byte, o TokenOpts) (string, error) {
 // subjectKey carries the authenticated subject in a request's context.
 type subjectKey struct{}
 
+// scopesKey carries the token's scopes in a request's context.
+type scopesKey struct{}
+
 // subject is who makes the request, for the audit log.
 func subject(ctx context.Context) string {
 	s, _ := ctx.Value(subjectKey{}).(string)
+	return s
+}
+
+// scopes are the request's token's scopes.
+func scopes(ctx context.Context) []string {
+	s, _ := ctx.Value(scopesKey{}).([]string)
 	return s
 }
 
@@ -275,7 +284,7 @@ func (s *server) authenticate(api huma.API) func(huma.Context, func(huma.Context
 			need = ScopeRead
 		}
 		if s.verifier == nil {
-			next(huma.WithValue(ctx, subjectKey{}, "anonymous"))
+			next(huma.WithValue(huma.WithValue(ctx, subjectKey{}, "anonymous"), scopesKey{}, []string{ScopeRead, ScopeWrite}))
 			return
 		}
 		token, ok := strings.CutPrefix(ctx.Header("Authorization"), "Bearer ")
@@ -295,6 +304,6 @@ func (s *server) authenticate(api huma.API) func(huma.Context, func(huma.Context
 			huma.WriteErr(api, ctx, http.StatusForbidden, "the token lacks scope "+need) //nolint:errcheck // logged by huma
 			return
 		}
-		next(huma.WithValue(ctx, subjectKey{}, sub))
+		next(huma.WithValue(huma.WithValue(ctx, subjectKey{}, sub), scopesKey{}, scopes))
 	}
 }

@@ -154,18 +154,23 @@ WITH queued AS (
     WHERE state IN ('succeeded', 'dead') AND finalized_at > now() - $1 * interval '1 minute'
       AND ($2 = '' OR queue = $2)
     GROUP BY queue
+), dead AS (
+    SELECT queue, count(*) AS dead
+    FROM relay_jobs WHERE state = 'dead' AND ($2 = '' OR queue = $2) GROUP BY queue
 ), names AS (
     SELECT queue FROM queued UNION SELECT queue FROM running UNION SELECT queue FROM done
+    UNION SELECT queue FROM dead
     UNION SELECT queue FROM relay_queue_pauses WHERE ($2 = '' OR queue = $2)
 )
 SELECT n.queue, coalesce(q.runnable, 0), coalesce(q.scheduled, 0), coalesce(r.running, 0),
        coalesce(extract(epoch FROM now() - q.oldest), 0)::float8,
-       coalesce(d.succeeded, 0), coalesce(d.failed, 0),
+       coalesce(d.succeeded, 0), coalesce(d.failed, 0), coalesce(x.dead, 0),
        p.paused_at, coalesce(p.paused_by, '')
 FROM names AS n
 LEFT JOIN queued AS q USING (queue)
 LEFT JOIN running AS r USING (queue)
 LEFT JOIN done AS d USING (queue)
+LEFT JOIN dead AS x USING (queue)
 LEFT JOIN relay_queue_pauses AS p USING (queue)
 ORDER BY n.queue`
 

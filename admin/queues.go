@@ -22,15 +22,17 @@ type Queue struct {
 	// waited since its run_at (0 when none waits).
 	OldestRunnableAgeSeconds float64 `json:"oldest_runnable_age_seconds"`
 	// Succeeded and Failed (ended dead) count finishes of the window.
-	Succeeded          int64         `json:"succeeded"`
-	Failed             int64         `json:"failed"`
-	SucceededPerSecond float64       `json:"succeeded_per_second"`
-	FailedPerSecond    float64       `json:"failed_per_second"`
-	WindowMinutes      int           `json:"window_minutes"`
-	Minutes            []MinuteCount `json:"minutes" doc:"Finishes per minute of the window, oldest first; minutes without finishes are absent"`
-	Paused             bool          `json:"paused"`
-	PausedAt           *time.Time    `json:"paused_at,omitempty"`
-	PausedBy           string        `json:"paused_by,omitempty"`
+	Succeeded          int64   `json:"succeeded"`
+	Failed             int64   `json:"failed"`
+	SucceededPerSecond float64 `json:"succeeded_per_second"`
+	FailedPerSecond    float64 `json:"failed_per_second"`
+	WindowMinutes      int     `json:"window_minutes"`
+	// Dead counts the queue's dead jobs still kept (any age).
+	Dead     int64         `json:"dead"`
+	Minutes  []MinuteCount `json:"minutes" doc:"Finishes per minute of the window, oldest first; minutes without finishes are absent"`
+	Paused   bool          `json:"paused"`
+	PausedAt *time.Time    `json:"paused_at,omitempty"`
+	PausedBy string        `json:"paused_by,omitempty"`
 }
 
 // MinuteCount is one minute's finishes.
@@ -46,7 +48,7 @@ type listQueuesInput struct {
 
 type listQueuesOutput struct {
 	Body struct {
-		Items []Queue `json:"items" doc:"Every queue with jobs queued or running, finishes in the window, or a pause (queues are few: no paging)"`
+		Items []Queue `json:"items" doc:"Every queue with jobs queued, running or dead, finishes in the window, or a pause (queues are few: no paging)"`
 	}
 }
 
@@ -143,7 +145,7 @@ func (s *server) queues(ctx context.Context, window int, name string) ([]Queue, 
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Queue, error) {
 		q := Queue{WindowMinutes: window, Minutes: []MinuteCount{}}
 		err := r.Scan(&q.Name, &q.Runnable, &q.Scheduled, &q.Running, &q.OldestRunnableAgeSeconds,
-			&q.Succeeded, &q.Failed, &q.PausedAt, &q.PausedBy)
+			&q.Succeeded, &q.Failed, &q.Dead, &q.PausedAt, &q.PausedBy)
 		q.Paused = q.PausedAt != nil
 		q.SucceededPerSecond, q.FailedPerSecond = float64(q.Succeeded)/secs, float64(q.Failed)/secs
 		return q, err

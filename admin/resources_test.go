@@ -85,6 +85,9 @@ func TestQueuePauseThroughAPI(t *testing.T) {
 	if q["paused"] != true || q["runnable"].(float64) != 5 || q["running"].(float64) != 0 || q["paused_by"] != b.subject {
 		t.Fatalf("paused queue: %s", mustJSON(q))
 	}
+	if q["dead"].(float64) != 0 {
+		t.Fatalf("dead: %v", q["dead"])
+	}
 	if q["oldest_runnable_age_seconds"].(float64) <= 0 {
 		t.Fatalf("oldest age: %v", q["oldest_runnable_age_seconds"])
 	}
