@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -116,4 +118,50 @@ func freeAddr(t *testing.T) string {
 	addr := ln.Addr().String()
 	ln.Close()
 	return addr
+}
+
+// TestServeEndpoints: relay serve answers /healthz, /readyz, /metrics,
+// /openapi.json and the API, with a problem body for an unknown route, and
+// stops when its context ends.
+func TestServeEndpoints(t *testing.T) {
+	t.Setenv("RELAY_JWT_SECRET", "")
+	pool := testdb.New(t)
+	addr := freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- runServe(ctx, []string{"--database-url", pool.Config().ConnString(), "--listen", addr, "--no-auth"})
+	}()
+	get := func(path string) (int, string, string) {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			return 0, "", err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header.Get("Content-Type"), string(b)
+	}
+	testdb.WaitFor(t, "relay serve to listen", func() bool { code, _, _ := get("/healthz"); return code == 200 })
+	for path, want := range map[string]string{
+		"/readyz":       `"status":"ready"`,
+		"/metrics":      "# HELP",
+		"/openapi.json": `"openapi":"3.1.0"`,
+		"/v1/queues":    `"items":[]`,
+	} {
+		if code, _, body := get(path); code != 200 || !strings.Contains(body, want) {
+			t.Errorf("GET %s: %d %.200s", path, code, body)
+		}
+	}
+	if code, ct, _ := get("/nope"); code != 404 || ct != "application/problem+json" {
+		t.Errorf("unknown route: %d %s", code, ct)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("relay serve did not stop")
+	}
 }
