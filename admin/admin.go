@@ -11,9 +11,12 @@
 // it is generated from the handlers' Go types by huma, so it cannot drift
 // from them.
 //
-// The API uses the public APIs of core, scheduler and outbox, plus a few
-// read-only statements of its own (admin/queries.go); no database row type
-// crosses the API boundary.
+// Changes go through the public APIs of core (Cancel, Requeue, PauseQueue,
+// ResumeQueue) and scheduler (Pause, Resume, TriggerNow); reads and the few
+// changes those packages have no call for (retry now, delete a finished job,
+// redispatch an outbox event, delete an idempotency key) are statements of
+// its own, all in admin/queries.go. No database row type crosses the API
+// boundary.
 package admin
 
 import (

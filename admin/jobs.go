@@ -54,9 +54,6 @@ type Attempt struct {
 	Error      string     `json:"error,omitempty"`
 }
 
-// jobStates is the enum of job states in filters.
-const jobStates = "queued,claimed,succeeded,dead,cancelled"
-
 type listJobsInput struct {
 	State           string    `query:"state" enum:"queued,claimed,succeeded,dead,cancelled" doc:"One state; a finished state lists newest finish first"`
 	Queue           string    `query:"queue" maxLength:"128"`
@@ -330,8 +327,7 @@ func (s *server) getJob(ctx context.Context, in *jobIDInput) (*jobOutput, error)
 		return nil, s.jobError("get job", in.ID, err)
 	}
 	var traceparent string
-	var leaseExpires time.Time
-	if err := s.pool.QueryRow(ctx, sqlJobExtra, in.ID).Scan(&traceparent, &leaseExpires); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+	if err := s.pool.QueryRow(ctx, sqlJobTraceparent, in.ID).Scan(&traceparent); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return nil, s.internalError("get job", err)
 	}
 	d := JobDetail{
