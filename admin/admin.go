@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"time"
 
 	"github.com/danielgtaylor/huma/v2"
 	"github.com/danielgtaylor/huma/v2/adapters/humago"
@@ -48,6 +49,12 @@ type Config struct {
 	// BulkBatchSize caps the jobs a bulk operation changes per transaction.
 	// Default 500.
 	BulkBatchSize int
+	// BulkTimeBudget is how long a bulk operation keeps starting batches;
+	// when it runs out the answer says done: false, with the counts so far,
+	// and running the operation again continues. Default 20s.
+	BulkTimeBudget time.Duration
+	// RequestTimeout bounds every request's work. Default 60s.
+	RequestTimeout time.Duration
 	// Logger receives unexpected errors. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -86,6 +93,8 @@ func newAPI(pool *pgxpool.Pool, cfg *Config) (http.Handler, huma.API, error) {
 		c = *cfg
 	}
 	c.BulkBatchSize = cmp.Or(c.BulkBatchSize, 500)
+	c.BulkTimeBudget = cmp.Or(c.BulkTimeBudget, 20*time.Second)
+	c.RequestTimeout = cmp.Or(c.RequestTimeout, 60*time.Second)
 	s := &server{pool: pool, cfg: c, log: cmp.Or(c.Logger, slog.Default())}
 	switch {
 	case c.Auth != nil && c.NoAuth:

@@ -168,6 +168,7 @@ type BulkResult struct {
 	Changed int64  `json:"changed" doc:"Jobs changed (0 on a dry run)"`
 	Skipped int64  `json:"skipped" doc:"Matched jobs that had moved on (another state) by the time their batch ran"`
 	Batches int    `json:"batches" doc:"Transactions used, each of at most the batch size and audited"`
+	Done    bool   `json:"done" doc:"False when the time budget ran out first: run the same request again to continue"`
 }
 
 type bulkOutput struct {
@@ -390,7 +391,7 @@ func (s *server) bulkJobs(ctx context.Context, in *bulkInput) (*bulkOutput, erro
 	if b.Filter.State != "" {
 		f.States = []string{b.Filter.State}
 	}
-	res := BulkResult{Action: b.Action, DryRun: b.DryRun}
+	res := BulkResult{Action: b.Action, DryRun: b.DryRun, Done: true}
 	if b.DryRun {
 		sql, args := sqlBulkCount(f, max)
 		if err := s.pool.QueryRow(ctx, sql, args...).Scan(&res.Matched); err != nil {
@@ -399,7 +400,12 @@ func (s *server) bulkJobs(ctx context.Context, in *bulkInput) (*bulkOutput, erro
 		return &bulkOutput{Body: res}, nil
 	}
 	below := int64(1<<63 - 1)
+	budget := time.Now().Add(s.cfg.BulkTimeBudget)
 	for res.Matched < int64(max) {
+		if time.Now().After(budget) {
+			res.Done = false
+			break
+		}
 		batch := min(s.cfg.BulkBatchSize, max-int(res.Matched))
 		sql, args := sqlBulkBatch(f, below, batch)
 		rows, err := s.pool.Query(ctx, sql, args...)

@@ -451,3 +451,31 @@ func TestDocsListEveryEndpoint(t *testing.T) {
 		}
 	}
 }
+
+// TestBulkTimeBudget: a bulk operation whose time budget runs out answers
+// done: false with what it did, and the same request again continues.
+func TestBulkTimeBudget(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	short, err := Handler(pool, &Config{NoAuth: true, BulkTimeBudget: time.Nanosecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &bundle{t: t, pool: pool, h: short, ctx: context.Background()}
+	for range 3 {
+		b.job("k", "q", core.StateDead, "e")
+	}
+	req := map[string]any{"action": "requeue", "filter": map[string]any{"kind": "k"}}
+	r := b.ok(b.do("POST", "/v1/jobs/bulk", "", req))
+	if r["done"] != false || r["changed"].(float64) != 0 {
+		t.Fatalf("out of budget: %v", r)
+	}
+	b.h, err = Handler(pool, &Config{NoAuth: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = b.ok(b.do("POST", "/v1/jobs/bulk", "", req))
+	if r["done"] != true || r["changed"].(float64) != 3 {
+		t.Fatalf("second run: %v", r)
+	}
+}
