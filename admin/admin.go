@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/danielgtaylor/huma/v2"
@@ -55,6 +56,9 @@ type Config struct {
 	BulkTimeBudget time.Duration
 	// RequestTimeout bounds every request's work. Default 60s.
 	RequestTimeout time.Duration
+	// TraceURL, when set, makes each traced job link to its trace: the URL
+	// with {trace_id} replaced ("http://jaeger:16686/trace/{trace_id}").
+	TraceURL string
 	// Logger receives unexpected errors. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -107,6 +111,9 @@ func newAPI(pool *pgxpool.Pool, cfg *Config) (http.Handler, huma.API, error) {
 		s.verifier = v
 	case !c.NoAuth:
 		return nil, nil, errors.New("admin: no Auth configured (set NoAuth to serve without authentication)")
+	}
+	if c.TraceURL != "" && !strings.Contains(c.TraceURL, "{trace_id}") {
+		return nil, nil, errors.New("admin: TraceURL must contain {trace_id}")
 	}
 
 	mux := http.NewServeMux()

@@ -40,7 +40,9 @@ type JobDetail struct {
 	Args     json.RawMessage `json:"args"`
 	Metadata json.RawMessage `json:"metadata"`
 	// TraceID is the W3C trace id of the job's trace ("" when not traced).
-	TraceID  string    `json:"trace_id,omitempty"`
+	TraceID string `json:"trace_id,omitempty"`
+	// TraceURL links to the trace in a tracing UI (Config.TraceURL).
+	TraceURL string    `json:"trace_url,omitempty"`
 	Attempts []Attempt `json:"attempts"`
 }
 
@@ -337,6 +339,9 @@ func (s *server) getJob(ctx context.Context, in *jobIDInput) (*jobOutput, error)
 			AttemptedAt: timePtr(row.AttemptedAt), AttemptedBy: row.AttemptedBy, FinalizedAt: row.FinalizedAt,
 			LastError: row.LastError, OrderingKey: row.OrderingKey},
 		Args: row.EncodedArgs, Metadata: row.Metadata, TraceID: traceID(traceparent),
+	}
+	if d.TraceID != "" && s.cfg.TraceURL != "" {
+		d.TraceURL = strings.ReplaceAll(s.cfg.TraceURL, "{trace_id}", d.TraceID)
 	}
 	d.Attempts = attempts(row)
 	return &jobOutput{Body: d}, nil

@@ -29,6 +29,7 @@ func runServe(ctx context.Context, args []string) error {
 	audience := fs.String("audience", defaultAudience, "required aud claim of tokens")
 	jwks := fs.String("jwks-file", "", "JWKS file of RS256/ES256 public keys (instead of $"+secretEnv+")")
 	noAuth := fs.Bool("no-auth", false, "serve without authentication (loopback addresses only)")
+	traceURL := fs.String("trace-url", "", "link each traced job to its trace: a URL with {trace_id}, e.g. http://localhost:16686/trace/{trace_id}")
 	demoWorkers := fs.Bool("demo-workers", false, "also run workers for the demo's jobs, with demo.doomed fixed (the README walkthrough)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -36,7 +37,7 @@ func runServe(ctx context.Context, args []string) error {
 	if *url == "" {
 		return errors.New("serve: no database: pass --database-url or set $DATABASE_URL")
 	}
-	cfg := &admin.Config{Logger: slog.Default()}
+	cfg := &admin.Config{Logger: slog.Default(), TraceURL: *traceURL}
 	secret := os.Getenv(secretEnv)
 	switch {
 	case *jwks != "":
