@@ -148,18 +148,24 @@ func (in *bulkInput) Resolve(huma.Context) []error {
 			errs = append(errs, &huma.ErrorDetail{Location: "body.filter." + name, Message: "must be UTF-8 without NUL bytes"})
 		}
 	}
-	if f.State != "" && !slices.Contains(bulkStates[in.Body.Action], f.State) {
+	if f.State != "" && !slices.Contains(bulkStates(in.Body.Action), f.State) {
 		errs = append(errs, &huma.ErrorDetail{Location: "body.filter.state",
-			Message: fmt.Sprintf("%s applies to jobs in states %s", in.Body.Action, strings.Join(bulkStates[in.Body.Action], ", ")), Value: f.State})
+			Message: fmt.Sprintf("%s applies to jobs in states %s", in.Body.Action, strings.Join(bulkStates(in.Body.Action), ", ")), Value: f.State})
 	}
 	return errs
 }
 
-// bulkStates are the states each bulk action applies to.
-var bulkStates = map[string][]string{
-	"requeue": {"dead", "cancelled"},
-	"cancel":  {"queued", "claimed"},
-	"delete":  {"succeeded", "dead", "cancelled"},
+// bulkStates are the states a bulk action applies to.
+func bulkStates(action string) []string {
+	switch action {
+	case "requeue":
+		return []string{"dead", "cancelled"}
+	case "cancel":
+		return []string{"queued", "claimed"}
+	case "delete":
+		return []string{"succeeded", "dead", "cancelled"}
+	}
+	return nil
 }
 
 // BulkResult says what a bulk operation did (or, dry, would do).
@@ -392,7 +398,7 @@ func (s *server) bulkJobs(ctx context.Context, in *bulkInput) (*bulkOutput, erro
 	f := jobFilter{Queue: b.Filter.Queue, Kind: b.Filter.Kind, OrderingKey: b.Filter.OrderingKey,
 		CreatedAfter: timePtr(b.Filter.CreatedAfter), CreatedBefore: timePtr(b.Filter.CreatedBefore),
 		FinalizedAfter: timePtr(b.Filter.FinalizedAfter), FinalizedBefore: timePtr(b.Filter.FinalizedBefore),
-		States: bulkStates[b.Action]}
+		States: bulkStates(b.Action)}
 	if b.Filter.State != "" {
 		f.States = []string{b.Filter.State}
 	}
