@@ -291,8 +291,8 @@ func (s *server) authenticate(api huma.API) func(huma.Context, func(huma.Context
 			next(huma.WithValue(huma.WithValue(ctx, subjectKey{}, "anonymous"), scopesKey{}, []string{ScopeRead, ScopeWrite}))
 			return
 		}
-		token, ok := strings.CutPrefix(ctx.Header("Authorization"), "Bearer ")
-		if !ok || strings.TrimSpace(token) == "" {
+		scheme, token, _ := strings.Cut(ctx.Header("Authorization"), " ")
+		if !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(token) == "" { // the scheme is case-insensitive (RFC 9110 §11.1)
 			ctx.SetHeader("WWW-Authenticate", `Bearer realm="relay"`)
 			huma.WriteErr(api, ctx, http.StatusUnauthorized, "a bearer token is required (Authorization: Bearer <JWT>)") //nolint:errcheck // logged by huma
 			return
