@@ -73,6 +73,8 @@ RETURNING id, xmax <> 0`
 //   - A job with an ordering key is skipped while an earlier job with its key
 //     is queued, claimed or dead (one probe of relay_jobs_ordering_idx); a job
 //     without one pays only the IS NULL test.
+//   - A paused queue (a row in relay_queue_pauses, see core/pause.go)
+//     yields nothing: one primary-key probe, evaluated once per statement.
 //   - FOR UPDATE SKIP LOCKED locks the rows it picks and steps over rows
 //     another worker's claim has locked: claimers never wait on each other,
 //     and no row is picked twice.
@@ -97,6 +99,7 @@ WITH picked AS (
     SELECT id
     FROM relay_jobs AS c
     WHERE state = 'queued' AND queue = $1 AND run_at <= now()
+      AND NOT EXISTS (SELECT 1 FROM relay_queue_pauses WHERE queue = $1)
       AND (ordering_key IS NULL OR NOT EXISTS (
           SELECT 1 FROM relay_jobs AS e
           WHERE e.queue = c.queue AND e.ordering_key = c.ordering_key AND e.id < c.id
@@ -387,6 +390,7 @@ WITH candidates AS (
     SELECT id, kind, priority, run_at, tags
     FROM relay_jobs AS c
     WHERE state = 'queued' AND queue = $1 AND run_at <= now()
+      AND NOT EXISTS (SELECT 1 FROM relay_queue_pauses WHERE queue = $1)
       AND NOT (kind = ANY($6::text[])) AND NOT (tags && $10::text[])
       AND (ordering_key IS NULL OR NOT EXISTS (
           SELECT 1 FROM relay_jobs AS e
