@@ -119,6 +119,7 @@ func runStep[T any](wctx Context, kind, key string, opts *StepOpts, attempt func
 			return zero, &StepError{RunID: x.runID, Key: key, Attempts: h.attempts, Message: h.errMsg}
 		case stepRetrying:
 			if h.wakeAt != nil && h.wakeAt.After(x.now) {
+				x.checkCancel()
 				x.suspend(h.wakeAt.Sub(x.now))
 			}
 		}

@@ -32,6 +32,7 @@ func sleep(wctx Context, key string, until *time.Time, d time.Duration) error {
 			}
 			return nil
 		}
+		x.checkCancel()
 		x.suspend(h.wakeAt.Sub(x.now))
 	}
 	x.checkCancel()
