@@ -10,7 +10,6 @@ import (
 	"github.com/relayq/relay/workflow"
 )
 
-
 func TestThreeStepLatency(t *testing.T) {
 	if testing.Short() {
 		t.Skip("measurement")
