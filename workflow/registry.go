@@ -39,6 +39,7 @@ type Registry struct {
 	tracer trace.Tracer
 	byName map[string]*definition
 	stats  stats
+	waiter waiter
 }
 
 // Stats counts what a registry's executions did since it was made.
@@ -78,6 +79,7 @@ func (w *Workflow[In, Out]) Name() string { return w.name }
 // NewRegistry returns an empty registry whose executions write through pool.
 func NewRegistry(pool *pgxpool.Pool, cfg *Config) *Registry {
 	r := &Registry{pool: pool, byName: map[string]*definition{}}
+	r.waiter.r = r
 	if cfg != nil {
 		r.cfg = *cfg
 	}
