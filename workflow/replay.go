@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -457,4 +456,3 @@ func (x *execution) stepSpan(kind, key string, attempt int) (context.Context, tr
 		attribute.Int("relay.workflow.step.attempt", attempt)))
 }
 
-func itoa(i int) string { return strconv.Itoa(i) }
