@@ -455,4 +455,3 @@ func (x *execution) stepSpan(kind, key string, attempt int) (context.Context, tr
 		attribute.Int("relay.workflow.position", x.pos-1),
 		attribute.Int("relay.workflow.step.attempt", attempt)))
 }
-
