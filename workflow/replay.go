@@ -176,7 +176,9 @@ func (x *execution) write(fn func(ctx context.Context, tx pgx.Tx) error) error {
 func (x *execution) writeTx(fn func(ctx context.Context, tx pgx.Tx) error, hold bool) error {
 	ctx := x.ctx
 	cancel := false
-	err := pgx.BeginFunc(context.WithoutCancel(ctx), x.r.pool, func(tx pgx.Tx) error {
+	wctx, cancelWrite := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	defer cancelWrite()
+	err := pgx.BeginFunc(wctx, x.r.pool, func(tx pgx.Tx) error {
 		b := &pgx.Batch{}
 		q := sqlCancelRequested
 		if !x.touched {
@@ -228,6 +230,71 @@ func (x *execution) writeTx(fn func(ctx context.Context, tx pgx.Tx) error, hold 
 	return nil
 }
 
+// writeTimeout bounds one of an execution's writes.
+const writeTimeout = 30 * time.Second
+
+// outcome is a run's end, for batchWrite.
+type outcome struct {
+	state  RunState
+	output any // the encoded output (string) or nil
+	msg    string
+}
+
+// batchWrite is write without a function of the caller's, in one round
+// trip: the lease check (core.LeaseCheck), the bookkeeping, the deferred
+// checkpoints and, given fin, the run's outcome and the wake-up of Result
+// callers are one pipelined batch, which PostgreSQL runs as one implicit
+// transaction: all of it commits under the lease, or none of it.
+func (x *execution) batchWrite(fin *outcome) error {
+	ctx, cancelWrite := context.WithTimeout(context.WithoutCancel(x.ctx), writeTimeout)
+	defer cancelWrite()
+	b := &pgx.Batch{}
+	sql, args := core.LeaseCheck(x.job.JobRow)
+	b.Queue(sql, args...)
+	q := sqlCancelRequested
+	if !x.touched {
+		q = sqlTouchRun
+	}
+	b.Queue(q, x.runID)
+	if len(x.dueWaits) > 0 {
+		b.Queue(sqlCompleteWaits, x.runID, x.dueWaits)
+	}
+	if x.setState != "" {
+		b.Queue(sqlSetRunState, x.runID, string(x.setState))
+	}
+	for _, s := range x.pending {
+		b.Queue(sqlUpsertStep, x.runID, s.position, s.key, s.kind, s.state, s.output, s.errMsg, 1, nil, nil, s.childID)
+	}
+	if fin != nil {
+		b.Queue(sqlFinishRun, x.runID, string(fin.state), fin.output, fin.msg)
+		b.Queue(sqlNotifyDone, x.runID)
+	}
+	br := x.r.pool.SendBatch(ctx, b)
+	_, err := br.Exec()
+	cancel := false
+	if err == nil {
+		err = br.QueryRow().Scan(&cancel)
+	}
+	for i := 2; err == nil && i < b.Len(); i++ {
+		_, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		if core.IsLeaseLost(err) {
+			x.r.stats.refused.Add(1)
+			x.r.logger.Warn("relay: workflow checkpoint refused: the execution lost the run's lease", "run_id", x.runID, "job_id", x.job.ID)
+			return fmt.Errorf("%w: %w", core.ErrLeaseLost, err)
+		}
+		return err
+	}
+	x.touched, x.dueWaits, x.setState, x.pending = true, nil, "", nil
+	x.cancelling = x.cancelling || cancel
+	x.r.stats.checkpoints.Add(1)
+	return nil
+}
+
 // later defers the checkpoint of a completed step (or recorded value) to
 // the execution's next write: nothing outside the function has seen its
 // output before then, because that write comes before the next step's fn
@@ -245,8 +312,14 @@ func (x *execution) later(s *stepRow) {
 // flush commits the deferred checkpoints now: before a step's fn runs,
 // since its effects may depend on their outputs.
 func (x *execution) flush() {
-	if len(x.pending) > 0 {
-		x.fenced(func(context.Context, pgx.Tx) error { return nil })
+	if len(x.pending) == 0 {
+		return
+	}
+	if err := x.batchWrite(nil); err != nil {
+		if errors.Is(err, core.ErrLeaseLost) {
+			x.stop(&unwind{kind: unwindLost, err: err})
+		}
+		x.stop(&unwind{kind: unwindAbort, err: fmt.Errorf("workflow: run %s: checkpoint: %w", x.runID, err)})
 	}
 }
 
@@ -385,7 +458,7 @@ func (x *execution) unwound(u *unwind, err error) error {
 	switch u.kind {
 	case unwindSuspend:
 		if len(x.pending) > 0 {
-			if err := x.write(func(context.Context, pgx.Tx) error { return nil }); err != nil {
+			if err := x.batchWrite(nil); err != nil {
 				return fmt.Errorf("workflow: run %s: checkpoint before suspending: %w", x.runID, err)
 			}
 		}
@@ -418,28 +491,39 @@ func (x *execution) call() (out []byte, err error, u *unwind) {
 }
 
 // finish records the run's outcome, wakes its parent and the callers
-// waiting on Result, and completes the run's job: one transaction, fenced
-// by the job's lease (core.CompleteTx).
+// waiting on Result, fenced by the run job's lease. A child's end, its
+// parent's wake-up and its job's success are one transaction
+// (core.CompleteTx).
 func (x *execution) finish(state RunState, output []byte, msg string) error {
 	var out any
 	if output != nil {
 		out = string(output)
 	}
-	err := x.writeTx(func(ctx context.Context, tx pgx.Tx) error {
-		var parentJob int64
-		if err := tx.QueryRow(ctx, sqlFinishRun, x.runID, string(state), out, msg).Scan(&parentJob); err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("finish run: %w", err)
-		}
-		if parentJob != 0 {
-			if err := core.Wake(ctx, tx, parentJob); err != nil {
+	var err error
+	if x.run.parentID == "" {
+		// A root run: its outcome commits in one round trip under the
+		// lease; the job's success is then recorded by the core, as any
+		// job's (a crash in between re-executes the run, which finds it
+		// finished and ends).
+		err = x.batchWrite(&outcome{state: state, output: out, msg: msg})
+	} else {
+		err = x.writeTx(func(ctx context.Context, tx pgx.Tx) error {
+			var parentJob int64
+			if err := tx.QueryRow(ctx, sqlFinishRun, x.runID, string(state), out, msg).Scan(&parentJob); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				return fmt.Errorf("finish run: %w", err)
+			}
+			// The parent wakes in the transaction that records the child's end.
+			if parentJob != 0 {
+				if err := core.Wake(ctx, tx, parentJob); err != nil {
+					return err
+				}
+			}
+			if _, err := tx.Exec(ctx, sqlNotifyDone, x.runID); err != nil {
 				return err
 			}
-		}
-		if _, err := tx.Exec(ctx, sqlNotifyDone, x.runID); err != nil {
-			return err
-		}
-		return core.CompleteTx(ctx, tx, x.job)
-	}, false)
+			return core.CompleteTx(ctx, tx, x.job)
+		}, false)
+	}
 	if err != nil {
 		return fmt.Errorf("workflow: run %s: record outcome %s: %w", x.runID, state, err)
 	}
