@@ -12,7 +12,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/relayq/relay/core"
-	"github.com/relayq/relay/internal/dbx"
 )
 
 // Context is what a workflow function receives: a context.Context (for
@@ -357,30 +356,39 @@ func (x *execution) upsert(ctx context.Context, tx pgx.Tx, s *stepRow, attempts 
 	return at, nil
 }
 
-// load reads the run and its whole history (one query for the history).
+// load reads the run and its whole history: two statements in one round
+// trip, the history in one query however many steps it holds.
 func (x *execution) load(ctx context.Context) error {
-	ex := dbx.PGX{Q: x.r.pool}
-	found := false
-	err := ex.Query(ctx, sqlLoadRun, []any{x.runID}, func(r dbx.Scanner) error {
-		found = true
-		i := &x.run
-		return r.Scan(&i.workflow, &i.state, &i.input, &i.queue, &i.parentID, &i.trace, &i.cancelRequested, &i.generation, &x.now)
-	})
+	b := &pgx.Batch{}
+	b.Queue(sqlLoadRun, x.runID)
+	b.Queue(sqlLoadSteps, x.runID)
+	br := x.r.pool.SendBatch(ctx, b)
+	defer br.Close()
+	i := &x.run
+	err := br.QueryRow().Scan(&i.workflow, &i.state, &i.input, &i.queue, &i.parentID, &i.trace, &i.cancelRequested, &i.generation, &x.now)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrRunNotFound
+	}
 	if err != nil {
 		return fmt.Errorf("workflow: load run %s: %w", x.runID, err)
 	}
-	if !found {
-		return ErrRunNotFound
+	rows, err := br.Query()
+	if err != nil {
+		return fmt.Errorf("workflow: load steps of run %s: %w", x.runID, err)
 	}
+	defer rows.Close()
 	x.hist = map[int]*stepRow{}
-	return ex.Query(ctx, sqlLoadSteps, []any{x.runID}, func(r dbx.Scanner) error {
+	for rows.Next() {
 		s := &stepRow{}
-		if err := r.Scan(&s.position, &s.key, &s.kind, &s.state, &s.output, &s.errMsg, &s.attempts, &s.wakeAt, &s.childID); err != nil {
+		if err := rows.Scan(&s.position, &s.key, &s.kind, &s.state, &s.output, &s.errMsg, &s.attempts, &s.wakeAt, &s.childID); err != nil {
 			return fmt.Errorf("workflow: load steps of run %s: %w", x.runID, err)
 		}
 		x.hist[s.position] = s
-		return nil
-	})
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("workflow: load steps of run %s: %w", x.runID, err)
+	}
+	return nil
 }
 
 // execute runs one execution of a run: the core job's handler.
