@@ -29,11 +29,11 @@ func TestCrashingRunEndsFailed(t *testing.T) {
 	b.startWith(&core.Config{RescueInterval: 50 * time.Millisecond})
 	h, _ := workflow.Start(context.Background(), b.pool, wf, 0, &workflow.StartOpts{MaxAttempts: 3})
 	_, err := result[int](t, b.pool, h.ID)
-	if !errors.Is(err, workflow.ErrRunFailed) || !strings.Contains(err.Error(), "crashed") {
+	if !errors.Is(err, workflow.ErrRunFailed) || !strings.Contains(err.Error(), "3 executions crashed") {
 		t.Fatalf("want a failed run, got %v", err)
 	}
-	if calls.Load() != 2 {
-		t.Fatalf("step ran %d times, want 2 (the third attempt fails the run)", calls.Load())
+	if calls.Load() != 3 {
+		t.Fatalf("step ran %d times, want 3 (the fourth execution fails the run)", calls.Load())
 	}
 }
 

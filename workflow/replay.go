@@ -438,7 +438,8 @@ func (x *execution) main() error {
 	job := x.job
 	if job.Attempt > 1 && job.Attempt >= job.MaxAttempts {
 		// Every earlier attempt of this job crashed or failed (suspensions
-		// are not attempts): stop here rather than crash-loop.
+		// are not attempts), as many as StartOpts.MaxAttempts: stop here
+		// rather than crash-loop (the job got one attempt more for this).
 		return x.finish(StateFailed, nil, fmt.Sprintf("workflow: run %s: %d executions crashed or failed (last: %s)", x.runID, job.Attempt-1, job.LastError))
 	}
 	x.def = x.r.byName[x.run.workflow]
