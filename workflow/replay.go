@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -90,6 +91,10 @@ type execution struct {
 	eventSeq  map[string]int
 	ctx       context.Context
 	unwinding *unwind
+	// goroutines are the steps started by Go; cancels end them when the
+	// execution ends.
+	goroutines sync.WaitGroup
+	cancels    []func()
 }
 
 // unwind ends a workflow function early, carried by a panic from the
@@ -414,6 +419,7 @@ func (r *Registry) execute(ctx context.Context, job *core.Job[runArgs]) error {
 		attribute.Int("relay.job.attempt", job.Attempt)))
 	x.ctx = ctx
 	err := x.main()
+	x.endGoroutines()
 	switch {
 	case err == nil:
 		endSpan(span, nil, attribute.String("relay.workflow.outcome", "finished"))
@@ -547,4 +553,22 @@ func (x *execution) stepSpan(kind, key string, attempt int) (context.Context, tr
 		attribute.String("relay.workflow.step", key),
 		attribute.Int("relay.workflow.position", x.pos-1),
 		attribute.Int("relay.workflow.step.attempt", attempt)))
+}
+
+// endGoroutines cancels the steps started by Go that were never collected
+// and waits, a bounded time, for them to return.
+func (x *execution) endGoroutines() {
+	if len(x.cancels) == 0 {
+		return
+	}
+	for _, cancel := range x.cancels {
+		cancel()
+	}
+	done := make(chan struct{})
+	go func() { x.goroutines.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		x.r.logger.Warn("relay: steps started by workflow.Go ignore their cancelled context; leaving them running", "run_id", x.runID)
+	}
 }
