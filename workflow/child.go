@@ -93,7 +93,7 @@ func (f *Future[Out]) Get(wctx Context) (Out, error) {
 		}
 		return out, nil
 	}
-	if h != nil && h.state == stepCompleted {
+	if h != nil && (h.state == stepCompleted || h.state == stepFailed) {
 		return decode(h)
 	}
 	var state, output, msg string
@@ -109,8 +109,10 @@ func (f *Future[Out]) Get(wctx Context) (Out, error) {
 	if RunState(state) == StateCompleted {
 		s.output = output
 	} else {
+		// Failed: Retry of this run starts again here (Retry the child
+		// first to have it run again).
 		b, _ := json.Marshal(ChildError{RunID: f.RunID, State: RunState(state), Message: msg})
-		s.errMsg = string(b)
+		s.state, s.errMsg = stepFailed, string(b)
 	}
 	x.fenced(func(ctx context.Context, tx pgx.Tx) error {
 		_, err := x.upsert(ctx, tx, s, 1, nil, -1)
