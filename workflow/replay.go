@@ -249,7 +249,7 @@ type outcome struct {
 // checkpoints and, given fin, the run's outcome and the wake-up of Result
 // callers are one pipelined batch, which PostgreSQL runs as one implicit
 // transaction: all of it commits under the lease, or none of it.
-func (x *execution) batchWrite(fin *outcome) error {
+func (x *execution) batchWrite(fin *outcome, extra ...*stepWrite) error {
 	ctx, cancelWrite := context.WithTimeout(context.WithoutCancel(x.ctx), writeTimeout)
 	defer cancelWrite()
 	b := &pgx.Batch{}
@@ -268,6 +268,9 @@ func (x *execution) batchWrite(fin *outcome) error {
 	}
 	for _, s := range x.pending {
 		b.Queue(sqlUpsertStep, x.runID, s.position, s.key, s.kind, s.state, s.output, s.errMsg, 1, nil, nil, s.childID)
+	}
+	for _, w := range extra {
+		b.Queue(sqlUpsertStep, w.args(x.runID)...)
 	}
 	if fin != nil {
 		b.Queue(sqlFinishRun, x.runID, string(fin.state), fin.output, fin.msg)
@@ -294,9 +297,48 @@ func (x *execution) batchWrite(fin *outcome) error {
 		return err
 	}
 	x.touched, x.dueWaits, x.setState, x.pending = true, nil, "", nil
+	for _, w := range extra {
+		w.row.attempts += w.attempts
+		x.hist[w.row.position] = w.row
+	}
 	x.cancelling = x.cancelling || cancel
 	x.r.stats.checkpoints.Add(1)
 	return nil
+}
+
+// stepWrite is a checkpoint written by batchWrite: row, attempts to add,
+// and its wake-up (wakeAt, or delay from the database's now() when delay is
+// not negative; neither for none).
+type stepWrite struct {
+	row      *stepRow
+	attempts int
+	wakeAt   *time.Time
+	delay    time.Duration
+}
+
+func (w *stepWrite) args(runID string) []any {
+	s := w.row
+	var out any
+	if s.output != "" {
+		out = s.output
+	}
+	var delayUS *int64
+	if w.wakeAt == nil && w.delay >= 0 {
+		us := w.delay.Microseconds()
+		delayUS = &us
+	}
+	return []any{runID, s.position, s.key, s.kind, s.state, out, s.errMsg, w.attempts, w.wakeAt, delayUS, s.childID}
+}
+
+// record is batchWrite of checkpoints for the execution's own bookkeeping:
+// any failure ends the execution, as fenced.
+func (x *execution) record(writes ...*stepWrite) {
+	if err := x.batchWrite(nil, writes...); err != nil {
+		if errors.Is(err, core.ErrLeaseLost) {
+			x.stop(&unwind{kind: unwindLost, err: err})
+		}
+		x.stop(&unwind{kind: unwindAbort, err: fmt.Errorf("workflow: run %s: checkpoint: %w", x.runID, err)})
+	}
 }
 
 // later defers the checkpoint of a completed step (or recorded value) to

@@ -187,16 +187,10 @@ func settleStep[T any](x *execution, p stepPlan, out T, enc []byte, err error, r
 		delay = p.policy.RetryDelay(p.n, err)
 	}
 	if core.IsPermanent(err) || p.n >= p.maxAttempts {
-		x.fenced(func(ctx context.Context, tx pgx.Tx) error {
-			_, err := x.upsert(ctx, tx, &stepRow{position: p.pos, key: p.key, kind: p.kind, state: stepFailed, errMsg: msg}, 1, nil, 0)
-			return err
-		})
+		x.record(&stepWrite{row: &stepRow{position: p.pos, key: p.key, kind: p.kind, state: stepFailed, errMsg: msg}, attempts: 1, delay: -1})
 		return zero, &StepError{RunID: x.runID, Key: p.key, Attempts: p.n, Message: msg, Err: err}
 	}
-	x.fenced(func(ctx context.Context, tx pgx.Tx) error {
-		_, err := x.upsert(ctx, tx, &stepRow{position: p.pos, key: p.key, kind: p.kind, state: stepRetrying, errMsg: msg}, 1, nil, delay)
-		return err
-	})
+	x.record(&stepWrite{row: &stepRow{position: p.pos, key: p.key, kind: p.kind, state: stepRetrying, errMsg: msg}, attempts: 1, delay: delay})
 	x.suspend(delay)
 	return zero, nil // not reached
 }
