@@ -178,9 +178,8 @@ func (x *execution) write(fn func(ctx context.Context, tx pgx.Tx) error) error {
 // the run's touch or cancel check, due sleeps, a state change, and the
 // deferred checkpoints (see later).
 func (x *execution) writeTx(fn func(ctx context.Context, tx pgx.Tx) error, hold bool) error {
-	ctx := x.ctx
 	cancel := false
-	wctx, cancelWrite := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	wctx, cancelWrite := context.WithTimeout(context.WithoutCancel(x.ctx), writeTimeout)
 	defer cancelWrite()
 	err := pgx.BeginFunc(wctx, x.r.pool, func(tx pgx.Tx) error {
 		b := &pgx.Batch{}
@@ -196,9 +195,9 @@ func (x *execution) writeTx(fn func(ctx context.Context, tx pgx.Tx) error, hold 
 			b.Queue(sqlSetRunState, x.runID, string(x.setState))
 		}
 		for _, s := range x.pending {
-			b.Queue(sqlUpsertStep, x.runID, s.position, s.key, s.kind, s.state, s.output, s.errMsg, 1, nil, nil, s.childID)
+			b.Queue(sqlUpsertStep, (&stepWrite{row: s, attempts: 1, delay: -1}).args(x.runID)...)
 		}
-		br := tx.SendBatch(ctx, b)
+		br := tx.SendBatch(wctx, b)
 		if err := br.QueryRow().Scan(&cancel); err != nil {
 			br.Close()
 			return fmt.Errorf("touch run: %w", err)
@@ -212,14 +211,14 @@ func (x *execution) writeTx(fn func(ctx context.Context, tx pgx.Tx) error, hold 
 		if err := br.Close(); err != nil {
 			return err
 		}
-		if err := fn(ctx, tx); err != nil {
+		if err := fn(wctx, tx); err != nil {
 			return err
 		}
 		if !hold {
 			return nil
 		}
 		// Last, so the job row is locked only for the commit.
-		return core.HoldLease(ctx, tx, x.job.JobRow)
+		return core.HoldLease(wctx, tx, x.job.JobRow)
 	})
 	if err != nil {
 		if errors.Is(err, core.ErrLeaseLost) {
@@ -267,7 +266,7 @@ func (x *execution) batchWrite(fin *outcome, extra ...*stepWrite) error {
 		b.Queue(sqlSetRunState, x.runID, string(x.setState))
 	}
 	for _, s := range x.pending {
-		b.Queue(sqlUpsertStep, x.runID, s.position, s.key, s.kind, s.state, s.output, s.errMsg, 1, nil, nil, s.childID)
+		b.Queue(sqlUpsertStep, (&stepWrite{row: s, attempts: 1, delay: -1}).args(x.runID)...)
 	}
 	for _, w := range extra {
 		b.Queue(sqlUpsertStep, w.args(x.runID)...)
