@@ -178,6 +178,12 @@ func settleStep[T any](x *execution, p stepPlan, out T, enc []byte, err error, r
 		}
 		return out, nil
 	}
+	if x.ctx.Err() != nil {
+		// The execution itself was stopped (shutdown, lost lease, cancelled
+		// job): not the step's failure. Record nothing; the step runs again
+		// in the next execution.
+		x.stop(&unwind{kind: unwindAbort, err: fmt.Errorf("workflow: run %s: step %q interrupted: %w", x.runID, p.key, context.Cause(x.ctx))})
+	}
 	msg := err.Error()
 	if len(msg) > 8<<10 {
 		msg = msg[:8<<10] + "…(truncated)"
