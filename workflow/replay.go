@@ -252,8 +252,6 @@ func (x *execution) batchWrite(fin *outcome, extra ...*stepWrite) error {
 	ctx, cancelWrite := context.WithTimeout(context.WithoutCancel(x.ctx), writeTimeout)
 	defer cancelWrite()
 	b := &pgx.Batch{}
-	sql, args := core.LeaseCheck(x.job.JobRow)
-	b.Queue(sql, args...)
 	q := sqlCancelRequested
 	if !x.touched {
 		q = sqlTouchRun
@@ -275,13 +273,15 @@ func (x *execution) batchWrite(fin *outcome, extra ...*stepWrite) error {
 		b.Queue(sqlFinishRun, x.runID, string(fin.state), fin.output, fin.msg)
 		b.Queue(sqlNotifyDone, x.runID)
 	}
+	// Last, as in writeTx: rows are locked in one order everywhere (the
+	// run's row, then its job's), which Cancel and Signal follow too, so
+	// no two writers deadlock.
+	sql, args := core.LeaseCheck(x.job.JobRow)
+	b.Queue(sql, args...)
 	br := x.r.pool.SendBatch(ctx, b)
-	_, err := br.Exec()
 	cancel := false
-	if err == nil {
-		err = br.QueryRow().Scan(&cancel)
-	}
-	for i := 2; err == nil && i < b.Len(); i++ {
+	err := br.QueryRow().Scan(&cancel)
+	for i := 1; err == nil && i < b.Len(); i++ {
 		_, err = br.Exec()
 	}
 	if cerr := br.Close(); err == nil {
