@@ -252,11 +252,16 @@ func (x *execution) batchWrite(fin *outcome, extra ...*stepWrite) error {
 	ctx, cancelWrite := context.WithTimeout(context.WithoutCancel(x.ctx), writeTimeout)
 	defer cancelWrite()
 	b := &pgx.Batch{}
-	q := sqlCancelRequested
-	if !x.touched {
-		q = sqlTouchRun
+	// The cancel flag matters to an execution that goes on; the outcome's
+	// batch reads it only as part of the first write's touch.
+	readCancel := fin == nil || !x.touched
+	if readCancel {
+		q := sqlCancelRequested
+		if !x.touched {
+			q = sqlTouchRun
+		}
+		b.Queue(q, x.runID)
 	}
-	b.Queue(q, x.runID)
 	if len(x.dueWaits) > 0 {
 		b.Queue(sqlCompleteWaits, x.runID, x.dueWaits)
 	}
@@ -270,8 +275,7 @@ func (x *execution) batchWrite(fin *outcome, extra ...*stepWrite) error {
 		b.Queue(sqlUpsertStep, w.args(x.runID)...)
 	}
 	if fin != nil {
-		b.Queue(sqlFinishRun, x.runID, string(fin.state), fin.output, fin.msg)
-		b.Queue(sqlNotifyDone, x.runID)
+		b.Queue(sqlFinishRootRun, x.runID, string(fin.state), fin.output, fin.msg)
 	}
 	// Last, as in writeTx: rows are locked in one order everywhere (the
 	// run's row, then its job's), which Cancel and Signal follow too, so
@@ -280,8 +284,13 @@ func (x *execution) batchWrite(fin *outcome, extra ...*stepWrite) error {
 	b.Queue(sql, args...)
 	br := x.r.pool.SendBatch(ctx, b)
 	cancel := false
-	err := br.QueryRow().Scan(&cancel)
-	for i := 1; err == nil && i < b.Len(); i++ {
+	var err error
+	first := 0
+	if readCancel {
+		err = br.QueryRow().Scan(&cancel)
+		first = 1
+	}
+	for i := first; err == nil && i < b.Len(); i++ {
 		_, err = br.Exec()
 	}
 	if cerr := br.Close(); err == nil {
