@@ -74,6 +74,8 @@ type JobRow struct {
 	// completedInTx is set by CompleteTx, telling the executor that success
 	// was recorded in the handler's own transaction.
 	completedInTx bool
+	// run is the attempt running this job in a client (nil elsewhere).
+	run *running
 }
 
 // AttemptRecord is one failed or interrupted attempt.

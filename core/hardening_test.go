@@ -1,0 +1,349 @@
+package core_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/netfault"
+	"github.com/relayq/relay/internal/testdb"
+)
+
+type heldArgs struct{ N int }
+
+func (heldArgs) Kind() string { return "held" }
+
+// holder runs heldArgs jobs that each wait until released by job id or
+// until their context ends; ends records each job's context cause (nil
+// when released) and when it came.
+type holder struct {
+	started chan int64
+	mu      sync.Mutex
+	release map[int64]chan error
+	ends    map[int64]holderEnd
+}
+
+type holderEnd struct {
+	cause error
+	at    time.Time
+}
+
+func newHolder() (*holder, *core.Workers) {
+	h := &holder{started: make(chan int64, 100), release: map[int64]chan error{}, ends: map[int64]holderEnd{}}
+	ws := core.NewWorkers()
+	core.MustAddWorker(ws, core.WorkFunc[heldArgs](func(ctx context.Context, j *core.Job[heldArgs]) error {
+		ch := h.ch(j.ID)
+		h.started <- j.ID
+		select {
+		case err := <-ch:
+			h.end(j.ID, nil)
+			return err
+		case <-ctx.Done():
+			h.end(j.ID, context.Cause(ctx))
+			return ctx.Err()
+		}
+	}))
+	return h, ws
+}
+
+func (h *holder) ch(id int64) chan error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.release[id] == nil {
+		h.release[id] = make(chan error, 1)
+	}
+	return h.release[id]
+}
+
+func (h *holder) end(id int64, cause error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.ends[id] = holderEnd{cause, time.Now()}
+}
+
+func (h *holder) ended(id int64) (holderEnd, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	e, ok := h.ends[id]
+	return e, ok
+}
+
+// proxied returns a pool on a fresh database reached through a proxy the
+// test can cut.
+func proxied(t *testing.T, maxConns int32) (*pgxpool.Pool, *pgxpool.Pool, *netfault.Proxy) {
+	t.Helper()
+	url := testdb.URL(t)
+	direct, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(direct.Close)
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := netfault.Listen(net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	host, port, _ := net.SplitHostPort(p.Addr())
+	n, _ := strconv.Atoi(port)
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(n)
+	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, direct, p
+}
+
+// waitDBTime waits until the database's clock passes t.
+func waitDBTime(t *testing.T, pool *pgxpool.Pool, at time.Time) {
+	t.Helper()
+	waitFor(t, "database time "+at.Format(time.RFC3339Nano), func() bool {
+		var past bool
+		if err := pool.QueryRow(context.Background(), `SELECT now() > $1`, at).Scan(&past); err != nil {
+			t.Fatal(err)
+		}
+		return past
+	})
+}
+
+// A caller's transaction holding one running job's row lock for longer
+// than the lease stalls neither the other jobs' heartbeats nor the
+// recording of their outcomes: none of them is rescued, and a success is
+// written while the lock is held. The locked job itself misses its
+// renewals, and its handler is cancelled at its local lease deadline.
+func TestCallerRowLockStallsNoOtherLease(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	h, ws := newHolder()
+	lease := time.Second
+	c := startClient(t, pool, &core.Config{Workers: ws, LeaseDuration: lease, RescueInterval: 50 * time.Millisecond,
+		Queues: map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: 3}}})
+	var ids []int64
+	for i := range 3 {
+		res, err := core.Enqueue(ctx, pool, heldArgs{N: i}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, res.ID)
+	}
+	for range 3 {
+		<-h.started
+	}
+	locked, done, other := ids[0], ids[1], ids[2]
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	var lockedAt time.Time
+	if err := tx.QueryRow(ctx, `SELECT now() FROM relay_jobs WHERE id = $1 FOR UPDATE`, locked).Scan(&lockedAt); err != nil {
+		t.Fatal(err)
+	}
+	// A success while the lock is held is written at once.
+	h.ch(done) <- nil
+	waitState(t, pool, done, core.StateSucceeded)
+	// Hold the lock for two leases.
+	waitDBTime(t, pool, lockedAt.Add(2*lease))
+	j, err := core.JobGet(ctx, pool, other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j.State != core.StateClaimed || j.Attempt != 1 || len(j.History) != 0 {
+		t.Fatalf("an unrelated job was disturbed by the caller's lock: %+v", j)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM relay_jobs WHERE id = $1 AND lease_expires_at > now()`, other); n != 1 {
+		t.Fatal("the unrelated job's lease was not renewed")
+	}
+	if _, ok := h.ended(other); ok {
+		t.Fatal("the unrelated job's handler was cancelled")
+	}
+	waitFor(t, "the locked job's handler cancelled", func() bool { _, ok := h.ended(locked); return ok })
+	if e, _ := h.ended(locked); !errors.Is(e.cause, core.ErrLeaseLost) {
+		t.Fatalf("locked job's handler ended with %v, want ErrLeaseLost", e.cause)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h.ch(other) <- nil
+	waitState(t, pool, other, core.StateSucceeded)
+	if s := c.Stats(); s.LeaseLost != 1 {
+		t.Fatalf("LeaseLost = %d, want 1 (the locked job, counted once)", s.LeaseLost)
+	}
+}
+
+// Enqueueing a duplicate of a running unique job in a transaction takes no
+// lock on the running job's row.
+func TestDuplicateEnqueueLocksNothing(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	opts := &core.EnqueueOpts{Unique: &core.UniqueOpts{Key: "k"}}
+	first, err := core.Enqueue(ctx, pool, heldArgs{}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE relay_jobs SET state = 'claimed', attempt = 1, lease_token = gen_random_uuid(), lease_expires_at = now() + interval '1 minute' WHERE id = $1`, first.ID); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	dup, err := core.EnqueueMany(ctx, tx, []core.EnqueueParams{
+		{Args: heldArgs{N: 1}, Opts: opts},
+		{Args: heldArgs{N: 2}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !dup[0].Duplicate || dup[0].ID != first.ID || dup[1].Duplicate || dup[1].ID == 0 {
+		t.Fatalf("results %+v, want a duplicate of %d and a new job", dup, first.ID)
+	}
+	if _, err := pool.Exec(ctx, `SELECT 1 FROM relay_jobs WHERE id = $1 FOR UPDATE NOWAIT`, first.ID); err != nil {
+		t.Fatalf("the running job's row is locked by the duplicate enqueue: %v", err)
+	}
+}
+
+// A client cut off from the database cancels its handlers (cause
+// ErrLeaseLost) before their leases expire in the database, so no other
+// worker can claim a job while its first handler still runs.
+func TestLocalLeaseDeadline(t *testing.T) {
+	t.Parallel()
+	pool, direct, proxy := proxied(t, 0)
+	ctx := context.Background()
+	h, ws := newHolder()
+	lease := time.Second
+	c := startClient(t, pool, &core.Config{Workers: ws, LeaseDuration: lease, RescueInterval: -1})
+	res, err := core.Enqueue(ctx, direct, heldArgs{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-h.started
+	proxy.Cut()
+	waitFor(t, "handler cancelled", func() bool { _, ok := h.ended(res.ID); return ok })
+	e, _ := h.ended(res.ID)
+	if !errors.Is(e.cause, core.ErrLeaseLost) {
+		t.Fatalf("handler ended with %v, want ErrLeaseLost", e.cause)
+	}
+	var expires time.Time
+	if err := direct.QueryRow(ctx, `SELECT lease_expires_at FROM relay_jobs WHERE id = $1`, res.ID).Scan(&expires); err != nil {
+		t.Fatal(err)
+	}
+	if !e.at.Before(expires) {
+		t.Fatalf("handler cancelled at %s, after its lease expired in the database at %s", e.at, expires)
+	}
+	proxy.Restore()
+	if s := c.Stats(); s.LeaseLost != 1 {
+		t.Fatalf("LeaseLost = %d, want 1", s.LeaseLost)
+	}
+}
+
+// Stop returns by its deadline even when the database is unreachable, and
+// reports the outcomes it could not record.
+func TestStopWithDatabaseUnreachable(t *testing.T) {
+	t.Parallel()
+	pool, direct, proxy := proxied(t, 0)
+	ctx := context.Background()
+	h, ws := newHolder()
+	c, err := core.NewClient(pool, &core.Config{Workers: ws, LeaseDuration: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res, err := core.Enqueue(ctx, direct, heldArgs{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-h.started
+	proxy.Cut()
+	defer proxy.Restore()
+	h.ch(res.ID) <- nil // a success that cannot be written
+	stopCtx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	stopped := make(chan error, 1)
+	go func() { stopped <- c.Stop(stopCtx) }()
+	select {
+	case err = <-stopped:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Stop did not return with the database unreachable")
+	}
+	var se *core.StopError
+	if !errors.As(err, &se) || se.Unrecorded != 1 {
+		t.Fatalf("Stop returned %v, want a StopError with 1 unrecorded outcome", err)
+	}
+}
+
+// Handlers holding every connection of the caller's pool (a transaction
+// each, the CompleteTx pattern) starve neither heartbeats nor claims: the
+// client's bookkeeping has connections of its own.
+func TestHandlersHoldingThePoolStarveNoLease(t *testing.T) {
+	t.Parallel()
+	url := testdb.URL(t)
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	ctx := context.Background()
+	lease := time.Second
+	ws := core.NewWorkers()
+	core.MustAddWorker(ws, core.WorkFunc[heldArgs](func(ctx context.Context, j *core.Job[heldArgs]) error {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(ctx)
+		// Hold the transaction (and the connection) for longer than the
+		// lease; pg_sleep keeps it busy in the database too.
+		if _, err := tx.Exec(ctx, `SELECT pg_sleep(1.5)`); err != nil {
+			return err
+		}
+		if err := core.CompleteTx(ctx, tx, j); err != nil {
+			return err
+		}
+		return tx.Commit(ctx)
+	}))
+	c := startClient(t, pool, &core.Config{Workers: ws, LeaseDuration: lease, RescueInterval: 50 * time.Millisecond,
+		Queues: map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: 4}}})
+	var params []core.EnqueueParams
+	for i := range 8 {
+		params = append(params, core.EnqueueParams{Args: heldArgs{N: i}})
+	}
+	if _, err := core.EnqueueMany(ctx, pool, params); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "every job succeeded", func() bool {
+		return count(t, pool, `SELECT count(*) FROM relay_jobs WHERE state = 'succeeded'`) == 8
+	})
+	if n := count(t, pool, `SELECT count(*) FROM relay_jobs WHERE attempt <> 1 OR history <> '[]'`); n != 0 {
+		t.Fatalf("%d jobs were rescued or retried", n)
+	}
+	if s := c.Stats(); s.LeaseLost != 0 || s.Rescued != 0 {
+		t.Fatalf("stats %+v: leases lost under a pool held by handlers", s)
+	}
+}
