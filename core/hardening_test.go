@@ -3,6 +3,7 @@ package core_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strconv"
 	"sync"
@@ -345,5 +346,49 @@ func TestHandlersHoldingThePoolStarveNoLease(t *testing.T) {
 	}
 	if s := c.Stats(); s.LeaseLost != 0 || s.Rescued != 0 {
 		t.Fatalf("stats %+v: leases lost under a pool held by handlers", s)
+	}
+}
+
+type stormArgs struct{ N int }
+
+func (stormArgs) Kind() string { return "storm" }
+
+// Failures are written in batches like successes: a hundred jobs failing
+// together are recorded by a few transactions (rows written by one
+// statement share their xmin), each with its own error, history and retry.
+func TestFailuresAreBatched(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	const n = 100
+	var started sync.WaitGroup
+	started.Add(n)
+	ws := core.NewWorkers()
+	core.MustAddWorker(ws, core.WorkFunc[stormArgs](func(ctx context.Context, j *core.Job[stormArgs]) error {
+		started.Done()
+		started.Wait() // all fail together
+		if j.Args.N%2 == 0 {
+			return core.Permanent(fmt.Errorf("storm %d", j.Args.N))
+		}
+		return core.RetryIn(time.Hour, fmt.Errorf("storm %d", j.Args.N))
+	}))
+	c := startClient(t, pool, &core.Config{Workers: ws, Queues: map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: n}}})
+	var params []core.EnqueueParams
+	for i := range n {
+		params = append(params, core.EnqueueParams{Args: stormArgs{N: i}})
+	}
+	if _, err := core.EnqueueMany(ctx, pool, params); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "every failure recorded", func() bool { s := c.Stats(); return s.Dead+s.Retried == n })
+	if bad := count(t, pool, `SELECT count(*) FROM relay_jobs
+		WHERE last_error <> 'permanent: storm ' || (args->>'N') AND last_error <> 'retry in 1h0m0s: storm ' || (args->>'N')
+		   OR jsonb_array_length(history) <> 1
+		   OR state <> CASE WHEN (args->>'N')::int % 2 = 0 THEN 'dead' ELSE 'queued' END
+		   OR (state = 'queued' AND run_at < now() + interval '59 minutes')`); bad != 0 {
+		t.Fatalf("%d failures recorded wrong", bad)
+	}
+	if txs := count(t, pool, `SELECT count(DISTINCT xmin::text) FROM relay_jobs`); txs > n/4 {
+		t.Fatalf("%d failures took %d transactions: not batched", n, txs)
 	}
 }
