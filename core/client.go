@@ -153,6 +153,31 @@ type Client struct {
 	// when the renewing statement was sent, on the monotonic clock) the
 	// handler is cancelled: LeaseDuration less leaseMargin.
 	leaseBudget time.Duration
+	epoch       time.Time // local lease deadlines count from here (monotonic)
+}
+
+// startLease arms r's local lease deadline: leaseBudget after sent, when
+// the claim was sent.
+func (c *Client) startLease(r *running, sent time.Time) {
+	r.deadline.Store(int64(sent.Sub(c.epoch) + c.leaseBudget))
+	r.leaseTimer = time.AfterFunc(time.Until(sent.Add(c.leaseBudget)), func() {
+		c.loseLease(r, "not renewed in time (local lease deadline)")
+	})
+}
+
+// renewLease moves r's local lease deadline to leaseBudget after sent, when
+// a renewal that succeeded was sent.
+func (c *Client) renewLease(r *running, sent time.Time) {
+	if r.lost.Load() {
+		return
+	}
+	r.deadline.Store(int64(sent.Sub(c.epoch) + c.leaseBudget))
+	r.leaseTimer.Reset(time.Until(sent.Add(c.leaseBudget)))
+}
+
+// leasePassed says whether r's local lease deadline has passed.
+func (c *Client) leasePassed(r *running) bool {
+	return time.Since(c.epoch) >= time.Duration(r.deadline.Load())
 }
 
 // leaseMargin is the share of a lease kept between the local lease deadline
@@ -167,6 +192,10 @@ type running struct {
 	cancel context.CancelCauseFunc
 	// leaseTimer fires at the local lease deadline; each renewal resets it.
 	leaseTimer *time.Timer
+	// deadline is the local lease deadline, as time since the client's
+	// epoch (monotonic): checked again when the handler starts, since the
+	// timer fires asynchronously.
+	deadline atomic.Int64
 	// lost: the lease was found lost (or passed its local deadline) and the
 	// handler cancelled; counted once.
 	lost atomic.Bool
@@ -199,7 +228,7 @@ func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if pool == nil {
 		return nil, errors.New("core: new client: nil pool")
 	}
-	c := &Client{pool: pool, queues: map[string]*queue{}, workers: map[string]*registration{}}
+	c := &Client{pool: pool, queues: map[string]*queue{}, workers: map[string]*registration{}, epoch: time.Now()}
 	if cfg != nil {
 		c.cfg = *cfg
 	}

@@ -71,9 +71,7 @@ func (c *Client) heartbeat(ctx context.Context) {
 		renewed, ok := held[r.row.ID]
 		switch {
 		case renewed:
-			if !r.lost.Load() {
-				r.leaseTimer.Reset(time.Until(sent.Add(c.leaseBudget)))
-			}
+			c.renewLease(r, sent)
 		case ok:
 			skipped++ // its row is locked elsewhere: not renewed this tick
 		default:

@@ -140,9 +140,7 @@ func (q *queue) run(ctx, workCtx context.Context) {
 				ctx, cancel := context.WithCancelCause(workCtx)
 				r := &running{row: row, ctx: ctx, cancel: cancel}
 				row.run = r
-				r.leaseTimer = time.AfterFunc(time.Until(sent.Add(c.leaseBudget)), func() {
-					c.loseLease(r, "not renewed in time (local lease deadline)")
-				})
+				c.startLease(r, sent)
 				pickup := row.AttemptedAt.Sub(row.RunAt)
 				if row.CreatedAt.After(row.RunAt) {
 					pickup = row.AttemptedAt.Sub(row.CreatedAt)
@@ -321,6 +319,13 @@ func (q *queue) executeOne(r *running) {
 	if ctx.Err() != nil {
 		// Cancelled, lease lost or shutting down before it started (a
 		// prefetched job): nothing ran.
+		q.finish(r)
+		return
+	}
+	if c.leasePassed(r) {
+		// The claim's answer came too late (a partition healed, say): the
+		// lease may be gone already, so the handler must not start.
+		c.loseLease(r, "claimed after its local lease deadline")
 		q.finish(r)
 		return
 	}
