@@ -267,3 +267,14 @@ func repeat[T any](v T, n int) []T {
 	}
 	return s
 }
+
+// A statement variant whose base text changed fails loudly instead of
+// silently being the base statement.
+func TestMustReplaceRefusesAMissingAnchor(t *testing.T) {
+	defer func() {
+		if recover() == nil {
+			t.Fatal("mustReplace accepted an anchor that is not in the statement")
+		}
+	}()
+	mustReplace("SELECT 1", "WHERE", "WHERE x AND")
+}

@@ -500,13 +500,20 @@ func (c *Client) onNotify(channel, payload string) {
 			q.notify()
 		}
 	case "relay_control":
-		if idText, ok := strings.CutPrefix(payload, "cancel:"); ok {
+		// cancel:<id>:<lease token>; the token is empty for a job that was
+		// queued, and missing from an older client's notification.
+		if rest, ok := strings.CutPrefix(payload, "cancel:"); ok {
+			idText, token, _ := strings.Cut(rest, ":")
 			id, err := strconv.ParseInt(idText, 10, 64)
 			if err != nil {
 				return
 			}
 			if v, ok := c.inflight.Load(id); ok {
-				v.(*running).cancel(ErrJobCancelled)
+				r := v.(*running)
+				if token != "" && token != r.row.LeaseToken.String() {
+					return // a notification about an earlier attempt
+				}
+				r.cancel(ErrJobCancelled)
 			}
 		}
 	}

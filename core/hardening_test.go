@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -390,5 +391,220 @@ func TestFailuresAreBatched(t *testing.T) {
 	}
 	if txs := count(t, pool, `SELECT count(DISTINCT xmin::text) FROM relay_jobs`); txs > n/4 {
 		t.Fatalf("%d failures took %d transactions: not batched", n, txs)
+	}
+}
+
+// A graceful Stop returns prefetched jobs to the queue without starting
+// them.
+func TestStopDoesNotStartPrefetchedJobs(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	h, ws := newHolder()
+	c, err := core.NewClient(pool, &core.Config{Workers: ws,
+		Queues: map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: 1, Prefetch: 2}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var params []core.EnqueueParams
+	for i := range 3 {
+		params = append(params, core.EnqueueParams{Args: heldArgs{N: i}})
+	}
+	if _, err := core.EnqueueMany(ctx, pool, params); err != nil {
+		t.Fatal(err)
+	}
+	first := <-h.started
+	waitFor(t, "all three claimed", func() bool { return c.Stats().Claimed == 3 })
+	stopped := make(chan error, 1)
+	stopCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	go func() { stopped <- c.Stop(stopCtx) }()
+	waitFor(t, "prefetched jobs released", func() bool {
+		return count(t, pool, `SELECT count(*) FROM relay_jobs WHERE state = 'queued' AND attempt = 0`) == 2
+	})
+	h.ch(first) <- nil
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	if s := c.Stats(); s.Succeeded != 1 || s.Released != 2 {
+		t.Fatalf("stats %+v, want 1 success and 2 released", s)
+	}
+	if len(h.started) != 0 {
+		t.Fatal("a prefetched job started during the stop")
+	}
+}
+
+// After CompleteTx commits, the heartbeats until the handler returns count
+// no lost lease and do not cancel the handler.
+func TestCompleteTxThenHeartbeats(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	lease := 500 * time.Millisecond
+	cancelled := make(chan error, 1)
+	ws := core.NewWorkers()
+	core.MustAddWorker(ws, core.WorkFunc[heldArgs](func(ctx context.Context, j *core.Job[heldArgs]) error {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		if err := core.CompleteTx(ctx, tx, j); err != nil {
+			return err
+		}
+		var committedAt time.Time
+		if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&committedAt); err != nil {
+			return err
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return err
+		}
+		// Go on for three leases: many heartbeats, and the local deadline.
+		waitDBTime(t, pool, committedAt.Add(3*lease))
+		cancelled <- context.Cause(ctx)
+		return nil
+	}))
+	c := startClient(t, pool, &core.Config{Workers: ws, LeaseDuration: lease})
+	res, err := core.Enqueue(ctx, pool, heldArgs{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cause := <-cancelled; cause != nil {
+		t.Fatalf("the successful handler's context was cancelled: %v", cause)
+	}
+	waitFor(t, "success counted", func() bool { return c.Stats().Succeeded == 1 })
+	if s := c.Stats(); s.LeaseLost != 0 {
+		t.Fatalf("LeaseLost = %d after a CompleteTx success", s.LeaseLost)
+	}
+	if st := jobState(t, pool, res.ID); st != core.StateSucceeded {
+		t.Fatalf("state %s", st)
+	}
+}
+
+type timeoutArgs struct{}
+
+func (timeoutArgs) Kind() string { return "timeout" }
+
+type timeoutWorker struct{}
+
+func (timeoutWorker) Work(ctx context.Context, j *core.Job[timeoutArgs]) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+func (timeoutWorker) Timeout(*core.JobRow) time.Duration { return 50 * time.Millisecond }
+
+// A kind's Timeout ending an attempt is recorded as such, not as a bare
+// "context deadline exceeded".
+func TestKindTimeoutRecordsItsCause(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	ws := core.NewWorkers()
+	core.MustAddWorker(ws, core.Worker[timeoutArgs](timeoutWorker{}))
+	startClient(t, pool, &core.Config{Workers: ws})
+	res, err := core.Enqueue(ctx, pool, timeoutArgs{}, &core.EnqueueOpts{MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := waitState(t, pool, res.ID, core.StateDead)
+	if !strings.Contains(j.LastError, "timed out after 50ms") {
+		t.Fatalf("last_error %q does not name the timeout", j.LastError)
+	}
+}
+
+// A cancel notification names the attempt it cancels: one about an earlier
+// attempt of the job leaves the running attempt alone.
+func TestStaleCancelNotificationIgnored(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	h, ws := newHolder()
+	startClient(t, pool, &core.Config{Workers: ws})
+	res, err := core.Enqueue(ctx, pool, heldArgs{N: 1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-h.started
+	if _, err := pool.Exec(ctx, `SELECT pg_notify('relay_control', 'cancel:' || $1::text || ':' || gen_random_uuid()::text)`, strconv.FormatInt(res.ID, 10)); err != nil {
+		t.Fatal(err)
+	}
+	// Notifications arrive in order: once a later job has started, the
+	// stale cancel has been handled.
+	if _, err := core.Enqueue(ctx, pool, heldArgs{N: 2}, nil); err != nil {
+		t.Fatal(err)
+	}
+	second := <-h.started
+	if _, ok := h.ended(res.ID); ok {
+		t.Fatal("a stale cancel notification cancelled the running attempt")
+	}
+	if err := core.Cancel(ctx, pool, res.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the current cancel to reach the handler", func() bool { _, ok := h.ended(res.ID); return ok })
+	if e, _ := h.ended(res.ID); !errors.Is(e.cause, core.ErrJobCancelled) {
+		t.Fatalf("cause %v, want ErrJobCancelled", e.cause)
+	}
+	h.ch(second) <- nil
+}
+
+type flakyArgs struct{}
+
+func (flakyArgs) Kind() string { return "flaky" }
+
+// A retry without delay and a job released by a stopping client wake the
+// queue's workers: with a poll of an hour, nothing else would.
+func TestRetriesAndReleasesWakeTheQueue(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	ws := core.NewWorkers()
+	core.MustAddWorker(ws, core.WorkFunc[flakyArgs](func(ctx context.Context, j *core.Job[flakyArgs]) error {
+		if j.Attempt == 1 {
+			return core.RetryIn(0, errors.New("again at once"))
+		}
+		return nil
+	}))
+	startClient(t, pool, &core.Config{Workers: ws, PollInterval: time.Hour})
+	res, err := core.Enqueue(ctx, pool, flakyArgs{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j := waitState(t, pool, res.ID, core.StateSucceeded); j.Attempt != 2 {
+		t.Fatalf("attempt %d", j.Attempt)
+	}
+
+	// A holds a job and stops; B, started after the claim and polling once
+	// an hour, hears of the release.
+	pool2 := testdb.New(t)
+	h, wsA := newHolder()
+	a, err := core.NewClient(pool2, &core.Config{Workers: wsA})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	held, err := core.Enqueue(ctx, pool2, heldArgs{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-h.started
+	wsB := core.NewWorkers()
+	core.MustAddWorker(wsB, core.WorkFunc[heldArgs](func(ctx context.Context, j *core.Job[heldArgs]) error { return nil }))
+	b := startClient(t, pool2, &core.Config{Workers: wsB, PollInterval: time.Hour})
+	// Once B has run a probe job, it waits for a notification (or its poll).
+	probe, err := core.Enqueue(ctx, pool2, heldArgs{N: 99}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, pool2, probe.ID, core.StateSucceeded)
+	stopCtx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	a.Stop(stopCtx)
+	if j := waitState(t, pool2, held.ID, core.StateSucceeded); j.AttemptedBy != b.ID() {
+		t.Fatalf("released job run by %s, want B", j.AttemptedBy)
 	}
 }

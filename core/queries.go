@@ -368,15 +368,24 @@ WHERE id IN (
 
 // sqlCancel cancels job $1 if it is queued or running. A running job's lease
 // ends with it, which fences out its worker.
+//
+// It returns the lease token the job had (” when it was queued): the
+// cancel notification names the attempt it cancels, so that a worker
+// running a newer attempt of the job (cancelled, requeued and claimed again
+// before the notification arrived) ignores it.
 const sqlCancel = `
-UPDATE relay_jobs
+UPDATE relay_jobs AS j
 SET state = 'cancelled', finalized_at = now(), lease_token = NULL, lease_expires_at = NULL
-WHERE id = $1 AND state IN ('queued', 'claimed')
-RETURNING queue, coalesce(ordering_key, '')`
+FROM (SELECT id, lease_token FROM relay_jobs WHERE id = $1 FOR UPDATE) AS old
+WHERE j.id = old.id AND j.state IN ('queued', 'claimed')
+RETURNING j.queue, coalesce(j.ordering_key, ''), coalesce(old.lease_token::text, '')`
 
 // sqlNotifyCancel tells running workers (of any process) to stop job $1 now
 // rather than at their next heartbeat. Delivered at commit.
-const sqlNotifyCancel = `SELECT pg_notify('relay_control', 'cancel:' || $1::text)`
+//
+// The payload is cancel:<id>:<lease token> (the token empty for a queued
+// job).
+const sqlNotifyCancel = `SELECT pg_notify('relay_control', 'cancel:' || $1::text || ':' || $2::text)`
 
 // sqlRequeue puts a dead or cancelled job $1 back in its queue, runnable now,
 // with a fresh set of attempts. Its history is kept.

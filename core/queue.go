@@ -396,12 +396,22 @@ func (q *queue) executeOne(r *running) {
 
 // runHandler calls the worker with the job's timeout, turning a panic into
 // an error that carries its stack.
+//
+// When the timeout ended the attempt, the error names it: the handler
+// usually returns just ctx.Err() ("context deadline exceeded"), and the
+// cause lives on the context made here, which the caller never sees.
 func runHandler(ctx context.Context, reg *registration, row *JobRow) (err error) {
 	if reg.timeout != nil {
 		if d := reg.timeout(row); d > 0 {
+			timeout := fmt.Errorf("core: job timed out after %s", d)
 			var cancel context.CancelFunc
-			ctx, cancel = context.WithTimeoutCause(ctx, d, fmt.Errorf("core: job timed out after %s", d))
+			ctx, cancel = context.WithTimeoutCause(ctx, d, timeout)
 			defer cancel()
+			defer func() {
+				if err != nil && context.Cause(ctx) == timeout && !errors.Is(err, timeout) {
+					err = fmt.Errorf("%w: %w", timeout, err)
+				}
+			}()
 		}
 	}
 	defer func() {

@@ -524,13 +524,14 @@ type workerFleet struct {
 	// slotArgs, if set, adds arguments for the process in a slot.
 	slotArgs func(slot int) []string
 	// sink, if set, is told of SIGKILLs and SIGSTOPs.
-	sink   *proofSink
-	lease  time.Duration // for pause: how long a takeover can take
-	mu     sync.Mutex
-	cmds   []*exec.Cmd
-	ids    []string
-	paused map[int]bool // slots SIGSTOPped by pause: kill and term pick others
-	gen    int
+	sink         *proofSink
+	partitioning sync.Mutex    // one partition at a time
+	lease        time.Duration // for pause: how long a takeover can take
+	mu           sync.Mutex
+	cmds         []*exec.Cmd
+	ids          []string
+	paused       map[int]bool // slots SIGSTOPped by pause: kill and term pick others
+	gen          int
 }
 
 // pick returns a random slot that is not paused, and marks it paused if
@@ -701,6 +702,9 @@ func (f *workerFleet) pause(ctx context.Context, pool *pgxpool.Pool) bool {
 // partition cuts a random worker's proxy for d, then restores it. It says
 // whether the cut lasted its full length (not cut short by the run's end).
 func (f *workerFleet) partition(ctx context.Context, proxies []*netfault.Proxy, d time.Duration) bool {
+	// One worker at a time: a partition, not an outage.
+	f.partitioning.Lock()
+	defer f.partitioning.Unlock()
 	slot := f.pick(true) // kill, term and pause pick others meanwhile
 	defer func() {
 		f.mu.Lock()
