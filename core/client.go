@@ -108,8 +108,10 @@ type Stats struct {
 	Retried   int64 // failures sent back to the queue
 	Dead      int64 // failures that ended the job
 	Released  int64 // attempts returned to the queue by a shutdown
-	// LeaseLost counts attempts whose lease was gone when they tried to
-	// write (or heartbeat): the write was refused by the fence.
+	// LeaseLost counts attempts that lost their lease, once each: found gone
+	// by a heartbeat (rescued or cancelled), passed their local lease
+	// deadline unrenewed, or refused by the fence when their outcome was
+	// written.
 	LeaseLost int64
 	Rescued   int64 // expired leases ended by this client's rescuer
 	Deleted   int64 // finished jobs deleted by this client's cleaner

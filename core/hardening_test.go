@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"strconv"
 	"strings"
@@ -606,5 +607,53 @@ func TestRetriesAndReleasesWakeTheQueue(t *testing.T) {
 	a.Stop(stopCtx)
 	if j := waitState(t, pool2, held.ID, core.StateSucceeded); j.AttemptedBy != b.ID() {
 		t.Fatalf("released job run by %s, want B", j.AttemptedBy)
+	}
+}
+
+// lockedBuffer is a log sink safe for concurrent writes.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// A clean Stop logs no warning: a rescue cut short by the stop is not a
+// failure.
+func TestCleanStopLogsNoWarning(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	var logs lockedBuffer
+	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	_, ws := newHolder()
+	for range 5 {
+		c, err := core.NewClient(pool, &core.Config{Workers: ws, Logger: logger, RescueInterval: time.Millisecond,
+			Retention: core.Retention{Interval: time.Millisecond}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		// The rescuer and the cleaner start at once: a stop now cuts them
+		// short more often than not.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := c.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+	}
+	if out := logs.String(); out != "" {
+		t.Fatalf("a clean stop logged:\n%s", out)
 	}
 }

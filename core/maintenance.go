@@ -187,7 +187,9 @@ func (c *Client) cleanup(ctx context.Context) {
 		for ctx.Err() == nil {
 			n, err := dbx.PGX{Q: c.pool}.Exec(ctx, sqlCleanup, string(k.state), k.keep.Microseconds(), r.BatchSize)
 			if err != nil {
-				c.logger.Warn("relay: retention cleanup failed", "state", k.state, "error", err)
+				if ctx.Err() == nil { // not a stop
+					c.logger.Warn("relay: retention cleanup failed", "state", k.state, "error", err)
+				}
 				break
 			}
 			c.stats.deleted.Add(n)
