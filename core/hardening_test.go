@@ -581,13 +581,15 @@ func TestRetriesAndReleasesWakeTheQueue(t *testing.T) {
 	// an hour, hears of the release.
 	pool2 := testdb.New(t)
 	h, wsA := newHolder()
-	a, err := core.NewClient(pool2, &core.Config{Workers: wsA})
+	a, err := core.NewClient(pool2, &core.Config{Workers: wsA, // one slot, held: the probe below is B's
+		Queues: map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: 1}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := a.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { a.Stop(context.Background()) }) // a no-op once stopped below
 	held, err := core.Enqueue(ctx, pool2, heldArgs{}, nil)
 	if err != nil {
 		t.Fatal(err)
