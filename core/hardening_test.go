@@ -589,7 +589,11 @@ func TestRetriesAndReleasesWakeTheQueue(t *testing.T) {
 	if err := a.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { a.Stop(context.Background()) }) // a no-op once stopped below
+	t.Cleanup(func() { // a no-op once stopped below
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		a.Stop(ctx)
+	})
 	held, err := core.Enqueue(ctx, pool2, heldArgs{}, nil)
 	if err != nil {
 		t.Fatal(err)
