@@ -210,8 +210,8 @@ type running struct {
 // job whose success CompleteTx has recorded is left alone: its lease ended
 // with the success, and nothing can run it again.
 func (c *Client) loseLease(r *running, why string) {
-	if r.completedInTx.Load() || !r.lost.CompareAndSwap(false, true) {
-		return
+	if r.completedInTx.Load() || errors.Is(context.Cause(r.ctx), ErrJobCancelled) || !r.lost.CompareAndSwap(false, true) {
+		return // done, cancelled (its lease ended with it), or counted already
 	}
 	c.stats.leaseLost.Add(1)
 	c.metrics.leaseLost.Add(context.Background(), 1, c.metrics.with(r.row))
@@ -411,9 +411,10 @@ func (c *Client) Stop(ctx context.Context) error {
 	// is left claimed without a handler; after this no job starts. A claim
 	// that cannot reach the database is abandoned at the drain deadline.
 	c.loopCancel()
-	if !waitGroup(drainCtx, &c.loops) {
+	loopsDone := waitGroup(drainCtx, &c.loops)
+	if !loopsDone {
 		c.hardCancel()
-		waitGroup(ctx, &c.loops)
+		loopsDone = waitGroup(ctx, &c.loops)
 	}
 	for _, q := range c.queues {
 		q.close()
@@ -442,11 +443,12 @@ func (c *Client) Stop(ctx context.Context) error {
 	c.bgCancel()
 	c.hardCancel()
 	c.workCancel(ErrShutdown)
-	if waitGroup(ctx, &c.background) && c.own != c.pool {
-		// Every user of the pool has returned: Close does not wait.
-		c.own.Close()
-	} else if c.own != c.pool {
-		go func() { c.background.Wait(); c.own.Close() }()
+	if c.own != c.pool {
+		if waitGroup(ctx, &c.background) && loopsDone {
+			c.own.Close() // every user of the pool has returned: Close does not wait
+		} else {
+			go func() { c.background.Wait(); c.loops.Wait(); c.own.Close() }()
+		}
 	}
 	if err.Interrupted > 0 || err.Unrecorded > 0 {
 		if err.Unrecorded > 0 {

@@ -134,7 +134,7 @@ func TestCallerRowLockStallsNoOtherLease(t *testing.T) {
 	pool := testdb.New(t)
 	ctx := context.Background()
 	h, ws := newHolder()
-	lease := time.Second
+	lease := 2 * time.Second // generous: the machine may be loaded
 	c := startClient(t, pool, &core.Config{Workers: ws, LeaseDuration: lease, RescueInterval: 50 * time.Millisecond,
 		Queues: map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: 3}}})
 	var ids []int64
@@ -233,7 +233,7 @@ func TestLocalLeaseDeadline(t *testing.T) {
 	pool, direct, proxy := proxied(t, 0)
 	ctx := context.Background()
 	h, ws := newHolder()
-	lease := time.Second
+	lease := 3 * time.Second // a margin of 600ms for the cancel to reach the handler on a loaded machine
 	c := startClient(t, pool, &core.Config{Workers: ws, LeaseDuration: lease, RescueInterval: -1})
 	res, err := core.Enqueue(ctx, direct, heldArgs{}, nil)
 	if err != nil {
@@ -313,7 +313,7 @@ func TestHandlersHoldingThePoolStarveNoLease(t *testing.T) {
 	}
 	t.Cleanup(pool.Close)
 	ctx := context.Background()
-	lease := time.Second
+	lease := 2 * time.Second
 	ws := core.NewWorkers()
 	core.MustAddWorker(ws, core.WorkFunc[heldArgs](func(ctx context.Context, j *core.Job[heldArgs]) error {
 		tx, err := pool.Begin(ctx)
@@ -323,7 +323,7 @@ func TestHandlersHoldingThePoolStarveNoLease(t *testing.T) {
 		defer tx.Rollback(ctx)
 		// Hold the transaction (and the connection) for longer than the
 		// lease; pg_sleep keeps it busy in the database too.
-		if _, err := tx.Exec(ctx, `SELECT pg_sleep(1.5)`); err != nil {
+		if _, err := tx.Exec(ctx, `SELECT pg_sleep(2.5)`); err != nil {
 			return err
 		}
 		if err := core.CompleteTx(ctx, tx, j); err != nil {

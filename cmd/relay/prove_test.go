@@ -97,7 +97,7 @@ func TestProveQueueLongJobs(t *testing.T) {
 	bin := buildRelay(t)
 	url := testdb.URL(t)
 	f := runProof(t, bin, "queue", "--database-url", url, "--jobs", "12", "--processes", "2", "--concurrency", "6",
-		"--job-time", "1500ms", "--lease", "400ms")
+		"--job-time", "2s", "--lease", "600ms")
 	if f["succeeded"] != "12" || f["lost"] != "0" || f["duplicate_effects"] != "0" || f["overlapping_executions"] != "0" || f["re_executions"] != "0" {
 		t.Fatalf("long jobs: %v", f)
 	}
