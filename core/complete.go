@@ -192,7 +192,7 @@ func (p *completer) flush(batch []outcome) (again []outcome, err error) {
 			}
 		}
 	}
-	p.c.notifyQueues(wake)
+	p.c.notifyQueues(p.c.own, wake)
 	return again, err
 }
 

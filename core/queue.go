@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // queue claims and runs the jobs of one named queue for a client.
@@ -359,7 +360,7 @@ func (q *queue) executeOne(r *running) {
 			c.stats.succeeded.Add(1)
 			c.metrics.succeeded.Add(context.Background(), 1, attrs)
 			if row.OrderingKey != "" {
-				c.notifyQueues([]string{row.Queue})
+				c.notifyQueues(c.pool, []string{row.Queue})
 			}
 		} else {
 			// Even after a lost lease: the fence tells whether it still
@@ -492,14 +493,18 @@ func truncate(s string, n int) string {
 // there have just become runnable (the next job of an ordering key,
 // released jobs, retries without delay), and nothing else would tell them
 // before the next poll.
-func (c *Client) notifyQueues(queues []string) {
+//
+// The completer sends it on the client's own pool; an executor (after a
+// CompleteTx) on the caller's, since the client's pool has one connection
+// for the completer and none for executors.
+func (c *Client) notifyQueues(db *pgxpool.Pool, queues []string) {
 	if len(queues) == 0 {
 		return
 	}
 	list, _ := json.Marshal(queues)
 	ctx, cancel := c.dbCtx()
 	defer cancel()
-	if _, err := c.own.Exec(ctx, sqlNotifyQueues, string(list)); err != nil {
+	if _, err := db.Exec(ctx, sqlNotifyQueues, string(list)); err != nil {
 		c.logger.Warn("relay: could not wake the workers of queues with runnable jobs; they will poll", "queues", queues, "error", err)
 	}
 }
