@@ -86,7 +86,7 @@ func runProve(ctx context.Context, args []string) error {
 	fs.BoolVar(&c.pgCrash, "pg-crash", false, "crash PostgreSQL mid-run (immediate shutdown, recovery from WAL; throwaway cluster only)")
 	fs.IntVar(&c.backendKill, "backend-kill", 0, "terminate this many worker backends per second (pg_terminate_backend)")
 	fs.DurationVar(&c.backendKillD, "backend-kill-for", 3*time.Second, "how long --backend-kill goes on")
-	fs.IntVar(&c.pauses, "pause", 0, "SIGSTOP a worker holding a job until another worker has taken that job over, then SIGCONT it (late-worker case), this many times")
+	fs.IntVar(&c.pauses, "pause", 0, "SIGSTOP a worker holding a job until a rescue has ended its lease on that job, then SIGCONT it (late-worker case), this many times")
 	fs.IntVar(&c.partitions, "partition", 0, "cut a worker process off from PostgreSQL (through a TCP proxy of the prover) this many times, each for --partition-for, then restore it")
 	fs.DurationVar(&c.partitionFor, "partition-for", 0, "how long each --partition lasts (default 2.5 × --lease)")
 	fs.BoolVar(&c.lockStorm, "lock-storm", false, "from a side connection, lock a random running job's row for 2 × --lease, again and again (a caller's long transaction)")
@@ -654,8 +654,8 @@ func (f *workerFleet) term() error {
 	return f.start(slot)
 }
 
-// pause SIGSTOPs a worker that holds a job, waits until another worker has
-// claimed that job (its lease expired and it was rescued), then SIGCONTs the
+// pause SIGSTOPs a worker that holds a job, waits until its lease on that
+// job has ended (it expired and the job was rescued), then SIGCONTs the
 // paused one: it wakes up past its lease, and the fence must refuse its
 // result. It says whether that happened: a worker paused while its
 // transaction held the job's row lock (in CompleteTx, say) keeps the job
@@ -671,9 +671,11 @@ func (f *workerFleet) pause(ctx context.Context, pool *pgxpool.Pool) bool {
 		f.mu.Unlock()
 	}()
 	var jobID int64
+	var token string
 	deadline := time.Now().Add(5 * time.Second)
 	for jobID == 0 && time.Now().Before(deadline) && ctx.Err() == nil {
-		pool.QueryRow(ctx, `SELECT coalesce(min(id), 0) FROM relay_jobs WHERE state = 'claimed' AND attempted_by = $1`, id).Scan(&jobID) //nolint:errcheck
+		pool.QueryRow(ctx, `SELECT id, lease_token::text FROM relay_jobs WHERE state = 'claimed' AND attempted_by = $1
+			ORDER BY id LIMIT 1`, id).Scan(&jobID, &token) //nolint:errcheck
 	}
 	cmd.Process.Signal(syscall.SIGSTOP) //nolint:errcheck
 	if f.sink != nil {
@@ -685,12 +687,15 @@ func (f *workerFleet) pause(ctx context.Context, pool *pgxpool.Pool) bool {
 		return false
 	}
 	fmt.Printf("\nprove: paused %s holding job %d\n", id, jobID)
-	deadline = time.Now().Add(2*f.lease + 5*time.Second)
+	// Taken over: the rescuer ended the paused attempt's lease (the job may
+	// then wait behind the backlog before another worker runs it; the fence
+	// refuses the paused worker's writes from now on either way).
+	deadline = time.Now().Add(3*f.lease + 5*time.Second)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		var taken bool
-		pool.QueryRow(ctx, `SELECT attempted_by <> $2 FROM relay_jobs WHERE id = $1`, jobID, id).Scan(&taken) //nolint:errcheck
+		pool.QueryRow(ctx, `SELECT lease_token IS DISTINCT FROM $2::uuid FROM relay_jobs WHERE id = $1`, jobID, token).Scan(&taken) //nolint:errcheck
 		if taken {
-			fmt.Printf("prove: job %d taken over; resuming %s\n", jobID, id)
+			fmt.Printf("prove: job %d taken over (lease ended by a rescue); resuming %s\n", jobID, id)
 			return true
 		}
 		time.Sleep(50 * time.Millisecond)
