@@ -19,11 +19,11 @@ func Cancel(ctx context.Context, db DB, id int64) error {
 	if err != nil {
 		return err
 	}
-	var queue, orderingKey string
-	if err := transition(ctx, ex, sqlCancel, id, StateCancelled, func(r scanner) error { return r.Scan(&queue, &orderingKey) }); err != nil {
+	var queue, orderingKey, token string
+	if err := transition(ctx, ex, sqlCancel, id, StateCancelled, func(r scanner) error { return r.Scan(&queue, &orderingKey, &token) }); err != nil {
 		return fmt.Errorf("core: cancel job %d: %w", id, err)
 	}
-	if _, err := ex.Exec(ctx, sqlNotifyCancel, strconv.FormatInt(id, 10)); err != nil {
+	if _, err := ex.Exec(ctx, sqlNotifyCancel, strconv.FormatInt(id, 10), token); err != nil {
 		return fmt.Errorf("core: cancel job %d: notify workers: %w", id, err)
 	}
 	if orderingKey != "" {

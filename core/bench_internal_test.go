@@ -35,7 +35,7 @@ func BenchmarkClaimComplete(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			c := &Client{pool: pool, cfg: Config{ID: "bench", LeaseDuration: 30e9, PollInterval: time.Hour}}
+			c := &Client{pool: pool, own: pool, cfg: Config{ID: "bench", LeaseDuration: 30e9, PollInterval: time.Hour}}
 			c.completer = newCompleter(c)
 			q := &queue{client: c, name: DefaultQueue}
 			var claimNs, completeNs int64
@@ -47,8 +47,11 @@ func BenchmarkClaimComplete(b *testing.B) {
 					b.Fatalf("claim: %d rows, %v", len(rows), err)
 				}
 				t1 := nanotime()
-				ids, tokens := idsAndTokens(rows)
-				done, err := c.completer.write(ctx, ids, tokens)
+				os := make([]outcome, len(rows))
+				for i, r := range rows {
+					os[i] = outcome{row: r, kind: outcomeSuccess}
+				}
+				done, err := c.completer.write(ctx, outcomeSuccess, os)
 				if err != nil || len(done) != n {
 					b.Fatalf("complete: %d rows, %v", len(done), err)
 				}

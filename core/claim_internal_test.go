@@ -140,9 +140,9 @@ func TestFencedWritesProbeThePrimaryKey(t *testing.T) {
 	for name, st := range map[string]stmt{
 		"complete many": {sqlCompleteMany, []any{ids, tokens}, len(ids)},
 		"heartbeat":     {sqlHeartbeat, []any{ids, tokens, 30000}, len(ids)},
-		"release":       {sqlRelease, []any{ids, tokens}, len(ids)},
+		"release":       {sqlReleaseMany, []any{ids, tokens}, len(ids)},
 		"complete one":  {sqlCompleteOne, []any{ids[0], tokens[0].String()}, 1},
-		"fail":          {sqlFail, []any{ids[0], tokens[0], "queued", 0, "boom"}, 1},
+		"fail":          {sqlFailMany, []any{ids, tokens, repeat("queued", len(ids)), repeat(int64(0), len(ids)), repeat("boom", len(ids))}, len(ids)},
 	} {
 		plan := explain(t, pool, st.sql, st.args...)
 		if !strings.Contains(plan, "relay_jobs_pkey") || strings.Contains(plan, "Seq Scan") || strings.Contains(plan, "Nested Loop") {
@@ -227,7 +227,8 @@ func TestFenceMatchesPairs(t *testing.T) {
 	}{
 		"complete many": {sqlCompleteMany, []any{[]int64{a, b}, [][16]byte{stale, current}}},
 		"heartbeat":     {sqlHeartbeat, []any{[]int64{a, b}, [][16]byte{stale, current}, 30000}},
-		"release":       {sqlRelease, []any{[]int64{a, b}, [][16]byte{stale, current}}},
+		"release":       {sqlReleaseMany, []any{[]int64{a, b}, [][16]byte{stale, current}}},
+		"fail":          {sqlFailMany, []any{[]int64{a, b}, [][16]byte{stale, current}, []string{"queued", "queued"}, []int64{0, 0}, []string{"x", "x"}}},
 	} {
 		tx, err := pool.Begin(ctx)
 		if err != nil {
@@ -240,7 +241,13 @@ func TestFenceMatchesPairs(t *testing.T) {
 		var got []int64
 		for rows.Next() {
 			var id int64
-			rows.Scan(&id)
+			var written bool
+			if err := rows.Scan(&id, &written); err != nil {
+				t.Fatal(err)
+			}
+			if !written {
+				t.Errorf("%s: job %d reported locked elsewhere", name, id)
+			}
 			got = append(got, id)
 		}
 		if rows.Err() != nil {
@@ -251,4 +258,23 @@ func TestFenceMatchesPairs(t *testing.T) {
 		}
 		tx.Rollback(ctx)
 	}
+}
+
+func repeat[T any](v T, n int) []T {
+	s := make([]T, n)
+	for i := range s {
+		s[i] = v
+	}
+	return s
+}
+
+// A statement variant whose base text changed fails loudly instead of
+// silently being the base statement.
+func TestMustReplaceRefusesAMissingAnchor(t *testing.T) {
+	defer func() {
+		if recover() == nil {
+			t.Fatal("mustReplace accepted an anchor that is not in the statement")
+		}
+	}()
+	mustReplace("SELECT 1", "WHERE", "WHERE x AND")
 }

@@ -40,7 +40,9 @@ type Config struct {
 	// heartbeat. Default 30s.
 	LeaseDuration time.Duration
 	// HeartbeatInterval is how often running jobs' leases are renewed.
-	// Default LeaseDuration/3.
+	// Default LeaseDuration/3; at most 40% of LeaseDuration, so that a
+	// lease has two chances to be renewed before its local deadline (see
+	// the README's "Leases").
 	HeartbeatInterval time.Duration
 	// PollInterval is the fallback fetch period when no notification comes.
 	// Default 1s.
@@ -108,16 +110,26 @@ type Stats struct {
 	Retried   int64 // failures sent back to the queue
 	Dead      int64 // failures that ended the job
 	Released  int64 // attempts returned to the queue by a shutdown
-	// LeaseLost counts attempts whose lease was gone when they tried to
-	// write (or heartbeat): the write was refused by the fence.
+	// LeaseLost counts attempts that lost their lease, once each: found gone
+	// by a heartbeat (rescued or cancelled), passed their local lease
+	// deadline unrenewed, or refused by the fence when their outcome was
+	// written.
 	LeaseLost int64
 	Rescued   int64 // expired leases ended by this client's rescuer
 	Deleted   int64 // finished jobs deleted by this client's cleaner
 }
 
 // Client runs workers against the job table, and enqueues.
+//
+// A client that runs workers keeps its own bookkeeping (claims, heartbeats,
+// the recording of outcomes) off the pool it is given: it opens a small
+// pool of its own with the same connection settings, of 2 connections plus
+// one per queue, so that handlers holding every connection of the caller's
+// pool (a transaction each, as CompleteTx asks) cannot starve a heartbeat.
+// Its connections wait at most lockTimeout for a row lock.
 type Client struct {
-	pool    *pgxpool.Pool
+	pool    *pgxpool.Pool // the caller's: enqueues, rescues, cleanup
+	own     *pgxpool.Pool // the client's bookkeeping (nil before Start)
 	cfg     Config
 	logger  *slog.Logger
 	workers map[string]*registration
@@ -137,12 +149,77 @@ type Client struct {
 	background sync.WaitGroup          // listener, heartbeats
 	jobs       sync.WaitGroup          // running handlers
 	bgCancel   context.CancelFunc
+	// hardCtx bounds every bookkeeping statement; it ends when Stop's
+	// deadline passes, so that no statement outlives Stop.
+	hardCtx    context.Context
+	hardCancel context.CancelFunc
+	// leaseBudget is how long after a lease was last renewed (counted from
+	// when the renewing statement was sent, on the monotonic clock) the
+	// handler is cancelled: LeaseDuration less leaseMargin.
+	leaseBudget time.Duration
+	epoch       time.Time // local lease deadlines count from here (monotonic)
 }
+
+// startLease arms r's local lease deadline: leaseBudget after sent, when
+// the claim was sent.
+func (c *Client) startLease(r *running, sent time.Time) {
+	r.deadline.Store(int64(sent.Sub(c.epoch) + c.leaseBudget))
+	r.leaseTimer = time.AfterFunc(time.Until(sent.Add(c.leaseBudget)), func() {
+		c.loseLease(r, "not renewed in time (local lease deadline)")
+	})
+}
+
+// renewLease moves r's local lease deadline to leaseBudget after sent, when
+// a renewal that succeeded was sent.
+func (c *Client) renewLease(r *running, sent time.Time) {
+	if r.lost.Load() {
+		return
+	}
+	r.deadline.Store(int64(sent.Sub(c.epoch) + c.leaseBudget))
+	r.leaseTimer.Reset(time.Until(sent.Add(c.leaseBudget)))
+}
+
+// leasePassed says whether r's local lease deadline has passed.
+func (c *Client) leasePassed(r *running) bool {
+	return time.Since(c.epoch) >= time.Duration(r.deadline.Load())
+}
+
+// leaseMargin is the share of a lease kept between the local lease deadline
+// and the lease's expiry in the database: a handler cancelled at the local
+// deadline has this long to return before any other worker can claim its
+// job.
+const leaseMarginDivisor = 5
 
 type running struct {
 	row    *JobRow
 	ctx    context.Context // the handler's context, made at claim time
 	cancel context.CancelCauseFunc
+	// leaseTimer fires at the local lease deadline; each renewal resets it.
+	leaseTimer *time.Timer
+	// deadline is the local lease deadline, as time since the client's
+	// epoch (monotonic): checked again when the handler starts, since the
+	// timer fires asynchronously.
+	deadline atomic.Int64
+	// lost: the lease was found lost (or passed its local deadline) and the
+	// handler cancelled; counted once.
+	lost atomic.Bool
+	// completedInTx: CompleteTx recorded the success in the handler's
+	// transaction; the lease is no longer needed.
+	completedInTx atomic.Bool
+}
+
+// loseLease cancels r's handler with ErrLeaseLost, once, and counts it. A
+// job whose success CompleteTx has recorded is left alone: its lease ended
+// with the success, and nothing can run it again.
+func (c *Client) loseLease(r *running, why string) {
+	if r.completedInTx.Load() || errors.Is(context.Cause(r.ctx), ErrJobCancelled) || !r.lost.CompareAndSwap(false, true) {
+		return // done, cancelled (its lease ended with it), or counted already
+	}
+	c.stats.leaseLost.Add(1)
+	c.metrics.leaseLost.Add(context.Background(), 1, c.metrics.with(r.row))
+	c.logger.Warn("relay: lease lost while running; cancelling the handler", "job_id", r.row.ID, "kind", r.row.Kind,
+		"attempt", r.row.Attempt, "reason", why)
+	r.cancel(ErrLeaseLost)
 }
 
 type counters struct {
@@ -155,7 +232,7 @@ func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if pool == nil {
 		return nil, errors.New("core: new client: nil pool")
 	}
-	c := &Client{pool: pool, queues: map[string]*queue{}, workers: map[string]*registration{}}
+	c := &Client{pool: pool, queues: map[string]*queue{}, workers: map[string]*registration{}, epoch: time.Now()}
 	if cfg != nil {
 		c.cfg = *cfg
 	}
@@ -168,8 +245,10 @@ func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 		return nil, fmt.Errorf("core: new client: LeaseDuration %s is below 100ms", cf.LeaseDuration)
 	}
 	cf.HeartbeatInterval = cmp.Or(cf.HeartbeatInterval, cf.LeaseDuration/3)
-	if cf.HeartbeatInterval >= cf.LeaseDuration {
-		return nil, fmt.Errorf("core: new client: HeartbeatInterval %s must be shorter than LeaseDuration %s", cf.HeartbeatInterval, cf.LeaseDuration)
+	c.leaseBudget = cf.LeaseDuration - cf.LeaseDuration/leaseMarginDivisor
+	if cf.HeartbeatInterval < 0 || 2*cf.HeartbeatInterval > c.leaseBudget {
+		return nil, fmt.Errorf("core: new client: HeartbeatInterval %s must be positive and at most 40%% of LeaseDuration %s (two renewals before the local lease deadline)",
+			cf.HeartbeatInterval, cf.LeaseDuration)
 	}
 	cf.PollInterval = cmp.Or(cf.PollInterval, time.Second)
 	cf.FetchLimit = cmp.Or(cf.FetchLimit, 1000)
@@ -252,6 +331,15 @@ func (c *Client) Start(ctx context.Context) error {
 	workCtx, workCancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	c.bgCancel, c.loopCancel, c.workCancel = bgCancel, loopCancel, workCancel
 
+	c.hardCtx, c.hardCancel = context.WithCancel(context.Background())
+	c.own = c.pool
+	if len(c.queues) > 0 {
+		own, err := c.newOwnPool()
+		if err != nil {
+			return fmt.Errorf("core: start: %w", err)
+		}
+		c.own = own
+	}
 	c.completer = newCompleter(c)
 	go c.completer.run()
 
@@ -290,12 +378,19 @@ func (c *Client) Start(ctx context.Context) error {
 	return nil
 }
 
-// Stop shuts the client down gracefully: it stops claiming at once, lets the
-// running jobs finish until ctx is done, then cancels those still running
-// (their context's cause is ErrShutdown) and returns their jobs to the queue
-// immediately, without counting the interrupted attempt. Successes are
-// recorded before Stop returns. It returns an error naming how many jobs were
-// interrupted, or nil when all finished.
+// Stop shuts the client down gracefully: it stops claiming at once (jobs
+// claimed ahead, waiting for a worker, are returned to the queue without
+// running), lets the running jobs finish until shortly before ctx's
+// deadline, then cancels those still running (their context's cause is
+// ErrShutdown) and returns their jobs to the queue, without counting the
+// interrupted attempt. Outcomes are recorded before Stop returns.
+//
+// Stop returns by ctx's deadline (or soon after ctx is cancelled), even
+// with the database unreachable: the last quarter of the time left, up to
+// 2s, is kept for recording outcomes. It returns nil when every job
+// finished and was recorded, else a *StopError saying what was interrupted
+// and what could not be recorded (those jobs run again once their leases
+// expire).
 func (c *Client) Stop(ctx context.Context) error {
 	c.lifecycle.Lock()
 	defer c.lifecycle.Unlock()
@@ -303,40 +398,101 @@ func (c *Client) Stop(ctx context.Context) error {
 		return nil
 	}
 	c.stopped = true
+	drainCtx := ctx
+	if dl, ok := ctx.Deadline(); ok {
+		reserve := min(time.Until(dl)/4, 2*time.Second)
+		var cancel context.CancelFunc
+		drainCtx, cancel = context.WithDeadline(ctx, dl.Add(-reserve))
+		defer cancel()
+	}
 	// Stop claiming. A claim under way completes and its jobs start, so none
-	// is left claimed without a handler; after this no job starts.
+	// is left claimed without a handler; after this no job starts. A claim
+	// that cannot reach the database is abandoned at the drain deadline.
 	c.loopCancel()
-	c.loops.Wait()
+	loopsDone := waitGroup(drainCtx, &c.loops)
+	if !loopsDone {
+		c.hardCancel()
+		loopsDone = waitGroup(ctx, &c.loops)
+	}
 	for _, q := range c.queues {
 		q.close()
 	}
 
 	drained := make(chan struct{})
 	go func() { c.jobs.Wait(); close(drained) }()
-	var interrupted int
+	var err StopError
 	select {
 	case <-drained:
-	case <-ctx.Done():
-		c.inflight.Range(func(_, v any) bool { interrupted++; return true })
-		c.logger.Warn("relay: stop deadline reached; cancelling running jobs", "running", interrupted)
+	case <-drainCtx.Done():
+		c.inflight.Range(func(_, v any) bool { err.Interrupted++; return true })
+		c.logger.Warn("relay: stop deadline reached; cancelling running jobs", "running", err.Interrupted)
 		c.workCancel(ErrShutdown)
 		// Handlers that honour their context return promptly and release
 		// their own jobs; release for those that do not.
+		wait, cancel := context.WithTimeout(ctx, max(time.Until(deadlineOr(ctx, time.Now()))/2, 0))
 		select {
 		case <-drained:
-		case <-time.After(2 * time.Second):
+		case <-wait.Done():
 			c.releaseAll()
 		}
+		cancel()
 	}
-	c.completer.stop()
+	err.Unrecorded = c.completer.stop(ctx)
 	c.metrics.close()
 	c.bgCancel()
-	c.background.Wait()
+	c.hardCancel()
 	c.workCancel(ErrShutdown)
-	if interrupted > 0 {
-		return fmt.Errorf("core: stop: %d running jobs interrupted and returned to the queue", interrupted)
+	if c.own != c.pool {
+		if waitGroup(ctx, &c.background) && loopsDone {
+			c.own.Close() // every user of the pool has returned: Close does not wait
+		} else {
+			go func() { c.background.Wait(); c.loops.Wait(); c.own.Close() }()
+		}
+	}
+	if err.Interrupted > 0 || err.Unrecorded > 0 {
+		if err.Unrecorded > 0 {
+			c.logger.Error("relay: stop: outcomes not recorded; those jobs run again once their leases expire", "jobs", err.Unrecorded)
+		}
+		return &err
 	}
 	return nil
+}
+
+// StopError is what Stop could not finish by its deadline.
+type StopError struct {
+	// Interrupted counts the jobs still running at the deadline: their
+	// handlers were cancelled and the jobs returned to the queue.
+	Interrupted int
+	// Unrecorded counts the attempts whose outcome (success, failure or
+	// return to the queue) could not be written, the database being
+	// unreachable or their rows locked: those jobs run again once their
+	// leases expire.
+	Unrecorded int
+}
+
+func (e *StopError) Error() string {
+	return fmt.Sprintf("core: stop: %d running jobs interrupted and returned to the queue; %d outcomes not recorded (those jobs run again once their leases expire)",
+		e.Interrupted, e.Unrecorded)
+}
+
+// waitGroup waits for wg until ctx is done, and says whether wg finished.
+func waitGroup(ctx context.Context, wg *sync.WaitGroup) bool {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// deadlineOr is ctx's deadline, or def when it has none.
+func deadlineOr(ctx context.Context, def time.Time) time.Time {
+	if dl, ok := ctx.Deadline(); ok {
+		return dl
+	}
+	return def
 }
 
 func (c *Client) onNotify(channel, payload string) {
@@ -347,13 +503,20 @@ func (c *Client) onNotify(channel, payload string) {
 			q.notify()
 		}
 	case "relay_control":
-		if idText, ok := strings.CutPrefix(payload, "cancel:"); ok {
+		// cancel:<id>:<lease token>; the token is empty for a job that was
+		// queued, and missing from an older client's notification.
+		if rest, ok := strings.CutPrefix(payload, "cancel:"); ok {
+			idText, token, _ := strings.Cut(rest, ":")
 			id, err := strconv.ParseInt(idText, 10, 64)
 			if err != nil {
 				return
 			}
 			if v, ok := c.inflight.Load(id); ok {
-				v.(*running).cancel(ErrJobCancelled)
+				r := v.(*running)
+				if token != "" && token != r.row.LeaseToken.String() {
+					return // a notification about an earlier attempt
+				}
+				r.cancel(ErrJobCancelled)
 			}
 		}
 	}
@@ -381,7 +544,28 @@ func (c *Client) every(ctx context.Context, d time.Duration, f func(context.Cont
 }
 
 // dbCtx bounds a bookkeeping statement that must not depend on a handler's
-// context (which may be cancelled).
-func dbCtx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), 15*time.Second)
+// context (which may be cancelled); Stop ends it at its deadline.
+func (c *Client) dbCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(c.hardCtx, 15*time.Second)
+}
+
+// newOwnPool opens the client's bookkeeping pool (see Client): the caller's
+// pool's settings, a connection for the heartbeat, one for the recording of
+// outcomes and one per queue's claim, each refusing to wait more than a
+// short while for a row lock (they use SKIP LOCKED; this is the backstop).
+func (c *Client) newOwnPool() (*pgxpool.Pool, error) {
+	cfg := c.pool.Config()
+	cfg.MaxConns = int32(2 + len(c.queues))
+	cfg.MinConns = 0
+	rp := cfg.ConnConfig.RuntimeParams
+	if rp == nil {
+		rp = map[string]string{}
+		cfg.ConnConfig.RuntimeParams = rp
+	}
+	rp["lock_timeout"] = strconv.FormatInt(max(c.cfg.LeaseDuration/10, 10*time.Millisecond).Milliseconds(), 10)
+	own, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		return nil, fmt.Errorf("open the client's bookkeeping pool: %w", err)
+	}
+	return own, nil
 }

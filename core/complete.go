@@ -3,19 +3,54 @@ package core
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"slices"
 	"sync"
 	"time"
 )
 
-// completer records successes in batches: one UPDATE for every success that
-// arrived while the previous one ran. Under load that is one round trip for
-// many jobs; when idle, a success is written at once (no timer adds delay).
-// A success waiting here is at most milliseconds old; if the process dies
-// first, the job runs again (the at-least-once window, slightly widened).
+// outcomeKind says which fenced write ends an attempt.
+type outcomeKind uint8
+
+const (
+	outcomeSuccess outcomeKind = iota // succeeded
+	outcomeFailure                    // back to queued after a delay, or dead
+	outcomeRelease                    // interrupted by a shutdown: queued at once, attempt not counted
+)
+
+// outcome is the end of one attempt, waiting to be written.
+type outcome struct {
+	row  *JobRow
+	kind outcomeKind
+	// lost: the attempt's lease loss was already counted (the handler was
+	// cancelled with ErrLeaseLost, but returned a result anyway).
+	lost bool
+	// Failures only.
+	state JobState      // queued or dead
+	delay time.Duration // until the next attempt
+	msg   string        // the error, as recorded
+	log   *slog.Logger  // the attempt's logger
+}
+
+// completer records the ends of attempts in batches: one statement per kind
+// of outcome (successes, failures, releases) for every outcome that arrived
+// while the previous batch was written. Under load that is one round trip
+// for many jobs; a small batch waits up to completeGather for company.
+//
+// It never waits on a row lock: each statement locks the rows it can with
+// SKIP LOCKED and reports the rows another transaction holds (a caller's
+// Cancel or long transaction). Those, and whole batches the database could
+// not take, are written again after a pause; an outcome is dropped only
+// when its lease is gone (the fence refused it) or Stop's deadline passes.
+// An outcome waiting here is covered by nothing: if its lease expires
+// first, the job is rescued and runs again (at-least-once, the window
+// slightly widened).
 type completer struct {
 	c       *Client
+	ctx     context.Context // cancelled when Stop gives up on what is pending
+	cancel  context.CancelFunc
 	mu      sync.Mutex
-	pending []*JobRow
+	pending []outcome
 	signal  chan struct{}
 	done    chan struct{}
 	closing bool
@@ -23,11 +58,11 @@ type completer struct {
 
 const completeBatchMax = 2000
 
-// A small batch waits up to completeGather for more successes before it is
+// A small batch waits up to completeGather for more outcomes before it is
 // written (a full one, completeGatherMin or more, goes at once): under a
 // steady trickle of jobs this turns one UPDATE and one commit per job into
-// one per few milliseconds, at the cost of recording each success that much
-// later. The success is not visible in the table meanwhile; the job's lease
+// one per few milliseconds, at the cost of recording each outcome that much
+// later. The outcome is not visible in the table meanwhile; the job's lease
 // covers it.
 const (
 	completeGather    = 3 * time.Millisecond
@@ -35,13 +70,18 @@ const (
 )
 
 func newCompleter(c *Client) *completer {
-	return &completer{c: c, signal: make(chan struct{}, 1), done: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &completer{c: c, ctx: ctx, cancel: cancel, signal: make(chan struct{}, 1), done: make(chan struct{})}
 }
 
-func (p *completer) add(row *JobRow) {
+func (p *completer) add(o outcome) {
 	p.mu.Lock()
-	p.pending = append(p.pending, row)
+	p.pending = append(p.pending, o)
 	p.mu.Unlock()
+	p.wake()
+}
+
+func (p *completer) wake() {
 	select {
 	case p.signal <- struct{}{}:
 	default:
@@ -50,13 +90,19 @@ func (p *completer) add(row *JobRow) {
 
 func (p *completer) run() {
 	defer close(p.done)
-	for range p.signal {
+	failures := 0
+	for {
+		select {
+		case <-p.signal:
+		case <-p.ctx.Done():
+			return
+		}
 		p.gather()
 		for {
 			p.mu.Lock()
 			batch := p.pending
 			if len(batch) > completeBatchMax {
-				batch = batch[:completeBatchMax]
+				batch = batch[:completeBatchMax:completeBatchMax]
 				p.pending = p.pending[completeBatchMax:]
 			} else {
 				p.pending = nil
@@ -69,7 +115,27 @@ func (p *completer) run() {
 				}
 				break
 			}
-			p.flush(batch)
+			again, err := p.flush(batch)
+			if len(again) == 0 {
+				failures = 0
+				continue
+			}
+			// Put them back in front, and pause: the database is unreachable,
+			// or another transaction holds their rows.
+			p.mu.Lock()
+			p.pending = append(again, p.pending...)
+			p.mu.Unlock()
+			failures++
+			wait := min(time.Duration(failures)*20*time.Millisecond, time.Second)
+			if err != nil {
+				wait = min(time.Duration(failures)*200*time.Millisecond, 5*time.Second)
+				p.c.logger.Warn("relay: recording attempts' outcomes failed; retrying", "jobs", len(again), "error", err, "retry_in", wait)
+			}
+			select {
+			case <-time.After(wait):
+			case <-p.ctx.Done():
+				return
+			}
 		}
 	}
 }
@@ -92,73 +158,152 @@ func (p *completer) gather() {
 	}
 }
 
-// flush writes one batch, retrying while the database is unreachable: a
-// success not recorded means the job runs again, so it is worth waiting for.
-func (p *completer) flush(batch []*JobRow) {
-	ids, tokens := idsAndTokens(batch)
-	for try := 1; ; try++ {
-		ctx, cancel := dbCtx()
-		recorded, err := p.write(ctx, ids, tokens)
-		cancel()
-		if err == nil {
-			p.c.stats.succeeded.Add(int64(len(recorded)))
-			var ordered []*JobRow
-			for _, r := range batch {
-				if _, ok := recorded[r.ID]; ok {
-					p.c.metrics.succeeded.Add(context.Background(), 1, p.c.metrics.with(r))
-					if r.OrderingKey != "" {
-						ordered = append(ordered, r)
-					}
-				}
-			}
-			p.c.wakeSuccessors(ordered)
-			if len(recorded) < len(batch) {
-				for _, r := range batch {
-					if _, ok := recorded[r.ID]; !ok {
-						p.c.stats.leaseLost.Add(1)
-						p.c.logger.Warn("relay: success not recorded: lease lost (the job was rescued or cancelled meanwhile)",
-							"job_id", r.ID, "kind", r.Kind, "attempt", r.Attempt)
-					}
-				}
-			}
-			return
-		}
-		if try >= 10 {
-			p.c.logger.Error("relay: could not record successes; their leases will expire and the jobs run again", "jobs", len(batch), "error", err)
-			return
-		}
-		p.c.logger.Warn("relay: recording successes failed; retrying", "jobs", len(batch), "error", err)
-		time.Sleep(time.Duration(try) * 200 * time.Millisecond)
+// flush writes one batch, a statement per kind of outcome, and returns the
+// outcomes to write again: those whose rows another transaction held, and
+// every outcome of a statement that failed (with its error).
+func (p *completer) flush(batch []outcome) (again []outcome, err error) {
+	var byKind [3][]outcome
+	for _, o := range batch {
+		byKind[o.kind] = append(byKind[o.kind], o)
 	}
+	var wake []string
+	for kind, os := range byKind {
+		if len(os) == 0 {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(p.ctx, 15*time.Second)
+		written, werr := p.write(ctx, outcomeKind(kind), os)
+		cancel()
+		if werr != nil {
+			again = append(again, os...)
+			err = werr
+			continue
+		}
+		for _, o := range os {
+			switch w, held := written[o.row.ID]; {
+			case !held:
+				p.lost(o)
+			case !w:
+				again = append(again, o)
+			default:
+				if q := p.recorded(o); q != "" && !slices.Contains(wake, q) {
+					wake = append(wake, q)
+				}
+			}
+		}
+	}
+	p.c.notifyQueues(p.c.own, wake)
+	return again, err
 }
 
-func (p *completer) write(ctx context.Context, ids []int64, tokens any) (map[int64]struct{}, error) {
-	rows, err := p.c.pool.Query(ctx, sqlCompleteMany, ids, tokens)
+// write runs the statement of kind for os. written maps each id whose
+// attempt still holds its lease to whether the write was made (false: its
+// row was locked by another transaction); an id missing has lost its lease.
+func (p *completer) write(ctx context.Context, kind outcomeKind, os []outcome) (map[int64]bool, error) {
+	ids := make([]int64, len(os))
+	tokens := make([][16]byte, len(os))
+	for i, o := range os {
+		ids[i], tokens[i] = o.row.ID, o.row.LeaseToken
+	}
+	sql, args := sqlCompleteMany, []any{ids, tokens}
+	switch kind {
+	case outcomeFailure:
+		states := make([]string, len(os))
+		delays := make([]int64, len(os))
+		msgs := make([]string, len(os))
+		for i, o := range os {
+			states[i], delays[i], msgs[i] = string(o.state), o.delay.Microseconds(), o.msg
+		}
+		sql, args = sqlFailMany, append(args, states, delays, msgs)
+	case outcomeRelease:
+		sql = sqlReleaseMany
+	}
+	rows, err := p.c.own.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	done := make(map[int64]struct{}, len(ids))
+	written := make(map[int64]bool, len(os))
 	for rows.Next() {
 		var id int64
-		if err := rows.Scan(&id); err != nil {
+		var w bool
+		if err := rows.Scan(&id, &w); err != nil {
 			return nil, err
 		}
-		done[id] = struct{}{}
+		written[id] = w
 	}
-	return done, rows.Err()
+	return written, rows.Err()
 }
 
-// stop flushes what is pending and ends the completer.
-func (p *completer) stop() {
+// recorded counts a written outcome, and returns the queue to wake when the
+// write made a job runnable now ("" for none).
+func (p *completer) recorded(o outcome) string {
+	c, r := p.c, o.row
+	switch o.kind {
+	case outcomeSuccess:
+		c.stats.succeeded.Add(1)
+		c.metrics.succeeded.Add(context.Background(), 1, c.metrics.with(r))
+		if r.OrderingKey != "" {
+			return r.Queue // the key's next job may run now
+		}
+	case outcomeFailure:
+		if o.state == StateDead {
+			c.stats.dead.Add(1)
+			c.metrics.dead.Add(context.Background(), 1, c.metrics.with(r))
+			o.log.Warn("relay: job failed and is dead", "error", o.msg)
+			if r.OrderingKey != "" {
+				return r.Queue
+			}
+			return ""
+		}
+		c.stats.retried.Add(1)
+		c.metrics.retried.Add(context.Background(), 1, c.metrics.with(r))
+		o.log.Warn("relay: job failed; will retry", "error", o.msg, "retry_in", o.delay)
+		if o.delay <= 0 {
+			return r.Queue
+		}
+	case outcomeRelease:
+		c.stats.released.Add(1)
+		return r.Queue
+	}
+	return ""
+}
+
+// lost counts an outcome the fence refused.
+func (p *completer) lost(o outcome) {
+	c, r := p.c, o.row
+	if o.kind == outcomeRelease {
+		return // released after its lease was gone: nothing was lost by it
+	}
+	if !o.lost {
+		c.stats.leaseLost.Add(1)
+		c.metrics.leaseLost.Add(context.Background(), 1, c.metrics.with(r))
+	}
+	what := "success"
+	if o.kind == outcomeFailure {
+		what = "failure"
+	}
+	c.logger.Warn("relay: "+what+" not recorded: lease lost (the job was rescued or cancelled meanwhile)",
+		"job_id", r.ID, "kind", r.Kind, "attempt", r.Attempt, "job_error", o.msg)
+}
+
+// stop writes what is pending and ends the completer, giving up when ctx is
+// done. It returns how many outcomes it could not write.
+func (p *completer) stop(ctx context.Context) int {
 	p.mu.Lock()
 	p.closing = true
 	p.mu.Unlock()
+	p.wake()
 	select {
-	case p.signal <- struct{}{}:
-	default:
+	case <-p.done:
+	case <-ctx.Done():
+		p.cancel()
+		<-p.done // its statements are bound to p.ctx: they return now
 	}
-	<-p.done
+	p.cancel()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.pending)
 }
 
 // CompleteTx records the success of the running job inside tx, the handler's
@@ -184,5 +329,8 @@ func CompleteTx[T JobArgs](ctx context.Context, tx DB, job *Job[T]) error {
 		return fmt.Errorf("core: complete job %d in transaction: %w", job.ID, ErrLeaseLost)
 	}
 	job.completedInTx = true
+	if job.run != nil {
+		job.run.completedInTx.Store(true)
+	}
 	return nil
 }

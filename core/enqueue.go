@@ -291,6 +291,9 @@ func enqueueRows(ctx context.Context, ex execer, rows []enqueueRow, ownTx bool) 
 	if len(sent) != len(send) {
 		return nil, fmt.Errorf("core: enqueue: wrote %d of %d jobs", len(sent), len(send))
 	}
+	if err := lookupDuplicates(ctx, ex, send, sent); err != nil {
+		return nil, err
+	}
 	results := make([]EnqueueResult, len(rows))
 	k := 0
 	for i := range rows {
@@ -302,6 +305,46 @@ func enqueueRows(ctx context.Context, ex execer, rows []enqueueRow, ownTx bool) 
 		k++
 	}
 	return results, nil
+}
+
+// lookupDuplicates fills in the ids of duplicates whose existing job was
+// committed after the enqueue statement's snapshot (sqlEnqueueUnique gives
+// them id 0).
+func lookupDuplicates(ctx context.Context, ex execer, send []enqueueRow, sent []EnqueueResult) error {
+	var keys []string
+	for i, r := range sent {
+		if r.ID == 0 && send[i].UniqueKey != nil {
+			keys = append(keys, *send[i].UniqueKey)
+		}
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	list, _ := json.Marshal(keys)
+	found := make(map[string]int64, len(keys))
+	err := ex.Query(ctx, sqlUniqueLookup, []any{string(list)}, func(row scanner) error {
+		var key string
+		var id int64
+		if err := row.Scan(&key, &id); err != nil {
+			return err
+		}
+		found[key] = id
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("core: enqueue: read the ids of duplicates: %w", err)
+	}
+	for i, r := range sent {
+		if r.ID != 0 || send[i].UniqueKey == nil {
+			continue
+		}
+		id, ok := found[*send[i].UniqueKey]
+		if !ok {
+			return fmt.Errorf("core: enqueue: the job holding unique key %q left its unique states while this enqueue ran: that job was neither inserted nor found; enqueue it again", *send[i].UniqueKey)
+		}
+		sent[i].ID = id
+	}
+	return nil
 }
 
 // enqueueRow is one element of the JSON array sqlEnqueue reads (written by

@@ -79,6 +79,8 @@ type JobRow struct {
 	// undecodable, when set, is why the claimed row cannot run (see
 	// ErrUndecodableJob): the attempt fails with it instead of running.
 	undecodable error
+	// run is the attempt running this job in a client (nil elsewhere).
+	run *running
 }
 
 // AttemptRecord is one failed or interrupted attempt.

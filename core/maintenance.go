@@ -10,7 +10,10 @@ import (
 
 // heartbeatLoop renews the leases of every running job of this client in one
 // statement per tick. A job whose lease is gone (rescued after a stall, or
-// cancelled) has its handler's context cancelled with ErrLeaseLost.
+// cancelled) has its handler's context cancelled with ErrLeaseLost; so has
+// one whose lease was not renewed in time (see running.leaseTimer), whatever
+// the reason: the database unreachable, or its row locked by another
+// transaction.
 func (c *Client) heartbeatLoop(ctx context.Context) {
 	t := time.NewTicker(c.cfg.HeartbeatInterval)
 	defer t.Stop()
@@ -25,43 +28,62 @@ func (c *Client) heartbeatLoop(ctx context.Context) {
 }
 
 func (c *Client) heartbeat(ctx context.Context) {
-	var rows []*JobRow
+	var runs []*running
 	c.inflight.Range(func(_, v any) bool {
-		rows = append(rows, v.(*running).row)
+		if r := v.(*running); !r.lost.Load() && !r.completedInTx.Load() {
+			runs = append(runs, r)
+		}
 		return true
 	})
-	if len(rows) == 0 {
+	if len(runs) == 0 {
 		return
 	}
-	ids, tokens := idsAndTokens(rows)
-	res, err := c.pool.Query(ctx, sqlHeartbeat, ids, tokens, c.cfg.LeaseDuration.Milliseconds())
+	ids := make([]int64, len(runs))
+	tokens := make([][16]byte, len(runs))
+	for i, r := range runs {
+		ids[i], tokens[i] = r.row.ID, r.row.LeaseToken
+	}
+	// A renewal counts from when it was sent: the database's new expiry is
+	// later than that.
+	sent := time.Now()
+	qctx, cancel := context.WithTimeout(ctx, c.leaseBudget/2)
+	defer cancel()
+	res, err := c.own.Query(qctx, sqlHeartbeat, ids, tokens, c.cfg.LeaseDuration.Milliseconds())
 	if err != nil {
-		c.logger.Warn("relay: heartbeat failed", "jobs", len(rows), "error", err)
+		c.logger.Warn("relay: heartbeat failed", "jobs", len(runs), "error", err)
 		return
 	}
-	renewed := make(map[int64]bool, len(rows))
+	held := make(map[int64]bool, len(runs))
 	for res.Next() {
 		var id int64
-		if err := res.Scan(&id); err == nil {
-			renewed[id] = true
+		var renewed bool
+		if err := res.Scan(&id, &renewed); err == nil {
+			held[id] = renewed
 		}
 	}
 	res.Close()
 	if res.Err() != nil {
-		c.logger.Warn("relay: heartbeat failed", "jobs", len(rows), "error", res.Err())
+		c.logger.Warn("relay: heartbeat failed", "jobs", len(runs), "error", res.Err())
 		return
 	}
-	for _, r := range rows {
-		if renewed[r.ID] {
-			continue
+	skipped := 0
+	for _, r := range runs {
+		renewed, ok := held[r.row.ID]
+		switch {
+		case renewed:
+			c.renewLease(r, sent)
+		case ok:
+			skipped++ // its row is locked elsewhere: not renewed this tick
+		default:
+			// Only a job still running with the same attempt has lost its
+			// lease; one that finished meanwhile simply cleared it.
+			if v, ok := c.inflight.Load(r.row.ID); ok && v.(*running) == r {
+				c.loseLease(r, "rescued or cancelled")
+			}
 		}
-		// Only a job still running with the same attempt has lost its lease;
-		// one that finished meanwhile simply cleared it.
-		if v, ok := c.inflight.Load(r.ID); ok && v.(*running).row == r {
-			c.stats.leaseLost.Add(1)
-			c.logger.Warn("relay: lease lost while running; cancelling the handler", "job_id", r.ID, "kind", r.Kind, "attempt", r.Attempt)
-			v.(*running).cancel(ErrLeaseLost)
-		}
+	}
+	if skipped > 0 {
+		c.logger.Debug("relay: leases not renewed this tick: their rows are locked by another transaction", "jobs", skipped)
 	}
 }
 
@@ -74,7 +96,9 @@ func (c *Client) rescue(ctx context.Context) {
 	for ctx.Err() == nil {
 		n, err := c.rescueBatch(ctx, batch)
 		if err != nil {
-			c.logger.Warn("relay: rescue failed", "error", err)
+			if ctx.Err() == nil { // not a stop
+				c.logger.Warn("relay: rescue failed", "error", err)
+			}
 			return
 		}
 		c.stats.rescued.Add(int64(n))
@@ -163,7 +187,9 @@ func (c *Client) cleanup(ctx context.Context) {
 		for ctx.Err() == nil {
 			n, err := dbx.PGX{Q: c.pool}.Exec(ctx, sqlCleanup, string(k.state), k.keep.Microseconds(), r.BatchSize)
 			if err != nil {
-				c.logger.Warn("relay: retention cleanup failed", "state", k.state, "error", err)
+				if ctx.Err() == nil { // not a stop
+					c.logger.Warn("relay: retention cleanup failed", "state", k.state, "error", err)
+				}
 				break
 			}
 			c.stats.deleted.Add(n)

@@ -1,6 +1,19 @@
 package core
 
-import "strings"
+import (
+	"fmt"
+	"strings"
+)
+
+// mustReplace returns sql with old replaced by new, and panics (at package
+// init, where every caller runs) unless old occurs exactly once: a variant
+// built from a base statement can never silently be the base statement.
+func mustReplace(sql, old, new string) string {
+	if n := strings.Count(sql, old); n != 1 {
+		panic(fmt.Sprintf("core: building a statement variant: %q occurs %d times, want 1", old, n))
+	}
+	return strings.Replace(sql, old, new, 1)
+}
 
 // All of the core's SQL, in one place. Every UPDATE of state names the state
 // it moves from in its WHERE clause, so it can only make a transition of the
@@ -30,7 +43,7 @@ RETURNING id, false`
 // subquery that sets relay.notify for this transaction only; the trigger
 // runs at the end of the statement, after it.
 func notifyAfter(sql string) string {
-	return strings.Replace(sql, "\nORDER BY j.ord", "\n     CROSS JOIN (SELECT set_config('relay.notify', 'after', true)) AS notify_after\nORDER BY j.ord", 1)
+	return mustReplace(sql, "\nORDER BY j.ord", "\n     CROSS JOIN (SELECT set_config('relay.notify', 'after', true)) AS notify_after\nORDER BY j.ord")
 }
 
 // The enqueue statements for an enqueue that is its own transaction.
@@ -45,25 +58,59 @@ const sqlNotifyQueues = `SELECT pg_notify('relay_jobs', q) FROM jsonb_array_elem
 
 // sqlEnqueueUnique is sqlEnqueue for a batch holding unique jobs (keys
 // distinct within the batch). A job whose key is held by a job in one of
-// that job's unique states is not inserted: ON CONFLICT takes the existing
-// row instead — waiting for an enqueue of the same key still in flight in
-// another transaction, so the answer is right under any concurrency — and
-// rewrites its key unchanged so that RETURNING can give its id. xmax is set
-// on a row ON CONFLICT updated and zero on a freshly inserted one, which
-// tells duplicates apart. Rows without a key never conflict.
+// that job's unique states is not inserted. ON CONFLICT DO NOTHING takes no
+// lock on the existing row: a duplicate enqueued in a long transaction must
+// not hold the row of a running job, or that job could neither renew its
+// lease nor record its outcome until the transaction ends. (It still waits
+// for an enqueue of the same key in flight in another transaction, so the
+// answer is right under any concurrency.)
+//
+// It returns, in batch order, each job's id and whether it was a
+// duplicate. An inserted keyed job is found by its key; the inserted jobs
+// without a key take ids in batch order (the sequence is drawn in ORDER BY
+// order), so the n-th of them in the batch is the n-th smallest id. A
+// duplicate's id is read from the statement's snapshot; when the row it
+// collided with was committed after that snapshot (the concurrent enqueue
+// it waited for), the id is 0 and the caller reads it with
+// sqlUniqueLookup, a new statement with a new snapshot.
 const sqlEnqueueUnique = `
+WITH b AS (
+    SELECT *, CASE WHEN b.unique_key IS NULL
+                   THEN row_number() OVER (PARTITION BY b.unique_key IS NULL ORDER BY b.ord) END AS keyless_n
+    FROM ROWS FROM (jsonb_to_recordset($1::jsonb) AS (
+             kind text, queue text, args jsonb, priority smallint, max_attempts integer,
+             run_at timestamptz, delay_us bigint, metadata jsonb, ordering_key text, tags text[], unique_key text, unique_states text[]))
+         WITH ORDINALITY AS b(kind, queue, args, priority, max_attempts, run_at, delay_us, metadata, ordering_key, tags, unique_key, unique_states, ord)
+),
+ins AS (
 INSERT INTO relay_jobs (kind, queue, args, priority, max_attempts, run_at, metadata, ordering_key, tags, unique_key, unique_states)
 SELECT j.kind, j.queue, j.args, j.priority, j.max_attempts,
        coalesce(j.run_at, now() + j.delay_us * interval '1 microsecond'),
        j.metadata, j.ordering_key, coalesce(j.tags, '{}'), j.unique_key, j.unique_states
-FROM ROWS FROM (jsonb_to_recordset($1::jsonb) AS (
-         kind text, queue text, args jsonb, priority smallint, max_attempts integer,
-         run_at timestamptz, delay_us bigint, metadata jsonb, ordering_key text, tags text[], unique_key text, unique_states text[]))
-     WITH ORDINALITY AS j(kind, queue, args, priority, max_attempts, run_at, delay_us, metadata, ordering_key, tags, unique_key, unique_states, ord)
+FROM b AS j
 ORDER BY j.ord
 ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state = ANY (unique_states)
-DO UPDATE SET unique_key = excluded.unique_key
-RETURNING id, xmax <> 0`
+DO NOTHING
+RETURNING id, unique_key
+),
+keyless AS (
+    SELECT id, row_number() OVER (ORDER BY id) AS n FROM ins WHERE unique_key IS NULL
+)
+SELECT coalesce(i.id, k.id, e.id, 0), i.id IS NULL AND k.id IS NULL
+FROM b
+LEFT JOIN ins AS i ON i.unique_key = b.unique_key
+LEFT JOIN keyless AS k ON k.n = b.keyless_n
+LEFT JOIN LATERAL (
+    SELECT r.id FROM relay_jobs AS r
+    WHERE r.unique_key = b.unique_key AND r.state = ANY (r.unique_states)
+    LIMIT 1) AS e ON i.id IS NULL
+ORDER BY b.ord`
+
+// sqlUniqueLookup reads the ids of the jobs holding the unique keys of the
+// JSON array $1 (see sqlEnqueueUnique).
+const sqlUniqueLookup = `
+SELECT unique_key, id FROM relay_jobs
+WHERE unique_key IN (SELECT jsonb_array_elements_text($1::jsonb)) AND state = ANY (unique_states)`
 
 // sqlClaim leases up to $2 runnable jobs of queue $1 to worker $4 for $3
 // milliseconds, in one statement:
@@ -128,16 +175,30 @@ RETURNING j.id, j.kind, j.queue, j.priority, j.attempt, j.max_attempts, j.run_at
 // starts where the last left off. Jobs that become runnable behind the
 // cursor (a more urgent new job, a rescued one) are reached when the fetch
 // loop drops the cursor: on every notification and every poll.
-var sqlClaimAfter = strings.Replace(sqlClaim,
+var sqlClaimAfter = mustReplace(sqlClaim,
 	"WHERE state = 'queued' AND queue = $1 AND run_at <= now()\n",
-	"WHERE state = 'queued' AND queue = $1 AND run_at <= now()\n      AND (priority, run_at, id) > ($6::smallint, $7::timestamptz, $8::bigint)\n", 1)
+	"WHERE state = 'queued' AND queue = $1 AND run_at <= now()\n      AND (priority, run_at, id) > ($6::smallint, $7::timestamptz, $8::bigint)\n")
 
-// sqlCompleteMany records the success of a batch of attempts, each fenced by
-// its token. RETURNING names those recorded; the others had lost their lease.
+// The fenced writes about running attempts (sqlCompleteMany, sqlFailMany,
+// sqlReleaseMany, sqlHeartbeat) share one shape, because they must never
+// wait on a row lock another transaction holds — a caller's long
+// transaction that cancels a running job, say: one locked row would stall
+// the whole batch, and a stalled heartbeat lets every other lease expire.
+//
+//   - locked: the batch's rows whose lease token still matches, locked with
+//     FOR NO KEY UPDATE SKIP LOCKED (the mode the UPDATE itself takes, so
+//     nothing is upgraded). Rows locked elsewhere are stepped over.
+//   - done: the UPDATE of exactly those rows. Their ids reach it as an
+//     array (ARRAY(SELECT ...)), so its plan is a primary-key probe per id.
+//   - The result: each written id with true, then each id whose token still
+//     matches in the statement's snapshot but was not written (locked
+//     elsewhere) with false. An id missing from both has lost its lease.
+//     That second look is skipped (a one-time filter) when every id was
+//     written, the common case, so it costs nothing then.
 //
 // Batches ($1 ids, $2 their tokens) are matched as pairs. A claim statement
 // gives all its jobs one token, so matching ids and tokens as two sets would
-// let a late attempt's success land on a newer attempt of the same job
+// let a late attempt's outcome land on a newer attempt of the same job
 // claimed by this client in a batch whose token is also in the set
 // (TestFenceMatchesPairs). The id set drives the plan (a primary-key probe
 // per id) and the pairs are a hashed semi-join on the few rows found.
@@ -148,62 +209,125 @@ var sqlClaimAfter = strings.Replace(sqlClaim,
 // let the planner walk the partial lease index over every claimed row when
 // its statistics say few are claimed (right after a bulk insert and
 // ANALYZE, when workers then claim thousands); without it the plan is a
-// primary-key probe per id. The same holds for sqlRelease, sqlHeartbeat,
-// sqlCompleteOne and sqlFail. TestFencedWritesProbeThePrimaryKey keeps it
-// so.
+// primary-key probe per id. TestFencedWritesProbeThePrimaryKey keeps it so.
+
+// sqlCompleteMany records the success of a batch of attempts.
 const sqlCompleteMany = `
-UPDATE relay_jobs AS j
-SET state = 'succeeded', finalized_at = now(), lease_token = NULL, lease_expires_at = NULL
-WHERE j.id = ANY($1::bigint[])
-  AND (j.id, j.lease_token) IN (SELECT * FROM unnest($1::bigint[], $2::uuid[]))
-RETURNING j.id`
+WITH locked AS (
+    SELECT id FROM relay_jobs
+    WHERE id = ANY($1::bigint[])
+      AND (id, lease_token) IN (SELECT * FROM unnest($1::bigint[], $2::uuid[]))
+    FOR NO KEY UPDATE SKIP LOCKED
+), done AS (
+    UPDATE relay_jobs
+    SET state = 'succeeded', finalized_at = now(), lease_token = NULL, lease_expires_at = NULL
+    WHERE id = ANY(ARRAY(SELECT id FROM locked))
+    RETURNING id
+)
+SELECT id, true FROM done
+UNION ALL
+SELECT id, false FROM relay_jobs
+WHERE id = ANY($1::bigint[])
+  AND (id, lease_token) IN (SELECT * FROM unnest($1::bigint[], $2::uuid[]))
+  AND id NOT IN (SELECT id FROM done)
+  AND (SELECT count(*) FROM done) < cardinality($1::bigint[])`
 
 // sqlCompleteOne is sqlCompleteMany for one attempt, in a caller's
-// transaction on any driver (the token travels as text).
+// transaction on any driver (the token travels as text). It is the
+// caller's own write, in the caller's transaction: it may wait.
 const sqlCompleteOne = `
 UPDATE relay_jobs
 SET state = 'succeeded', finalized_at = now(), lease_token = NULL, lease_expires_at = NULL
 WHERE id = $1 AND lease_token = $2::uuid`
 
-// sqlFail records a failed attempt ($1 id, $2 token): back to queued after $4
-// microseconds, or dead ($3 names which), with error $5.
-const sqlFail = `
-UPDATE relay_jobs
-SET state            = $3::text,
-    run_at           = CASE WHEN $3::text = 'queued' THEN now() + $4 * interval '1 microsecond' ELSE run_at END,
-    finalized_at     = CASE WHEN $3::text = 'dead' THEN now() END,
-    lease_token      = NULL,
-    lease_expires_at = NULL,
-    last_error       = $5::text,
-    history          = history || jsonb_build_array(jsonb_build_object(
-        'attempt', attempt, 'started_at', attempted_at, 'finished_at', now(),
-        'error', $5::text, 'worker', attempted_by))
-WHERE id = $1 AND lease_token = $2`
+// sqlFailMany records a batch of failed attempts ($1 ids, $2 tokens): each
+// back to queued after $4 microseconds, or dead ($3 names which), with
+// error $5.
+const sqlFailMany = `
+WITH f AS (
+    SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::bigint[], $5::text[])
+        AS f(id, token, state, delay_us, error)
+), locked AS (
+    SELECT id FROM relay_jobs
+    WHERE id = ANY($1::bigint[])
+      AND (id, lease_token) IN (SELECT id, token FROM f)
+    FOR NO KEY UPDATE SKIP LOCKED
+), done AS (
+    UPDATE relay_jobs AS j
+    SET state            = f.state,
+        run_at           = CASE WHEN f.state = 'queued' THEN now() + f.delay_us * interval '1 microsecond' ELSE j.run_at END,
+        finalized_at     = CASE WHEN f.state = 'dead' THEN now() END,
+        lease_token      = NULL,
+        lease_expires_at = NULL,
+        last_error       = f.error,
+        history          = j.history || jsonb_build_array(jsonb_build_object(
+            'attempt', j.attempt, 'started_at', j.attempted_at, 'finished_at', now(),
+            'error', f.error, 'worker', j.attempted_by))
+    FROM f
+    WHERE j.id = ANY(ARRAY(SELECT id FROM locked)) AND f.id = j.id
+    RETURNING j.id
+)
+SELECT id, true FROM done
+UNION ALL
+SELECT id, false FROM relay_jobs
+WHERE id = ANY($1::bigint[])
+  AND (id, lease_token) IN (SELECT id, token FROM f)
+  AND id NOT IN (SELECT id FROM done)
+  AND (SELECT count(*) FROM done) < cardinality($1::bigint[])`
 
-// sqlRelease returns attempts interrupted by a client's shutdown to the
-// queue at once. The attempt is not counted: a deploy must not burn attempts.
-const sqlRelease = `
-UPDATE relay_jobs AS j
-SET state            = 'queued',
-    attempt          = j.attempt - 1,
-    lease_token      = NULL,
-    lease_expires_at = NULL,
-    history          = j.history || jsonb_build_array(jsonb_build_object(
-        'attempt', j.attempt, 'started_at', j.attempted_at, 'finished_at', now(),
-        'error', 'interrupted: worker shut down; attempt not counted', 'worker', j.attempted_by))
-WHERE j.id = ANY($1::bigint[])
-  AND (j.id, j.lease_token) IN (SELECT * FROM unnest($1::bigint[], $2::uuid[]))
-RETURNING j.id`
+// sqlReleaseMany returns attempts interrupted by a client's shutdown to
+// the queue at once. The attempt is not counted: a deploy must not burn
+// attempts.
+const sqlReleaseMany = `
+WITH locked AS (
+    SELECT id FROM relay_jobs
+    WHERE id = ANY($1::bigint[])
+      AND (id, lease_token) IN (SELECT * FROM unnest($1::bigint[], $2::uuid[]))
+    FOR NO KEY UPDATE SKIP LOCKED
+), done AS (
+    UPDATE relay_jobs AS j
+    SET state            = 'queued',
+        attempt          = j.attempt - 1,
+        lease_token      = NULL,
+        lease_expires_at = NULL,
+        history          = j.history || jsonb_build_array(jsonb_build_object(
+            'attempt', j.attempt, 'started_at', j.attempted_at, 'finished_at', now(),
+            'error', 'interrupted: worker shut down; attempt not counted', 'worker', j.attempted_by))
+    WHERE j.id = ANY(ARRAY(SELECT id FROM locked))
+    RETURNING j.id
+)
+SELECT id, true FROM done
+UNION ALL
+SELECT id, false FROM relay_jobs
+WHERE id = ANY($1::bigint[])
+  AND (id, lease_token) IN (SELECT * FROM unnest($1::bigint[], $2::uuid[]))
+  AND id NOT IN (SELECT id FROM done)
+  AND (SELECT count(*) FROM done) < cardinality($1::bigint[])`
 
 // sqlHeartbeat renews the leases of a batch of running attempts by $3
-// milliseconds from the database's now(). A job missing from RETURNING has
-// lost its lease (rescued or cancelled): its handler must stop.
+// milliseconds from the database's now(). Renewed ids come with true; ids
+// whose rows another transaction holds with false (not renewed this tick:
+// the lease still holds, but the local lease deadline runs on); a job
+// missing has lost its lease (rescued or cancelled): its handler must stop.
 const sqlHeartbeat = `
-UPDATE relay_jobs AS j
-SET lease_expires_at = now() + $3 * interval '1 millisecond'
-WHERE j.id = ANY($1::bigint[])
-  AND (j.id, j.lease_token) IN (SELECT * FROM unnest($1::bigint[], $2::uuid[]))
-RETURNING j.id`
+WITH locked AS (
+    SELECT id FROM relay_jobs
+    WHERE id = ANY($1::bigint[])
+      AND (id, lease_token) IN (SELECT * FROM unnest($1::bigint[], $2::uuid[]))
+    FOR NO KEY UPDATE SKIP LOCKED
+), done AS (
+    UPDATE relay_jobs
+    SET lease_expires_at = now() + $3 * interval '1 millisecond'
+    WHERE id = ANY(ARRAY(SELECT id FROM locked))
+    RETURNING id
+)
+SELECT id, true FROM done
+UNION ALL
+SELECT id, false FROM relay_jobs
+WHERE id = ANY($1::bigint[])
+  AND (id, lease_token) IN (SELECT * FROM unnest($1::bigint[], $2::uuid[]))
+  AND id NOT IN (SELECT id FROM done)
+  AND (SELECT count(*) FROM done) < cardinality($1::bigint[])`
 
 // sqlRescueExpired locks up to $1 expired leases, oldest first, for rescue
 // to give each its retry delay. SKIP LOCKED lets any number of processes
@@ -253,15 +377,24 @@ WHERE id IN (
 
 // sqlCancel cancels job $1 if it is queued or running. A running job's lease
 // ends with it, which fences out its worker.
+//
+// It returns the lease token the job had (” when it was queued): the
+// cancel notification names the attempt it cancels, so that a worker
+// running a newer attempt of the job (cancelled, requeued and claimed again
+// before the notification arrived) ignores it.
 const sqlCancel = `
-UPDATE relay_jobs
+UPDATE relay_jobs AS j
 SET state = 'cancelled', finalized_at = now(), lease_token = NULL, lease_expires_at = NULL
-WHERE id = $1 AND state IN ('queued', 'claimed')
-RETURNING queue, coalesce(ordering_key, '')`
+FROM (SELECT id, lease_token FROM relay_jobs WHERE id = $1 FOR UPDATE) AS old
+WHERE j.id = old.id AND j.state IN ('queued', 'claimed')
+RETURNING j.queue, coalesce(j.ordering_key, ''), coalesce(old.lease_token::text, '')`
 
 // sqlNotifyCancel tells running workers (of any process) to stop job $1 now
 // rather than at their next heartbeat. Delivered at commit.
-const sqlNotifyCancel = `SELECT pg_notify('relay_control', 'cancel:' || $1::text)`
+//
+// The payload is cancel:<id>:<lease token> (the token empty for a queued
+// job).
+const sqlNotifyCancel = `SELECT pg_notify('relay_control', 'cancel:' || $1::text || ':' || $2::text)`
 
 // sqlRequeue puts a dead or cancelled job $1 back in its queue, runnable now,
 // with a fresh set of attempts. Its history is kept.

@@ -5,16 +5,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime/debug"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
-
-	"github.com/relayq/relay/internal/dbx"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // queue claims and runs the jobs of one named queue for a client.
@@ -105,7 +104,10 @@ func (q *queue) run(ctx, workCtx context.Context) {
 			limit := min(free, c.cfg.FetchLimit)
 			// Not ctx: a claim cancelled mid-flight may have committed, leaving
 			// jobs claimed with no handler until their leases expire.
-			claimCtx, cancel := dbCtx()
+			claimCtx, cancel := c.dbCtx()
+			// The lease runs, at the earliest, from the moment the claim
+			// is sent: the local lease deadline counts from here.
+			sent := time.Now()
 			rows, err := q.claim(claimCtx, limit, cursor)
 			cancel()
 			if err != nil {
@@ -140,6 +142,8 @@ func (q *queue) run(ctx, workCtx context.Context) {
 				// reaches a prefetched job too; heartbeats cover it from here.
 				ctx, cancel := context.WithCancelCause(workCtx)
 				r := &running{row: row, ctx: ctx, cancel: cancel}
+				row.run = r
+				c.startLease(r, sent)
 				pickup := row.AttemptedAt.Sub(row.RunAt)
 				if row.CreatedAt.After(row.RunAt) {
 					pickup = row.AttemptedAt.Sub(row.CreatedAt)
@@ -147,6 +151,13 @@ func (q *queue) run(ctx, workCtx context.Context) {
 				c.metrics.pickup.Record(ctx, pickup.Seconds(), c.metrics.with(row))
 				c.inflight.Store(row.ID, r)
 				q.mu.Lock()
+				if q.closed {
+					// Stop got here first: the job must not start.
+					q.mu.Unlock()
+					r.cancel(ErrShutdown)
+					q.finish(r)
+					continue
+				}
 				if q.running < q.max {
 					q.running++
 					var inbox chan *running
@@ -181,7 +192,7 @@ func (q *queue) claim(ctx context.Context, limit int, after *claimCursor) ([]*Jo
 	if after != nil {
 		sql, args = sqlClaimAfter, append(args, int16(after.priority), after.runAt, after.id)
 	}
-	rows, err := c.pool.Query(ctx, sql, args...)
+	rows, err := c.own.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
@@ -262,18 +273,55 @@ func (q *queue) handOver(inbox chan *running) (next *running, parked bool) {
 // after.
 func (q *queue) close() {
 	q.mu.Lock()
-	defer q.mu.Unlock()
 	q.closed = true
 	for _, inbox := range q.idle {
 		close(inbox)
 	}
 	q.idle = nil
+	// Prefetched jobs never started: a graceful stop gives them back now
+	// rather than running them.
+	waiting := q.waiting
+	q.waiting = nil
+	q.mu.Unlock()
+	for _, r := range waiting {
+		r.cancel(ErrShutdown)
+		q.finish(r)
+	}
+}
+
+// finish ends a claimed job that will not run (a prefetched job at a stop,
+// or one whose context ended before it started). Only a shutdown has a
+// lease to give back; a cancelled job or a lost lease has none.
+func (q *queue) finish(r *running) {
+	c := q.client
+	r.leaseTimer.Stop()
+	c.inflight.CompareAndDelete(r.row.ID, r)
+	if errors.Is(context.Cause(r.ctx), ErrShutdown) {
+		c.completer.add(outcome{row: r.row, kind: outcomeRelease})
+	}
+	r.cancel(nil)
+	q.active.Add(-1)
+	c.jobs.Done()
 }
 
 // executeOne runs one job and records its outcome.
 func (q *queue) executeOne(r *running) {
 	c, row, ctx := q.client, r.row, r.ctx
+	if ctx.Err() != nil {
+		// Cancelled, lease lost or shutting down before it started (a
+		// prefetched job): nothing ran.
+		q.finish(r)
+		return
+	}
+	if c.leasePassed(r) {
+		// The claim's answer came too late (a partition healed, say): the
+		// lease may be gone already, so the handler must not start.
+		c.loseLease(r, "claimed after its local lease deadline")
+		q.finish(r)
+		return
+	}
 	defer func() {
+		r.leaseTimer.Stop()
 		r.cancel(nil)
 		q.active.Add(-1)
 		c.jobs.Done()
@@ -281,16 +329,6 @@ func (q *queue) executeOne(r *running) {
 			q.notify()
 		}
 	}()
-	if ctx.Err() != nil {
-		// Cancelled, lease lost or shutting down before it started (a
-		// prefetched job): nothing ran. Only a shutdown has a lease to give
-		// back.
-		c.inflight.CompareAndDelete(row.ID, r)
-		if errors.Is(context.Cause(ctx), ErrShutdown) {
-			c.release([]*JobRow{row})
-		}
-		return
-	}
 
 	// The attempt's span; the handler's spans nest under it.
 	spanCtx, span := c.startAttemptSpan(ctx, row)
@@ -310,12 +348,16 @@ func (q *queue) executeOne(r *running) {
 	c.metrics.duration.Record(ctx, time.Since(began).Seconds(), attrs)
 	if err == nil { // the hot path: nothing to log, nothing to allocate
 		endAttemptSpan(span, nil, StateSucceeded, 0)
-		if row.completedInTx {
+		if r.completedInTx.Load() {
 			c.stats.succeeded.Add(1)
 			c.metrics.succeeded.Add(context.Background(), 1, attrs)
-			c.wakeSuccessors([]*JobRow{row})
+			if row.OrderingKey != "" {
+				c.notifyQueues(c.pool, []string{row.Queue})
+			}
 		} else {
-			c.completer.add(row)
+			// Even after a lost lease: the fence tells whether it still
+			// holds (a lease that only missed its local deadline may).
+			c.completer.add(outcome{row: row, kind: outcomeSuccess, lost: r.lost.Load()})
 		}
 		return
 	}
@@ -328,14 +370,13 @@ func (q *queue) executeOne(r *running) {
 	switch {
 	case errors.Is(cause, ErrLeaseLost):
 		log.Warn("relay: job lost its lease while running; its result is not recorded", "error", err)
-		c.metrics.leaseLost.Add(context.Background(), 1, attrs)
 		endAttemptSpan(span, fmt.Errorf("%w: %w", ErrLeaseLost, err), StateClaimed, 0)
 	case errors.Is(cause, ErrJobCancelled):
 		log.Info("relay: running job was cancelled", "error", err)
 		c.metrics.cancelled.Add(context.Background(), 1, attrs)
 		endAttemptSpan(span, fmt.Errorf("%w: %w", ErrJobCancelled, err), StateCancelled, 0)
 	case errors.Is(cause, ErrShutdown):
-		c.release([]*JobRow{row})
+		c.completer.add(outcome{row: row, kind: outcomeRelease})
 		endAttemptSpan(span, fmt.Errorf("%w: %w", ErrShutdown, err), StateQueued, 0)
 	case isSnooze(err):
 		q.snoozed(row, span, err)
@@ -350,12 +391,22 @@ func (q *queue) executeOne(r *running) {
 
 // runHandler calls the worker with the job's timeout, turning a panic into
 // an error that carries its stack.
+//
+// When the timeout ended the attempt, the error names it: the handler
+// usually returns just ctx.Err() ("context deadline exceeded"), and the
+// cause lives on the context made here, which the caller never sees.
 func runHandler(ctx context.Context, reg *registration, row *JobRow) (err error) {
 	if reg.timeout != nil {
 		if d := reg.timeout(row); d > 0 {
+			timeout := fmt.Errorf("core: job timed out after %s", d)
 			var cancel context.CancelFunc
-			ctx, cancel = context.WithTimeoutCause(ctx, d, fmt.Errorf("core: job timed out after %s", d))
+			ctx, cancel = context.WithTimeoutCause(ctx, d, timeout)
 			defer cancel()
+			defer func() {
+				if err != nil && context.Cause(ctx) == timeout && !errors.Is(err, timeout) {
+					err = fmt.Errorf("%w: %w", timeout, err)
+				}
+			}()
 		}
 	}
 	defer func() {
@@ -366,11 +417,10 @@ func runHandler(ctx context.Context, reg *registration, row *JobRow) (err error)
 	return reg.work(ctx, row)
 }
 
-// fail records a failed attempt: retry after a delay, or dead.
-func (c *Client) fail(log interface {
-	Warn(string, ...any)
-	Error(string, ...any)
-}, reg *registration, row *JobRow, err error) (JobState, time.Duration) {
+// fail hands a failed attempt to the completer: retry after a delay, or
+// dead. It returns what it asked for; the completer logs and counts the
+// outcome once it is written.
+func (c *Client) fail(log *slog.Logger, reg *registration, row *JobRow, err error) (JobState, time.Duration) {
 	state, delay := StateQueued, time.Duration(0)
 	var perm *permanentError
 	var rin *retryInError
@@ -383,25 +433,7 @@ func (c *Client) fail(log interface {
 		delay = c.retryDelay(reg, row.Attempt, err)
 	}
 	msg := truncate(sanitizeText(err.Error()), 8<<10)
-	ctx, cancel := dbCtx()
-	defer cancel()
-	n, dbErr := dbx.PGX{Q: c.pool}.Exec(ctx, sqlFail, row.ID, row.LeaseToken, string(state), delay.Microseconds(), msg)
-	switch {
-	case dbErr != nil:
-		log.Error("relay: could not record failed attempt; the lease will expire and the job will be rescued", "error", dbErr, "job_error", msg)
-	case n == 0:
-		c.stats.leaseLost.Add(1)
-		c.metrics.leaseLost.Add(ctx, 1, c.metrics.with(row))
-		log.Warn("relay: failure not recorded: lease lost", "job_error", msg)
-	case state == StateDead:
-		c.stats.dead.Add(1)
-		c.metrics.dead.Add(ctx, 1, c.metrics.with(row))
-		log.Warn("relay: job failed and is dead", "error", msg)
-	default:
-		c.stats.retried.Add(1)
-		c.metrics.retried.Add(ctx, 1, c.metrics.with(row))
-		log.Warn("relay: job failed; will retry", "error", msg, "retry_in", delay)
-	}
+	c.completer.add(outcome{row: row, kind: outcomeFailure, state: state, delay: delay, msg: msg, log: log})
 	return state, delay
 }
 
@@ -415,32 +447,16 @@ func (c *Client) retryDelay(reg *registration, attempt int, err error) time.Dura
 	return c.cfg.RetryPolicy.RetryDelay(attempt, err)
 }
 
-// release returns interrupted attempts to the queue.
-func (c *Client) release(rows []*JobRow) {
-	if len(rows) == 0 {
-		return
-	}
-	ids, tokens := idsAndTokens(rows)
-	ctx, cancel := dbCtx()
-	defer cancel()
-	n, err := dbx.PGX{Q: c.pool}.Exec(ctx, sqlRelease, ids, tokens)
-	if err != nil {
-		c.logger.Error("relay: could not release interrupted jobs; their leases will expire", "jobs", len(rows), "error", err)
-		return
-	}
-	c.stats.released.Add(n)
-}
-
 // releaseAll releases every job still in flight (handlers that ignored their
 // cancelled context), fencing out their eventual writes.
 func (c *Client) releaseAll() {
-	var rows []*JobRow
 	c.inflight.Range(func(k, v any) bool {
-		rows = append(rows, v.(*running).row)
+		r := v.(*running)
 		c.inflight.Delete(k)
+		r.leaseTimer.Stop()
+		c.completer.add(outcome{row: r.row, kind: outcomeRelease})
 		return true
 	})
-	c.release(rows)
 }
 
 // idsAndTokens lists rows' ids and lease tokens for a batch statement. The
@@ -467,23 +483,22 @@ func truncate(s string, n int) string {
 	return s + "…(truncated)"
 }
 
-// wakeSuccessors wakes the workers of every process after jobs with an
-// ordering key finished: the next job of each key has just become
-// claimable, and nothing else would tell them before the next poll.
-func (c *Client) wakeSuccessors(rows []*JobRow) {
-	var queues []string
-	for _, r := range rows {
-		if r.OrderingKey != "" && !slices.Contains(queues, r.Queue) {
-			queues = append(queues, r.Queue)
-		}
-	}
+// notifyQueues wakes the workers of every process serving queues: jobs
+// there have just become runnable (the next job of an ordering key,
+// released jobs, retries without delay), and nothing else would tell them
+// before the next poll.
+//
+// The completer sends it on the client's own pool; an executor (after a
+// CompleteTx) on the caller's, since the client's pool has one connection
+// for the completer and none for executors.
+func (c *Client) notifyQueues(db *pgxpool.Pool, queues []string) {
 	if len(queues) == 0 {
 		return
 	}
 	list, _ := json.Marshal(queues)
-	ctx, cancel := dbCtx()
+	ctx, cancel := c.dbCtx()
 	defer cancel()
-	if _, err := c.pool.Exec(ctx, sqlNotifyQueues, string(list)); err != nil {
-		c.logger.Warn("relay: could not wake the workers of ordered jobs' queues; they will poll", "error", err)
+	if _, err := db.Exec(ctx, sqlNotifyQueues, string(list)); err != nil {
+		c.logger.Warn("relay: could not wake the workers of queues with runnable jobs; they will poll", "queues", queues, "error", err)
 	}
 }

@@ -68,9 +68,9 @@ RETURNING run_at <= now()`
 // snooze records a snoozed attempt. It reports whether the job is runnable
 // now (woken meanwhile, or a zero delay) and whether it was recorded.
 func (c *Client) snooze(row *JobRow, d time.Duration) (due, ok bool) {
-	ctx, cancel := dbCtx()
+	ctx, cancel := c.dbCtx()
 	defer cancel()
-	err := dbx.PGX{Q: c.pool}.Query(ctx, sqlSnooze, []any{row.ID, row.LeaseToken, d.Microseconds()}, func(r dbx.Scanner) error {
+	err := dbx.PGX{Q: c.own}.Query(ctx, sqlSnooze, []any{row.ID, row.LeaseToken, d.Microseconds()}, func(r dbx.Scanner) error {
 		ok = true
 		return r.Scan(&due)
 	})

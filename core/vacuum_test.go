@@ -1,34 +1,14 @@
 package core_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/internal/testdb"
 )
-
-// lockedBuffer is a log sink the test can read while the client writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 func TestAutovacuumSettings(t *testing.T) {
 	t.Parallel()

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/internal/bench"
 	"github.com/relayq/relay/internal/devpg"
+	"github.com/relayq/relay/internal/netfault"
 	"github.com/relayq/relay/migrations"
 )
 
@@ -44,6 +46,9 @@ type proveConfig struct {
 	backendKill  int
 	backendKillD time.Duration
 	pauses       int
+	partitions   int
+	partitionFor time.Duration
+	lockStorm    bool
 	timeout      time.Duration
 	keep         bool
 }
@@ -64,6 +69,12 @@ Proofs:
 
 relay prove <proof> --help lists the proof's flags.
 `
+
+// proveCounts are the faults a run actually made.
+type proveCounts struct {
+	kills, terms, pauses, partitions int
+	backendKills, locks              atomic.Int64
+}
 
 func runProve(ctx context.Context, args []string) error {
 	if len(args) > 0 && args[0] == "scheduler" {
@@ -101,14 +112,23 @@ func runProve(ctx context.Context, args []string) error {
 	fs.BoolVar(&c.pgCrash, "pg-crash", false, "crash PostgreSQL mid-run (immediate shutdown, recovery from WAL; throwaway cluster only)")
 	fs.IntVar(&c.backendKill, "backend-kill", 0, "terminate this many worker backends per second (pg_terminate_backend)")
 	fs.DurationVar(&c.backendKillD, "backend-kill-for", 3*time.Second, "how long --backend-kill goes on")
-	fs.IntVar(&c.pauses, "pause", 0, "SIGSTOP a worker holding a job until another worker has taken that job over, then SIGCONT it (late-worker case), this many times")
+	fs.IntVar(&c.pauses, "pause", 0, "SIGSTOP a worker holding a job until a rescue has ended its lease on that job, then SIGCONT it (late-worker case), this many times")
+	fs.IntVar(&c.partitions, "partition", 0, "cut a worker process off from PostgreSQL (through a TCP proxy of the prover) this many times, each for --partition-for, then restore it")
+	fs.DurationVar(&c.partitionFor, "partition-for", 0, "how long each --partition lasts (default 2.5 × --lease)")
+	fs.BoolVar(&c.lockStorm, "lock-storm", false, "from a side connection, lock a random running job's row for 2 × --lease, again and again (a caller's long transaction)")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Minute, "give up after this long")
 	fs.BoolVar(&c.keep, "keep", false, "keep the proof's schema afterwards")
 	if err := parseFlags(fs, args[1:]); err != nil {
 		return err
 	}
-	if c.jobs < 1 || c.processes < 1 || c.concurrency < 1 || c.kills < 0 || c.sigterms < 0 || c.lease < 200*time.Millisecond {
-		return errors.New("prove: --jobs, --processes, --concurrency must be ≥ 1, --kill/--sigterm ≥ 0, --lease ≥ 200ms")
+	if c.jobs < 1 || c.processes < 1 || c.concurrency < 1 || c.kills < 0 || c.sigterms < 0 || c.pauses < 0 || c.partitions < 0 || c.lease < 200*time.Millisecond {
+		return errors.New("prove: --jobs, --processes, --concurrency must be ≥ 1, --kill/--sigterm/--pause/--partition ≥ 0, --lease ≥ 200ms")
+	}
+	if c.partitionFor == 0 {
+		c.partitionFor = c.lease * 5 / 2
+	}
+	if c.partitionFor <= c.lease {
+		return errors.New("prove: --partition-for must be longer than --lease (a shorter cut tests nothing)")
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
@@ -131,18 +151,60 @@ func runProve(ctx context.Context, args []string) error {
 	fmt.Printf("prove: %d jobs, %d processes × %d, job time %s, lease %s, kills %d, sigterms %d\n",
 		c.jobs, c.processes, c.concurrency, c.jobTime, c.lease, c.kills, c.sigterms)
 
+	// This run's worker connections carry its schema's name, so that
+	// --backend-kill terminates no other run's.
+	u, err := url.Parse(schemaURL)
+	if err != nil {
+		return fmt.Errorf("prove: %w", err)
+	}
+	appName := "relay-prove-worker " + u.Query().Get("search_path")
+	sink, err := startProofSink()
+	if err != nil {
+		return err
+	}
+	defer sink.Close()
+	// With --partition, each worker slot reaches PostgreSQL through a proxy
+	// of its own, which the prover can cut.
+	var proxies []*netfault.Proxy
+	if c.partitions > 0 {
+		for i := 0; i < c.processes; i++ {
+			p, err := netfault.Listen(u.Host)
+			if err != nil {
+				return fmt.Errorf("prove: %w", err)
+			}
+			defer p.Close()
+			proxies = append(proxies, p)
+		}
+	}
+
 	start := time.Now()
-	fleet := &workerFleet{lease: c.lease, argv: func(id string) []string {
+	fleet := &workerFleet{lease: c.lease, sink: sink, argv: func(id string) []string {
 		return []string{"prove-worker", "--database-url", schemaURL, "--id", id,
-			"--concurrency", fmt.Sprint(c.concurrency), "--lease", c.lease.String()}
+			"--concurrency", fmt.Sprint(c.concurrency), "--lease", c.lease.String(), "--sink", sink.URL(), "--app-name", appName}
 	}}
+	if proxies != nil {
+		fleet.slotArgs = func(slot int) []string {
+			pu := *u
+			pu.Host = proxies[slot].Addr()
+			return []string{"--database-url", pu.String()} // the later flag wins
+		}
+	}
 	defer fleet.stopAll()
 	for i := 0; i < c.processes; i++ {
 		if err := fleet.start(i); err != nil {
 			return err
 		}
 	}
-	kills, terms, err := superviseProof(ctx, pool, fleet, cluster, c)
+	var counts proveCounts
+	stormCtx, stopStorm := context.WithCancel(ctx)
+	var storm sync.WaitGroup
+	if c.lockStorm {
+		storm.Add(1)
+		go func() { defer storm.Done(); lockStorm(stormCtx, pool, 2*c.lease, &counts.locks) }()
+	}
+	err = superviseProof(ctx, pool, fleet, cluster, proxies, appName, c, &counts)
+	stopStorm()
+	storm.Wait()
 	if err != nil {
 		return err
 	}
@@ -153,11 +215,22 @@ func runProve(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("proof: jobs=%d succeeded=%d dead=%d lost=%d duplicate_effects=%d overlapping_executions=%d re_executions=%d fenced_attempts=%d kills=%d sigterms=%d pauses=%d elapsed=%s\n",
-		res["jobs"], res["succeeded"], res["dead"], res["lost"], res["duplicate_effects"], res["overlapping_executions"], res["re_executions"],
-		res["fenced_attempts"], kills, terms, c.pauses, elapsed.Round(time.Millisecond))
-	if res["lost"] != 0 || res["duplicate_effects"] != 0 || res["overlapping_executions"] != 0 {
+	external, windows := sink.overlaps()
+	fmt.Printf("proof: jobs=%d succeeded=%d dead=%d lost=%d duplicate_effects=%d overlapping_executions=%d external_overlaps=%d re_executions=%d fenced_attempts=%d kills=%d sigterms=%d pauses=%d partitions=%d locks=%d backend_kills=%d observed_attempts=%d elapsed=%s\n",
+		res["jobs"], res["succeeded"], res["dead"], res["lost"], res["duplicate_effects"], res["overlapping_executions"], external, res["re_executions"],
+		res["fenced_attempts"], counts.kills, counts.terms, counts.pauses, counts.partitions, counts.locks.Load(), counts.backendKills.Load(), windows,
+		elapsed.Round(time.Millisecond))
+	if res["lost"] != 0 || res["duplicate_effects"] != 0 || res["overlapping_executions"] != 0 || external != 0 {
 		return errors.New("prove: the audit failed")
+	}
+	if counts.pauses < c.pauses {
+		return fmt.Errorf("prove: --pause %d asked for, but only %d pauses saw their job taken over: the fault was not exercised", c.pauses, counts.pauses)
+	}
+	if c.backendKill > 0 && counts.backendKills.Load() == 0 {
+		return errors.New("prove: --backend-kill terminated no worker connection: the fault was not exercised")
+	}
+	if c.lockStorm && counts.locks.Load() == 0 {
+		return errors.New("prove: --lock-storm locked no running job: the fault was not exercised")
 	}
 	return nil
 }
@@ -245,13 +318,27 @@ func freshSchema(ctx context.Context, dbURL string) (string, func(), error) {
 	return u.String(), drop, nil
 }
 
+// enqueueProofJobs enqueues the proof's jobs. With --partition they arrive
+// over the run, at 80% of the fleet's nominal capacity, rather than all at
+// once: a job rescued from a cut-off worker then runs again at once, while
+// the cut-off handler might still run, instead of waiting behind a backlog
+// until the partition is long over (which would hide an overlap).
 func enqueueProofJobs(ctx context.Context, pool *pgxpool.Pool, c proveConfig) error {
+	var gap time.Duration
+	if c.partitions > 0 {
+		gap = c.jobTime * 5 / 4 / time.Duration(c.processes*c.concurrency)
+	}
+	first := time.Now().Add(2 * time.Second) // the workers' start
 	for done := 0; done < c.jobs; {
 		n := min(5000, c.jobs-done)
 		params := make([]core.EnqueueParams, n)
 		for i := range params {
 			ms := int(float64(c.jobTime.Milliseconds()) * (0.5 + rand.Float64()))
-			params[i] = core.EnqueueParams{Args: proveArgs{Seq: done + i, Ms: ms}, Opts: &core.EnqueueOpts{Queue: proveQueue, MaxAttempts: 100}}
+			opts := &core.EnqueueOpts{Queue: proveQueue, MaxAttempts: 100}
+			if gap > 0 {
+				opts.RunAt = first.Add(time.Duration(done+i) * gap)
+			}
+			params[i] = core.EnqueueParams{Args: proveArgs{Seq: done + i, Ms: ms}, Opts: opts}
 		}
 		if _, err := core.EnqueueMany(ctx, pool, params); err != nil {
 			return err
@@ -263,7 +350,8 @@ func enqueueProofJobs(ctx context.Context, pool *pgxpool.Pool, c proveConfig) er
 
 // superviseProof shows progress, fires the faults at evenly spaced points of
 // progress, and returns when every job is final.
-func superviseProof(ctx context.Context, pool *pgxpool.Pool, fleet *workerFleet, cluster *devpg.Cluster, c proveConfig) (kills, terms int, err error) {
+func superviseProof(ctx context.Context, pool *pgxpool.Pool, fleet *workerFleet, cluster *devpg.Cluster, proxies []*netfault.Proxy,
+	appName string, c proveConfig, counts *proveCounts) error {
 	type fault string
 	var faults []fault
 	for i := 0; i < c.kills; i++ {
@@ -284,9 +372,13 @@ func superviseProof(ctx context.Context, pool *pgxpool.Pool, fleet *workerFleet,
 	for i := 0; i < c.pauses; i++ {
 		faults = append(faults, "pause")
 	}
+	for i := 0; i < c.partitions; i++ {
+		faults = append(faults, "partition")
+	}
 	rand.Shuffle(len(faults), func(i, j int) { faults[i], faults[j] = faults[j], faults[i] })
 	next := 0
-	var pauses sync.WaitGroup
+	var pauses sync.WaitGroup // pauses and partitions, which run in the background
+	var pauseMu sync.Mutex
 	tty := isTerminal()
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
@@ -296,13 +388,13 @@ func superviseProof(ctx context.Context, pool *pgxpool.Pool, fleet *workerFleet,
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM relay_jobs WHERE kind = 'prove.job' AND state IN ('succeeded', 'dead', 'cancelled')`).Scan(&done); err != nil {
 			// The server may be restarting.
 			if ctx.Err() != nil {
-				return kills, terms, fmt.Errorf("prove: %w", ctx.Err())
+				return fmt.Errorf("prove: %w", ctx.Err())
 			}
 			time.Sleep(200 * time.Millisecond)
 			continue
 		}
 		if time.Since(lastPrint) > time.Second || done == c.jobs {
-			line := fmt.Sprintf("prove: done %d/%d  kills %d/%d  sigterms %d/%d  restarts %d", done, c.jobs, kills, c.kills, terms, c.sigterms, fleet.restarts())
+			line := fmt.Sprintf("prove: done %d/%d  kills %d/%d  sigterms %d/%d  restarts %d", done, c.jobs, counts.kills, c.kills, counts.terms, c.sigterms, fleet.restarts())
 			if tty {
 				fmt.Printf("\r%s ", line)
 			} else {
@@ -316,9 +408,9 @@ func superviseProof(ctx context.Context, pool *pgxpool.Pool, fleet *workerFleet,
 			}
 			pauses.Wait()
 			if next < len(faults) {
-				return kills, terms, fmt.Errorf("prove: the jobs finished before %d of the %d faults fired; use more jobs or a longer --job-time", len(faults)-next, len(faults))
+				return fmt.Errorf("prove: the jobs finished before %d of the %d faults fired; use more jobs or a longer --job-time", len(faults)-next, len(faults))
 			}
-			return kills, terms, nil
+			return nil
 		}
 		// Fault i fires when progress passes (i+1)/(faults+1) of the first
 		// 60% of the jobs, leaving the rest of the run to recover.
@@ -326,23 +418,23 @@ func superviseProof(ctx context.Context, pool *pgxpool.Pool, fleet *workerFleet,
 			switch faults[next] {
 			case "kill":
 				if err := fleet.kill(func(id string) error { return recordKill(ctx, pool, id) }); err != nil {
-					return kills, terms, err
+					return err
 				}
-				kills++
+				counts.kills++
 			case "sigterm":
 				if err := fleet.term(); err != nil {
-					return kills, terms, err
+					return err
 				}
-				terms++
+				counts.terms++
 			case "pg-restart":
 				fmt.Println("\nprove: restarting PostgreSQL")
 				if err := cluster.Restart(ctx); err != nil {
-					return kills, terms, err
+					return err
 				}
 			case "pg-crash":
 				fmt.Println("\nprove: crashing PostgreSQL (immediate shutdown)")
 				if err := cluster.Crash(ctx); err != nil {
-					return kills, terms, err
+					return err
 				}
 			case "pause":
 				// In the background: a pause lasts until another worker
@@ -350,31 +442,91 @@ func superviseProof(ctx context.Context, pool *pgxpool.Pool, fleet *workerFleet,
 				pauses.Add(1)
 				go func() {
 					defer pauses.Done()
-					if err := fleet.pause(ctx, pool); err != nil {
-						fmt.Fprintln(os.Stderr, "prove: pause:", err)
+					// A pause whose job was not taken over tested nothing:
+					// try another worker, a few times.
+					for try := 0; try < 3; try++ {
+						if fleet.pause(ctx, pool) {
+							pauseMu.Lock()
+							counts.pauses++
+							pauseMu.Unlock()
+							return
+						}
+					}
+				}()
+			case "partition":
+				pauses.Add(1)
+				go func() {
+					defer pauses.Done()
+					if fleet.partition(ctx, proxies, c.partitionFor) {
+						pauseMu.Lock()
+						counts.partitions++
+						pauseMu.Unlock()
 					}
 				}()
 			case "backend-kill":
-				go terminateBackends(ctx, pool, c.backendKill, c.backendKillD)
+				go terminateBackends(ctx, pool, appName, c.backendKill, c.backendKillD, &counts.backendKills)
 			}
 			next++
 		}
 		select {
 		case <-ctx.Done():
-			return kills, terms, fmt.Errorf("prove: gave up: %w", ctx.Err())
+			return fmt.Errorf("prove: gave up: %w", ctx.Err())
 		case <-tick.C:
 		}
 	}
 }
 
-// terminateBackends kills perSecond random worker connections every second
-// for d.
-func terminateBackends(ctx context.Context, pool *pgxpool.Pool, perSecond int, d time.Duration) {
+// terminateBackends kills perSecond random connections of this run's
+// workers (application_name appName, in this database) every second for d,
+// counting those it killed.
+func terminateBackends(ctx context.Context, pool *pgxpool.Pool, appName string, perSecond int, d time.Duration, killed *atomic.Int64) {
 	end := time.Now().Add(d)
 	for time.Now().Before(end) && ctx.Err() == nil {
-		pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-			WHERE application_name = 'relay-prove-worker' ORDER BY random() LIMIT $1`, perSecond) //nolint:errcheck
+		var n int64
+		err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM (
+			SELECT pid FROM pg_stat_activity
+			WHERE application_name = $1 AND datname = current_database() AND pid <> pg_backend_pid()
+			ORDER BY random() LIMIT $2) AS victims`, appName, perSecond).Scan(&n)
+		if err == nil {
+			killed.Add(n)
+		}
 		time.Sleep(time.Second)
+	}
+}
+
+// lockStorm locks a random running job's row, as a caller's long
+// transaction would (a Cancel inside it, say), holds it for hold, and
+// starts over after a pause of hold/2 on another job, until ctx ends. (A
+// storm that re-locked the same row at once, forever, would keep its job
+// from ever being rescued: no caller does that.) It counts the locks it
+// held.
+func lockStorm(ctx context.Context, pool *pgxpool.Pool, hold time.Duration, locks *atomic.Int64) {
+	var last int64
+	for ctx.Err() == nil {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		var id int64
+		err = tx.QueryRow(ctx, `SELECT id FROM relay_jobs WHERE state = 'claimed' AND kind = 'prove.job' AND id <> $1
+			ORDER BY random() LIMIT 1 FOR UPDATE SKIP LOCKED`, last).Scan(&id)
+		if err != nil {
+			tx.Rollback(context.Background()) //nolint:errcheck
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		locks.Add(1)
+		last = id
+		select {
+		case <-ctx.Done():
+		case <-time.After(hold):
+		}
+		tx.Rollback(context.Background()) //nolint:errcheck
+		select {
+		case <-ctx.Done():
+		case <-time.After(hold / 2):
+		}
 	}
 }
 
@@ -394,13 +546,18 @@ func audit(ctx context.Context, pool *pgxpool.Pool) (map[string]int64, error) {
 // workerFleet runs a proof's worker processes: this binary, with the
 // arguments argv gives for each process id.
 type workerFleet struct {
-	argv   func(id string) []string
-	lease  time.Duration // for pause: how long a takeover can take
-	mu     sync.Mutex
-	cmds   []*exec.Cmd
-	ids    []string
-	paused map[int]bool // slots SIGSTOPped by pause: kill and term pick others
-	gen    int
+	argv func(id string) []string
+	// slotArgs, if set, adds arguments for the process in a slot.
+	slotArgs func(slot int) []string
+	// sink, if set, is told of SIGKILLs and SIGSTOPs.
+	sink         *proofSink
+	partitioning sync.Mutex    // one partition at a time
+	lease        time.Duration // for pause: how long a takeover can take
+	mu           sync.Mutex
+	cmds         []*exec.Cmd
+	ids          []string
+	paused       map[int]bool // slots SIGSTOPped by pause: kill and term pick others
+	gen          int
 }
 
 // pick returns a random slot that is not paused, and marks it paused if
@@ -436,7 +593,11 @@ func (f *workerFleet) start(slot int) error {
 	}
 	f.gen++
 	id := fmt.Sprintf("w%d-g%d", slot, f.gen)
-	cmd := exec.Command(self, f.argv(id)...)
+	argv := f.argv(id)
+	if f.slotArgs != nil {
+		argv = append(argv, f.slotArgs(slot)...)
+	}
+	cmd := exec.Command(self, argv...)
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // our Ctrl-C is ours to relay
 	if err := cmd.Start(); err != nil {
@@ -465,6 +626,9 @@ func (f *workerFleet) kill(killed func(id string) error) error {
 	f.mu.Unlock()
 	cmd.Process.Signal(syscall.SIGKILL) //nolint:errcheck
 	cmd.Wait()                          //nolint:errcheck
+	if f.sink != nil {
+		f.sink.killed(id)
+	}
 	if killed != nil {
 		if err := killed(id); err != nil {
 			return err
@@ -516,11 +680,13 @@ func (f *workerFleet) term() error {
 	return f.start(slot)
 }
 
-// pause SIGSTOPs a worker that holds a job, waits until another worker has
-// claimed that job (its lease expired and it was rescued), then SIGCONTs the
+// pause SIGSTOPs a worker that holds a job, waits until its lease on that
+// job has ended (it expired and the job was rescued), then SIGCONTs the
 // paused one: it wakes up past its lease, and the fence must refuse its
-// result.
-func (f *workerFleet) pause(ctx context.Context, pool *pgxpool.Pool) error {
+// result. It says whether that happened: a worker paused while its
+// transaction held the job's row lock (in CompleteTx, say) keeps the job
+// from being rescued, and so tests nothing.
+func (f *workerFleet) pause(ctx context.Context, pool *pgxpool.Pool) bool {
 	slot := f.pick(true)
 	f.mu.Lock()
 	cmd, id := f.cmds[slot], f.ids[slot]
@@ -531,28 +697,65 @@ func (f *workerFleet) pause(ctx context.Context, pool *pgxpool.Pool) error {
 		f.mu.Unlock()
 	}()
 	var jobID int64
+	var token string
 	deadline := time.Now().Add(5 * time.Second)
-	for jobID == 0 && time.Now().Before(deadline) {
-		pool.QueryRow(ctx, `SELECT coalesce(min(id), 0) FROM relay_jobs WHERE state = 'claimed' AND attempted_by = $1`, id).Scan(&jobID) //nolint:errcheck
+	for jobID == 0 && time.Now().Before(deadline) && ctx.Err() == nil {
+		pool.QueryRow(ctx, `SELECT id, lease_token::text FROM relay_jobs WHERE state = 'claimed' AND attempted_by = $1
+			ORDER BY id LIMIT 1`, id).Scan(&jobID, &token) //nolint:errcheck
 	}
-	cmd.Process.Signal(syscall.SIGSTOP)       //nolint:errcheck
+	cmd.Process.Signal(syscall.SIGSTOP) //nolint:errcheck
+	if f.sink != nil {
+		defer f.sink.stopped(id)()
+	}
 	defer cmd.Process.Signal(syscall.SIGCONT) //nolint:errcheck
 	if jobID == 0 {
-		return nil // nothing held: nothing to show
+		fmt.Printf("\nprove: %s held no job to pause with\n", id)
+		return false
 	}
 	fmt.Printf("\nprove: paused %s holding job %d\n", id, jobID)
-	deadline = time.Now().Add(3*f.lease + 10*time.Second)
-	for time.Now().Before(deadline) {
+	// Taken over: the rescuer ended the paused attempt's lease (the job may
+	// then wait behind the backlog before another worker runs it; the fence
+	// refuses the paused worker's writes from now on either way).
+	deadline = time.Now().Add(3*f.lease + 5*time.Second)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
 		var taken bool
-		pool.QueryRow(ctx, `SELECT attempted_by <> $2 FROM relay_jobs WHERE id = $1`, jobID, id).Scan(&taken) //nolint:errcheck
+		pool.QueryRow(ctx, `SELECT lease_token IS DISTINCT FROM $2::uuid FROM relay_jobs WHERE id = $1`, jobID, token).Scan(&taken) //nolint:errcheck
 		if taken {
-			fmt.Printf("prove: job %d taken over; resuming %s\n", jobID, id)
-			return nil
+			fmt.Printf("prove: job %d taken over (lease ended by a rescue); resuming %s\n", jobID, id)
+			return true
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	fmt.Printf("prove: job %d was not taken over (the paused worker held its row lock); resuming %s\n", jobID, id)
-	return nil
+	fmt.Printf("prove: job %d was not taken over (the paused worker held its row lock); resuming %s, trying again\n", jobID, id)
+	return false
+}
+
+// partition cuts a random worker's proxy for d, then restores it. It says
+// whether the cut lasted its full length (not cut short by the run's end).
+func (f *workerFleet) partition(ctx context.Context, proxies []*netfault.Proxy, d time.Duration) bool {
+	// One worker at a time: a partition, not an outage.
+	f.partitioning.Lock()
+	defer f.partitioning.Unlock()
+	slot := f.pick(true) // kill, term and pause pick others meanwhile
+	defer func() {
+		f.mu.Lock()
+		delete(f.paused, slot)
+		f.mu.Unlock()
+	}()
+	f.mu.Lock()
+	id := f.ids[slot]
+	f.mu.Unlock()
+	proxies[slot].Cut()
+	fmt.Printf("\nprove: cut %s off from PostgreSQL for %s\n", id, d)
+	full := true
+	select {
+	case <-ctx.Done():
+		full = false
+	case <-time.After(d):
+	}
+	proxies[slot].Restore()
+	fmt.Printf("prove: %s reconnected\n", id)
+	return full
 }
 
 func (f *workerFleet) stopAll() {

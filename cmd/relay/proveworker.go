@@ -31,9 +31,24 @@ const proveQueue = "prove"
 type proveWorker struct {
 	pool *pgxpool.Pool
 	id   string
+	sink *sinkClient // nil: no outside observer
 }
 
 func (w *proveWorker) Work(ctx context.Context, job *core.Job[proveArgs]) error {
+	// The outside observer hears of the attempt before it does anything, and
+	// of its end before the handler's bookkeeping below (which may wait for
+	// a database that is unreachable) and before it returns.
+	if err := w.sink.report("start", job.ID, job.Attempt); err != nil {
+		return err
+	}
+	reported := false
+	endReport := func() {
+		if !reported {
+			reported = true
+			w.sink.report("end", job.ID, job.Attempt) //nolint:errcheck // a missing end counts as an overlap: never hidden
+		}
+	}
+	defer endReport()
 	var attemptID int64
 	if err := w.pool.QueryRow(ctx, `INSERT INTO prove_attempts (job_id, attempt, worker) VALUES ($1, $2, $3) RETURNING id`,
 		job.ID, job.Attempt, w.id).Scan(&attemptID); err != nil {
@@ -43,6 +58,7 @@ func (w *proveWorker) Work(ctx context.Context, job *core.Job[proveArgs]) error 
 	// before it is recorded (the database may be restarting), so the audit
 	// never mistakes an attempt that ended for one still running.
 	ended := func() {
+		endReport()
 		for try := 0; try < 100; try++ {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			_, err := w.pool.Exec(ctx, `UPDATE prove_attempts SET ended_at = clock_timestamp() WHERE id = $1 AND ended_at IS NULL`, attemptID)
@@ -83,11 +99,14 @@ func runProveWorker(ctx context.Context, args []string) error {
 	concurrency := fs.Int("concurrency", 8, "jobs at once")
 	lease := fs.Duration("lease", 5*time.Second, "lease duration")
 	drain := fs.Duration("drain", 10*time.Second, "graceful stop timeout")
+	sink := fs.String("sink", "", "URL of the prover's sink, told of each attempt's start and end")
+	appName := fs.String("app-name", "relay-prove-worker", "application_name of the worker's connections")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	return runProofClient(ctx, *url, *id, *concurrency, *lease, *drain, func(ws *core.Workers, pool *pgxpool.Pool) {
-		core.MustAddWorker(ws, core.Worker[proveArgs](&proveWorker{pool: pool, id: *id}))
+	sc := newSinkClient(*sink, *id)
+	return runProofClientNamed(ctx, *url, *appName, *id, *concurrency, *lease, *drain, func(ws *core.Workers, pool *pgxpool.Pool) {
+		core.MustAddWorker(ws, core.Worker[proveArgs](&proveWorker{pool: pool, id: *id, sink: sc}))
 	})
 }
 
@@ -96,11 +115,17 @@ func runProveWorker(ctx context.Context, args []string) error {
 // register adds, until SIGTERM (main's signal context), then drains for at
 // most drain.
 func runProofClient(ctx context.Context, url, id string, concurrency int, lease, drain time.Duration, register func(*core.Workers, *pgxpool.Pool)) error {
+	return runProofClientNamed(ctx, url, "relay-prove-worker", id, concurrency, lease, drain, register)
+}
+
+// runProofClientNamed is runProofClient whose connections carry appName
+// (the queue proof names its run, so that --backend-kill hits no other).
+func runProofClientNamed(ctx context.Context, url, appName, id string, concurrency int, lease, drain time.Duration, register func(*core.Workers, *pgxpool.Pool)) error {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return err
 	}
-	cfg.ConnConfig.RuntimeParams["application_name"] = "relay-prove-worker"
+	cfg.ConnConfig.RuntimeParams["application_name"] = appName
 	cfg.MaxConns = int32(concurrency*2 + 4)
 	pool, err := pgxpool.NewWithConfig(context.WithoutCancel(ctx), cfg)
 	if err != nil {
