@@ -199,3 +199,46 @@ func TestUnevaluableScheduleDoesNotSpin(t *testing.T) {
 		t.Errorf("%d jobs from unevaluable schedules", n)
 	}
 }
+
+// A stored schedule this process can evaluate but cannot fire (bad stored
+// metadata: a newer version's, or a hand edit) must not roll back every
+// other schedule's fire with it, crash the process, or spin: it is marked
+// with its error and left, and the healthy schedule beside it fires.
+func TestUnfireableScheduleIsIsolated(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `
+		INSERT INTO relay_schedules (name, spec, timezone, kind, args, queue, priority, max_attempts,
+		                             catch_up, catch_up_limit, overlap, next_fire_at, metadata, namespace)
+		VALUES ('array-meta', '@every 1h', 'UTC', 'report', '{}', 'default', 1, 25,
+		        'latest', 100, 'allow', now() - interval '1 minute', '[1]', 'other'),
+		       ('null-meta', '@every 1h', 'UTC', 'report', '{}', 'default', 1, 25,
+		        'latest', 100, 'allow', now() - interval '1 minute', 'null', 'other')`); err != nil {
+		t.Fatal(err)
+	}
+	h := &countHandler{}
+	start(t, pool, &scheduler.Config{
+		Schedules:    []scheduler.Schedule{{Name: "tick", Spec: "@every 1s", Args: reportArgs{}}},
+		PollInterval: 50 * time.Millisecond,
+		Logger:       slog.New(h),
+	})
+	waitFor(t, "three fires of the healthy schedule", func() bool {
+		return count(t, pool, `SELECT count(*) FROM relay_schedule_fires WHERE schedule = 'tick'`) >= 3
+	})
+	if n := h.errors.Load(); n > 2 {
+		t.Errorf("%d error lines; want at most one per unfireable schedule", n)
+	}
+	list, err := scheduler.List(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range list {
+		if i.Name == "array-meta" && (i.BrokenError == "" || i.BrokenAt == nil) {
+			t.Errorf("%s: broken %q; want its error shown", i.Name, i.BrokenError)
+		}
+	}
+	if n := count(t, pool, `SELECT count(*) FROM relay_jobs WHERE metadata->>'relay.schedule' = 'array-meta'`); n != 0 {
+		t.Errorf("%d jobs from the schedule with bad metadata", n)
+	}
+}

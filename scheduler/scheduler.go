@@ -280,7 +280,12 @@ func (s *Scheduler) run(ctx context.Context) {
 			s.cleanup(ctx)
 		}
 		wait := time.Duration(0)
-		if !full {
+		switch {
+		case err != nil:
+			// Not a schedule's fault (those are isolated in tick): the
+			// database. Wait a poll interval rather than retry at once.
+			wait = s.cfg.PollInterval
+		case !full:
 			wait = s.untilDue(ctx)
 		}
 		select {
@@ -317,7 +322,7 @@ func (s *Scheduler) tick(ctx context.Context) (full bool, err error) {
 		}
 		full = len(due) == s.cfg.BatchSize
 		for _, r := range due {
-			if err := s.fire(ctx, tx, r); err != nil {
+			if err := s.fireIsolated(ctx, tx, r); err != nil {
 				return fmt.Errorf("schedule %q: %w", r.name, err)
 			}
 		}
@@ -329,6 +334,47 @@ func (s *Scheduler) tick(ctx context.Context) (full bool, err error) {
 	return full, nil
 }
 
+// fireIsolated fires one schedule under a savepoint. A schedule whose fire
+// fails (a stored row this process cannot enqueue from: bad metadata, a
+// queue or priority the core refuses) is rolled back alone, marked with its
+// error and left to other processes until failRecheck, so that it neither
+// takes the other schedules' fires down with it nor makes the loop spin.
+// Only an error that leaves the transaction unusable is returned.
+func (s *Scheduler) fireIsolated(ctx context.Context, tx pgx.Tx, r *row) error {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("savepoint: %w", err)
+	}
+	ferr := s.fire(ctx, sp, r)
+	if ferr == nil {
+		return sp.Commit(ctx)
+	}
+	if err := sp.Rollback(ctx); err != nil {
+		return errors.Join(ferr, fmt.Errorf("roll back to savepoint: %w", err))
+	}
+	if ctx.Err() != nil {
+		return ferr
+	}
+	s.skip(r.name, failRecheck)
+	s.cfg.Logger.Error("relay: schedule could not fire; leaving it to other processes for a while",
+		"schedule", r.name, "err", ferr, "recheck_in", failRecheck)
+	if _, err := tx.Exec(ctx, sqlMarkBroken, r.name, ferr.Error()); err != nil {
+		return fmt.Errorf("mark broken: %w", err)
+	}
+	return nil
+}
+
+// failRecheck is how long a process leaves a schedule whose fire failed
+// before trying (and logging) again.
+const failRecheck = time.Minute
+
+// skip leaves a schedule alone for d.
+func (s *Scheduler) skip(name string, d time.Duration) {
+	s.brokenMu.Lock()
+	s.broken[name] = time.Now().Add(d)
+	s.brokenMu.Unlock()
+}
+
 // fire handles one locked, due schedule: enqueues the fires its catch-up
 // policy keeps and advances it.
 func (s *Scheduler) fire(ctx context.Context, tx pgx.Tx, r *row) error {
@@ -337,9 +383,7 @@ func (s *Scheduler) fire(ctx context.Context, tx pgx.Tx, r *row) error {
 		// Stored by a newer or broken declaration: leave it to a process
 		// that understands it, say so once per recheck, and mark the row so
 		// List shows why it does not fire.
-		s.brokenMu.Lock()
-		s.broken[r.name] = time.Now().Add(brokenRecheck)
-		s.brokenMu.Unlock()
+		s.skip(r.name, brokenRecheck)
 		s.cfg.Logger.Error("relay: schedule has a spec this process cannot evaluate; leaving it to processes that can",
 			"schedule", r.name, "err", err, "recheck_in", brokenRecheck)
 		if _, err := tx.Exec(ctx, sqlMarkBroken, r.name, err.Error()); err != nil {
@@ -414,6 +458,9 @@ func enqueueFire(ctx context.Context, tx pgx.Tx, r *row, ft time.Time) (int64, e
 	meta := map[string]any{}
 	if err := json.Unmarshal(r.metadata, &meta); err != nil {
 		return 0, fmt.Errorf("decode stored metadata: %w", err)
+	}
+	if meta == nil { // stored JSON null
+		meta = map[string]any{}
 	}
 	meta[MetaSchedule] = r.name
 	meta[MetaFireTime] = ft.UTC().Format(time.RFC3339Nano)
