@@ -265,9 +265,13 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 			if err == nil {
 				err = json.Unmarshal(headers, &e.Headers)
 			}
+			// A stored trace context Publish did not write (another
+			// publisher's format, a hand edit) costs the event its parent,
+			// never the dispatch: an error here would stop every event
+			// behind this one for good.
 			carrier := propagation.MapCarrier{}
-			if err == nil {
-				err = json.Unmarshal(tc, &carrier)
+			if json.Unmarshal(tc, &carrier) != nil {
+				carrier = propagation.MapCarrier{}
 			}
 			traces = append(traces, carrier)
 			return e, err
