@@ -57,7 +57,8 @@ type Config struct {
 	Namespace string
 	// LivenessTimeout is how long a dispatcher's declarations keep its
 	// subscriptions after its last heartbeat (four per timeout while it
-	// runs; Stop ends them at once). Default 1m.
+	// runs; Stop ends them at once). It is stored with the process: every
+	// dispatcher judges this one by it. Default 1m.
 	LivenessTimeout time.Duration
 	// BatchSize caps the events moved per transaction. Default 500.
 	BatchSize int

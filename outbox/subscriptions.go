@@ -91,7 +91,7 @@ func (d *Dispatcher) Declare(ctx context.Context) error {
 				}
 			}
 			rows, err := tx.Query(ctx, sqlDeclareSubscription, id, s.Topic, s.Kind, s.Endpoint, o.Queue, o.Priority, o.MaxAttempts,
-				string(meta), d.cfg.Namespace, d.cfg.LivenessTimeout.Seconds())
+				string(meta), d.cfg.Namespace)
 			if err != nil {
 				return fmt.Errorf("declare subscription %s → %s: %w", s.Topic, s.Kind, err)
 			}
@@ -109,7 +109,7 @@ func (d *Dispatcher) Declare(ctx context.Context) error {
 			}
 			ids = append(ids, id)
 		}
-		if _, err := tx.Exec(ctx, sqlRegister, d.id, d.cfg.Namespace, ids); err != nil {
+		if _, err := tx.Exec(ctx, sqlRegister, d.id, d.cfg.Namespace, ids, d.cfg.LivenessTimeout.Seconds()); err != nil {
 			return fmt.Errorf("register dispatcher: %w", err)
 		}
 		return d.retire(ctx, tx)
@@ -137,7 +137,7 @@ func (d *Dispatcher) ensureDeclared(ctx context.Context) error {
 // retire deletes the namespace's dead dispatchers and retires the
 // subscriptions no live one declares. The caller holds the namespace lock.
 func (d *Dispatcher) retire(ctx context.Context, tx pgx.Tx) error {
-	if _, err := tx.Exec(ctx, sqlDeleteDead, d.cfg.Namespace, d.cfg.LivenessTimeout.Seconds()); err != nil {
+	if _, err := tx.Exec(ctx, sqlDeleteDead, d.cfg.Namespace); err != nil {
 		return fmt.Errorf("delete dead dispatchers: %w", err)
 	}
 	rows, err := tx.Query(ctx, sqlRetire, d.cfg.Namespace)

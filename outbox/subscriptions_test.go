@@ -126,3 +126,36 @@ func TestSubscriptionOwners(t *testing.T) {
 		t.Fatalf("with shop down, mail retired its subscription: %v", a)
 	}
 }
+
+// A dispatcher is dead when its own liveness timeout has passed, not a
+// sweeper's: one with a 2 s timeout must not retire the subscription of a
+// live one with the default minute (heartbeating every 15 s).
+func TestShortTimeoutDoesNotSweepALiveDispatcher(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	slow, err := outbox.NewDispatcher(pool, &outbox.Config{PollInterval: time.Hour,
+		Subscriptions: []outbox.Subscription{{Topic: "t", Kind: "slow.only"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := slow.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Stop(ctx)
+	var t0 time.Time
+	if err := pool.QueryRow(ctx, `SELECT now()`).Scan(&t0); err != nil {
+		t.Fatal(err)
+	}
+	fast := dispatcher(t, pool, "", outbox.Subscription{Topic: "t", Kind: "fast"}) // 2 s timeout
+	if err := fast.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer fast.Stop(ctx)
+	testdb.WaitFor(t, "the fast dispatcher to sweep well past its own timeout", func() bool {
+		return count(t, pool, `SELECT count(*) FROM relay_outbox_processes WHERE heartbeat_at > $1::timestamptz + interval '4 s'`, t0) > 0
+	})
+	if a := active(t, pool); !a["slow.only"] {
+		t.Fatalf("the live slow-heartbeat dispatcher's subscription was retired: %v", a)
+	}
+}

@@ -242,3 +242,25 @@ func TestUnfireableScheduleIsIsolated(t *testing.T) {
 		t.Errorf("%d jobs from the schedule with bad metadata", n)
 	}
 }
+
+// A process is dead when its own liveness timeout has passed, not a
+// sweeper's: a process with a 2 s timeout (heartbeating twice a second)
+// must not retire the schedule of a live one with the default minute
+// (heartbeating every 15 s) between two of its heartbeats.
+func TestShortTimeoutDoesNotSweepALiveProcess(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	start(t, pool, &scheduler.Config{Schedules: []scheduler.Schedule{every("slow-only"), every("shared")}})
+	var t0 time.Time
+	if err := pool.QueryRow(ctx, `SELECT now()`).Scan(&t0); err != nil {
+		t.Fatal(err)
+	}
+	start(t, pool, &scheduler.Config{Schedules: []scheduler.Schedule{every("shared")}, LivenessTimeout: 2 * time.Second})
+	waitFor(t, "the fast process to sweep well past its own timeout", func() bool {
+		return count(t, pool, `SELECT count(*) FROM relay_scheduler_processes WHERE heartbeat_at > $1::timestamptz + interval '4 s'`, t0) > 0
+	})
+	if e := enabled(t, pool); !e["slow-only"] {
+		t.Fatalf("the live slow-heartbeat process's schedule was retired: %v", e)
+	}
+}

@@ -33,7 +33,9 @@ type Config struct {
 	Namespace string
 	// LivenessTimeout is how long a process's declarations keep its
 	// schedules alive after its last heartbeat (it heartbeats four times per
-	// timeout while running; Stop ends its declarations at once). Default 1m.
+	// timeout while running; Stop ends its declarations at once). It is
+	// stored with the process: every process judges this one by it, so
+	// processes may use different timeouts. Default 1m.
 	LivenessTimeout time.Duration
 	// PollInterval is the longest the scheduler sleeps between due checks
 	// (it wakes sooner when a fire is due sooner). Default 1s.
@@ -166,7 +168,7 @@ func (s *Scheduler) Declare(ctx context.Context) error {
 			next := d.parsed.Next(now)
 			rows, err := tx.Query(ctx, sqlDeclare, d.name, d.spec, d.timezone, d.kind, string(d.args), d.queue,
 				d.priority, d.maxAttempts, string(d.metadata), d.catchUp, d.catchUpLimit, d.overlap, next,
-				s.cfg.Namespace, s.cfg.LivenessTimeout.Seconds())
+				s.cfg.Namespace)
 			if err != nil {
 				return fmt.Errorf("scheduler: declare schedule %q: %w", d.name, err)
 			}
@@ -184,7 +186,7 @@ func (s *Scheduler) Declare(ctx context.Context) error {
 			}
 			names = append(names, d.name)
 		}
-		if _, err := tx.Exec(ctx, sqlRegister, s.id, s.cfg.Namespace, names); err != nil {
+		if _, err := tx.Exec(ctx, sqlRegister, s.id, s.cfg.Namespace, names, s.cfg.LivenessTimeout.Seconds()); err != nil {
 			return fmt.Errorf("scheduler: register process: %w", err)
 		}
 		return s.retire(ctx, tx)
@@ -194,7 +196,7 @@ func (s *Scheduler) Declare(ctx context.Context) error {
 // retire deletes the namespace's dead processes and disables the schedules
 // no live one declares. The caller holds the namespace lock.
 func (s *Scheduler) retire(ctx context.Context, tx pgx.Tx) error {
-	if _, err := tx.Exec(ctx, sqlDeleteDead, s.cfg.Namespace, s.cfg.LivenessTimeout.Seconds()); err != nil {
+	if _, err := tx.Exec(ctx, sqlDeleteDead, s.cfg.Namespace); err != nil {
 		return fmt.Errorf("scheduler: delete dead processes: %w", err)
 	}
 	rows, err := tx.Query(ctx, sqlRetire, s.cfg.Namespace)
