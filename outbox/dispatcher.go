@@ -177,7 +177,15 @@ func (d *Dispatcher) Stop(ctx context.Context) error {
 	declared := d.declared
 	d.declareMu.Unlock()
 	if declared {
-		if _, uerr := d.pool.Exec(context.WithoutCancel(ctx), sqlUnregister, d.id); uerr != nil {
+		// Bounded by ctx while it lasts and by 5 s in any case (also once
+		// ctx ended): an unresponsive database cannot hold Stop for ever.
+		uctx := ctx
+		if ctx.Err() != nil {
+			uctx = context.WithoutCancel(ctx)
+		}
+		uctx, cancel := context.WithTimeout(uctx, 5*time.Second)
+		defer cancel()
+		if _, uerr := d.pool.Exec(uctx, sqlUnregister, d.id); uerr != nil {
 			err = errors.Join(err, fmt.Errorf("outbox: unregister dispatcher: %w", uerr))
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -262,5 +263,53 @@ func TestShortTimeoutDoesNotSweepALiveProcess(t *testing.T) {
 	})
 	if e := enabled(t, pool); !e["slow-only"] {
 		t.Fatalf("the live slow-heartbeat process's schedule was retired: %v", e)
+	}
+}
+
+// Stop is bounded even when the database stops answering: unregistering
+// the process honours Stop's context (and a few seconds at most after it).
+func TestStopIsBoundedWhenTheDatabaseHangs(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() { // accepts, never answers
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	pool, err := pgxpool.New(context.Background(), "postgres://postgres@"+ln.Addr().String()+"/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	s, err := scheduler.New(pool, &scheduler.Config{Schedules: []scheduler.Schedule{every("a")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := s.Declare(dctx); err == nil {
+		t.Fatal("declared against a server that never answers")
+	}
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		done <- s.Stop(ctx)
+	}()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("Stop reported success; want the failed unregister")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Stop did not return with the database hanging")
 	}
 }

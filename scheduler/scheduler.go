@@ -141,12 +141,27 @@ func (s *Scheduler) Stop(ctx context.Context) error {
 	// This process no longer declares anything; the live ones retire what
 	// only it declared at their next heartbeat.
 	if s.registered.Load() {
-		if _, uerr := s.pool.Exec(context.WithoutCancel(ctx), sqlUnregister, s.id); uerr != nil {
+		uctx, cancel := unregisterContext(ctx)
+		defer cancel()
+		if _, uerr := s.pool.Exec(uctx, sqlUnregister, s.id); uerr != nil {
 			err = errors.Join(err, fmt.Errorf("scheduler: unregister: %w", uerr))
 		}
 	}
 	return err
 }
+
+// unregisterContext bounds Stop's unregistering: by ctx while it lasts (a
+// caller's deadline holds), and by unregisterTimeout in any case, also
+// after ctx ended (the loops' stop used it up), so that an unresponsive
+// database cannot hold Stop for ever.
+func unregisterContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if ctx.Err() != nil {
+		ctx = context.WithoutCancel(ctx)
+	}
+	return context.WithTimeout(ctx, unregisterTimeout)
+}
+
+const unregisterTimeout = 5 * time.Second
 
 // Declare stores the schedules without firing them: it upserts every
 // declared schedule, records this process as declaring them, and retires the
