@@ -61,7 +61,7 @@ func (db *DB) Close() {
 }
 
 // Open returns a migrated database as o says.
-func Open(ctx context.Context, o Options) (db *DB, err error) {
+func Open(ctx context.Context, o Options) (_ *DB, err error) {
 	out := o.Out
 	if out == nil {
 		out = io.Discard
@@ -69,7 +69,9 @@ func Open(ctx context.Context, o Options) (db *DB, err error) {
 	if o.Schema != "" && !schemaName.MatchString(o.Schema) {
 		return nil, fmt.Errorf("devdb: schema %q: use lower-case letters, digits and underscores", o.Schema)
 	}
-	db = &DB{}
+	// Not the named result: the error returns below set that to nil, and
+	// what was opened so far (a pool, a throwaway cluster) must still close.
+	db := &DB{}
 	defer func() {
 		if err != nil {
 			db.Close()

@@ -79,3 +79,14 @@ func TestOpenWithKeyValueConnString(t *testing.T) {
 		t.Errorf("relay_jobs through the schema's search_path: %v", err)
 	}
 }
+
+// A server that does not answer is an error, not a panic.
+func TestOpenFailsCleanly(t *testing.T) {
+	ctx := context.Background()
+	for _, schema := range []string{"", "relay_example_x"} {
+		db, err := devdb.Open(ctx, devdb.Options{URL: "postgres://postgres@127.0.0.1:1/none?connect_timeout=2", Schema: schema})
+		if err == nil || db != nil {
+			t.Errorf("schema %q: Open against a dead server: %v, %v; want an error", schema, db, err)
+		}
+	}
+}
