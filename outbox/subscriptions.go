@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -194,7 +195,7 @@ func (d *Dispatcher) heartbeat(ctx context.Context) {
 var errSwept = errors.New("dispatcher swept as dead")
 
 // activeSubscriptions reads the stored fan-out in the dispatch transaction.
-func activeSubscriptions(ctx context.Context, tx pgx.Tx) (map[string][]Subscription, error) {
+func activeSubscriptions(ctx context.Context, tx pgx.Tx, log *slog.Logger) (map[string][]Subscription, error) {
 	rows, err := tx.Query(ctx, sqlActiveSubscriptions)
 	if err != nil {
 		return nil, err
@@ -208,7 +209,12 @@ func activeSubscriptions(ctx context.Context, tx pgx.Tx) (map[string][]Subscript
 		}
 		if len(meta) > 2 {
 			if err := json.Unmarshal(meta, &o.Metadata); err != nil {
-				return s, fmt.Errorf("subscription %s → %s: metadata: %w", s.Topic, s.Kind, err)
+				// Not an object (a hand edit, another version's format):
+				// the jobs go without it rather than the dispatch of every
+				// event stopping on it.
+				o.Metadata = nil
+				log.Warn("relay: outbox subscription's stored metadata is not a JSON object; its jobs get none",
+					"topic", s.Topic, "kind", s.Kind, "err", err)
 			}
 		}
 		s.Opts = &o

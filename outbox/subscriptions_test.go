@@ -3,11 +3,13 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/internal/testdb"
 	"github.com/relayq/relay/outbox"
 )
@@ -157,5 +159,46 @@ func TestShortTimeoutDoesNotSweepALiveDispatcher(t *testing.T) {
 	})
 	if a := active(t, pool); !a["slow.only"] {
 		t.Fatalf("the live slow-heartbeat dispatcher's subscription was retired: %v", a)
+	}
+}
+
+// A subscription the core cannot enqueue is refused when the dispatcher is
+// made: stored, it would stop every dispatcher's every batch.
+func TestUnenqueueableSubscriptionIsRefused(t *testing.T) {
+	t.Parallel()
+	for name, s := range map[string]outbox.Subscription{
+		"priority":     {Topic: "t", Kind: "k", Opts: &core.EnqueueOpts{Priority: core.MaxPriority + 1}},
+		"max attempts": {Topic: "t", Kind: "k", Opts: &core.EnqueueOpts{MaxAttempts: -1}},
+		"long kind":    {Topic: "t", Kind: strings.Repeat("k", 256)},
+		"long queue":   {Topic: "t", Kind: "k", Opts: &core.EnqueueOpts{Queue: strings.Repeat("q", 129)}},
+		"metadata":     {Topic: "t", Kind: "k", Opts: &core.EnqueueOpts{Metadata: map[string]any{"f": func() {}}}},
+	} {
+		if _, err := outbox.NewDispatcher(&pgxpool.Pool{}, &outbox.Config{Subscriptions: []outbox.Subscription{s}}); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+// A stored subscription whose metadata is not an object (a hand edit)
+// loses its metadata, not the dispatch of every event.
+func TestBadStoredSubscriptionMetadata(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	d := dispatcher(t, pool, "", outbox.Subscription{Topic: "t", Kind: "consume"})
+	if err := d.Declare(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE relay_outbox_subscriptions SET metadata = '[1]'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := outbox.Publish(ctx, pool, outbox.Event{Topic: "t", Payload: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := d.DispatchOnce(ctx); err != nil || n != 1 {
+		t.Fatalf("dispatched %d (%v); want the event", n, err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM relay_jobs WHERE kind = 'consume'`); n != 1 {
+		t.Errorf("%d jobs; want 1", n)
 	}
 }
