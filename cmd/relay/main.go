@@ -121,6 +121,11 @@ func exitCode(name string, err error) int {
 func parseFlags(fs *flag.FlagSet, args []string) error {
 	name := fs.Name()
 	printUsage := func(w io.Writer) {
+		if f := fs.Lookup("database-url"); f != nil && f.DefValue != "" {
+			// The default came from $DATABASE_URL: name it, never print
+			// it (it may hold a password).
+			f.DefValue = "$DATABASE_URL"
+		}
 		fs.SetOutput(w)
 		fmt.Fprintf(w, "Usage: relay %s [flags]\n\nFlags:\n", name)
 		fs.PrintDefaults()
