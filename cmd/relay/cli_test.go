@@ -174,3 +174,18 @@ func TestHelpDoesNotPrintTheDatabaseURL(t *testing.T) {
 		}
 	}
 }
+
+// `relay help <command>` is the command's help, not the general one.
+func TestHelpCommand(t *testing.T) {
+	bin := buildRelay(t)
+	for _, args := range [][]string{{"help", "demo"}, {"help", "prove", "queue"}} {
+		out, _, code := runRelay(t, bin, args...)
+		want := "Usage: relay " + strings.Join(args[1:], " ") + " [flags]"
+		if code != 0 || !strings.Contains(out, want) {
+			t.Errorf("relay %s: exit %d\n%s\nwant %q", strings.Join(args, " "), code, out, want)
+		}
+	}
+	if _, _, code := runRelay(t, bin, "help", "nosuch"); code != 2 {
+		t.Errorf("relay help nosuch: exit %d, want 2", code)
+	}
+}

@@ -76,6 +76,9 @@ func run(args []string) int {
 	case "prove-scheduler":
 		err = runProveSchedulerProcess(ctx, args[1:])
 	case "help", "-h", "--help", "-help":
+		if name == "help" && len(args) > 1 { // relay help demo = relay demo --help
+			return run(append(args[1:], "--help"))
+		}
 		fmt.Print(usage)
 		return 0
 	default:
