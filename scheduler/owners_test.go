@@ -5,6 +5,8 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -311,5 +313,43 @@ func TestStopIsBoundedWhenTheDatabaseHangs(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("Stop did not return with the database hanging")
+	}
+}
+
+// Two services declaring the same new name at the same moment: one owns
+// it, the other gets ErrOwned — never both, each believing it declares a
+// row that holds only one of their specs.
+func TestConcurrentDeclarationsOfOneNameAcrossNamespaces(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	for round := range 20 {
+		name := "clash-" + strconv.Itoa(round)
+		var owned atomic.Int32
+		var wg sync.WaitGroup
+		gate := make(chan struct{})
+		for _, ns := range []string{"billing", "mail"} {
+			s, err := scheduler.New(pool, &scheduler.Config{Namespace: ns, Schedules: []scheduler.Schedule{every(name)}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-gate
+				err := s.Declare(ctx)
+				switch {
+				case err == nil:
+					owned.Add(1)
+				case !errors.Is(err, scheduler.ErrOwned):
+					t.Errorf("%s: %v", ns, err)
+				}
+			}()
+		}
+		close(gate)
+		wg.Wait()
+		if n := owned.Load(); n != 1 {
+			t.Fatalf("round %d: %d namespaces declared %s; want exactly one", round, n, name)
+		}
 	}
 }

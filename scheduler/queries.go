@@ -45,6 +45,18 @@ const sqlOwner = `SELECT namespace FROM relay_schedules WHERE name = $1`
 // so that a sweep never misses a declaration committed while it ran.
 const sqlLockNamespace = `SELECT pg_advisory_xact_lock(hashtext('relay.scheduler:' || $1))`
 
+// sqlLockNames serializes the declarations of the names $1 across
+// namespaces (the namespace lock covers only one): a declaration's upsert
+// then starts after a concurrent one of the same name has committed, so
+// its snapshot sees that owner's live process and refuses (ErrOwned)
+// instead of taking the name over. Locks are taken in one order (by key) so
+// that two declarations of overlapping sets do not deadlock; the two-key
+// form keeps them apart from the namespace locks.
+const sqlLockNames = `
+SELECT pg_advisory_xact_lock(hashtext('relay.scheduler.name'), k)
+FROM (SELECT DISTINCT hashtext(n) AS k FROM unnest($1::text[]) AS n) AS keys
+ORDER BY k`
+
 // sqlRegister records (or refreshes) this process and what it declares.
 const sqlRegister = `
 INSERT INTO relay_scheduler_processes (id, namespace, schedules, liveness_secs)

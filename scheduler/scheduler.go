@@ -174,11 +174,17 @@ func (s *Scheduler) Declare(ctx context.Context) error {
 		if _, err := tx.Exec(ctx, sqlLockNamespace, s.cfg.Namespace); err != nil {
 			return fmt.Errorf("scheduler: lock namespace %q: %w", s.cfg.Namespace, err)
 		}
+		names := make([]string, 0, len(s.decls))
+		for _, d := range s.decls {
+			names = append(names, d.name)
+		}
+		if _, err := tx.Exec(ctx, sqlLockNames, names); err != nil {
+			return fmt.Errorf("scheduler: lock schedule names: %w", err)
+		}
 		var now time.Time
 		if err := tx.QueryRow(ctx, sqlNow).Scan(&now); err != nil {
 			return fmt.Errorf("scheduler: read the database clock: %w", err)
 		}
-		names := make([]string, 0, len(s.decls))
 		for _, d := range s.decls {
 			next := d.parsed.Next(now)
 			rows, err := tx.Query(ctx, sqlDeclare, d.name, d.spec, d.timezone, d.kind, string(d.args), d.queue,
@@ -199,7 +205,6 @@ func (s *Scheduler) Declare(ctx context.Context) error {
 				return fmt.Errorf("scheduler: declare schedule %q in namespace %q: %w %q, whose live processes declare it",
 					d.name, s.cfg.Namespace, ErrOwned, owner)
 			}
-			names = append(names, d.name)
 		}
 		if _, err := tx.Exec(ctx, sqlRegister, s.id, s.cfg.Namespace, names, s.cfg.LivenessTimeout.Seconds()); err != nil {
 			return fmt.Errorf("scheduler: register process: %w", err)
