@@ -70,6 +70,16 @@ RETURNING id`
 
 const sqlSubscriptionOwner = `SELECT namespace FROM relay_outbox_subscriptions WHERE id = $1`
 
+// sqlLockSubscriptions serializes the declarations of the subscription
+// ids $1 across namespaces (the namespace lock covers only one), so that a
+// declaration's upsert starts after a concurrent one of the same id has
+// committed and sees its owner's live process (ErrOwned) instead of taking
+// it over. Locks are taken in key order, apart from the namespace locks.
+const sqlLockSubscriptions = `
+SELECT pg_advisory_xact_lock(hashtext('relay.outbox.subscription'), k)
+FROM (SELECT DISTINCT hashtext(id) AS k FROM unnest($1::text[]) AS id) AS keys
+ORDER BY k`
+
 // sqlRegister records (or refreshes) this dispatcher and what it declares.
 const sqlRegister = `
 INSERT INTO relay_outbox_processes (id, namespace, subscriptions, liveness_secs)

@@ -79,6 +79,12 @@ func (d *Dispatcher) Declare(ctx context.Context) error {
 		}
 		ids := make([]string, 0, len(d.cfg.Subscriptions))
 		for _, s := range d.cfg.Subscriptions {
+			ids = append(ids, subscriptionID(s))
+		}
+		if _, err := tx.Exec(ctx, sqlLockSubscriptions, ids); err != nil {
+			return fmt.Errorf("lock subscriptions: %w", err)
+		}
+		for _, s := range d.cfg.Subscriptions {
 			id := subscriptionID(s)
 			o := core.EnqueueOpts{}
 			if s.Opts != nil {
@@ -108,7 +114,6 @@ func (d *Dispatcher) Declare(ctx context.Context) error {
 				return fmt.Errorf("declare subscription %s → %s in namespace %q: %w %q, whose live dispatchers declare it",
 					s.Topic, s.Kind, d.cfg.Namespace, ErrOwned, owner)
 			}
-			ids = append(ids, id)
 		}
 		if _, err := tx.Exec(ctx, sqlRegister, d.id, d.cfg.Namespace, ids, d.cfg.LivenessTimeout.Seconds()); err != nil {
 			return fmt.Errorf("register dispatcher: %w", err)

@@ -3,7 +3,10 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -200,5 +203,39 @@ func TestBadStoredSubscriptionMetadata(t *testing.T) {
 	}
 	if n := count(t, pool, `SELECT count(*) FROM relay_jobs WHERE kind = 'consume'`); n != 1 {
 		t.Errorf("%d jobs; want 1", n)
+	}
+}
+
+// Two services declaring the same new subscription at the same moment: one
+// owns it, the other gets ErrOwned — never both.
+func TestConcurrentDeclarationsOfOneSubscriptionAcrossNamespaces(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	for round := range 20 {
+		sub := outbox.Subscription{Topic: "t", Kind: "clash." + strconv.Itoa(round)}
+		var owned atomic.Int32
+		var wg sync.WaitGroup
+		gate := make(chan struct{})
+		for _, ns := range []string{"billing", "mail"} {
+			d := dispatcher(t, pool, ns, sub)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-gate
+				err := d.Declare(ctx)
+				switch {
+				case err == nil:
+					owned.Add(1)
+				case !errors.Is(err, outbox.ErrOwned):
+					t.Errorf("%s: %v", ns, err)
+				}
+			}()
+		}
+		close(gate)
+		wg.Wait()
+		if n := owned.Load(); n != 1 {
+			t.Fatalf("round %d: %d namespaces declared %s; want exactly one", round, n, sub.Kind)
+		}
 	}
 }
