@@ -450,3 +450,38 @@ func TestCleaner(t *testing.T) {
 		t.Errorf("the cleaner deleted a live key")
 	}
 }
+
+// The request is compared before anything else: a different request with
+// a key whose lease has run out (the first still running past it, or
+// crashed) is refused with 422 — it does not take the key over and run.
+func TestMiddlewareDifferentRequestNeverTakesOver(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	var calls atomic.Int32
+	block := make(chan struct{})
+	h := idempotency.Middleware(pool, &idempotency.MiddlewareOptions{Lease: 50 * time.Millisecond})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		body, _ := io.ReadAll(r.Body)
+		if string(body) == "slow" {
+			<-block
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	serve := func(body string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest("POST", "/orders", strings.NewReader(body))
+		req.Header.Set(idempotency.HeaderKey, "k")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); serve("slow") }()
+	waitFor(t, "the first request's lease to run out", func() bool {
+		return count(t, pool, `SELECT count(*) FROM relay_idempotency_keys WHERE key = 'k' AND lease_expires_at < now()`) == 1
+	})
+	if rec := serve("another book"); rec.Code != http.StatusUnprocessableEntity || calls.Load() != 1 {
+		t.Errorf("different request, lease run out: %d, %d handler calls; want 422 and the handler not run", rec.Code, calls.Load())
+	}
+	close(block)
+	<-done
+}

@@ -88,6 +88,10 @@ func acquire(ctx context.Context, tx pgx.Tx, scope, key string, owner uuid.UUID,
 			return state{}, false, fmt.Errorf("idempotency: read key %s/%s: %w", scope, key, err)
 		}
 		switch {
+		case st.status == "running" && reqHash != "" && st.requestHash != "" && st.requestHash != reqHash:
+			// A different request never takes a key over, lease or not:
+			// the caller refuses it (the middleware's 422).
+			return st, false, nil
 		case st.status == "running" && st.leaseExpired, st.status == "succeeded" && st.expired:
 			// A running key keeps its token even past its expiry: the call
 			// it stands for may have reached the service.
