@@ -159,7 +159,12 @@ func Middleware(pool *pgxpool.Pool, opts *MiddlewareOptions) func(http.Handler) 
 
 			r.Body = io.NopCloser(bytes.NewReader(body))
 			rec := &recorder{header: http.Header{}, status: http.StatusOK}
-			ctx := context.WithoutCancel(r.Context())
+			// The key is recorded (or released) even if the client went
+			// away, but not for longer than the lease: after it, another
+			// request may take the key over anyway, and an unresponsive
+			// database must not hold the response for ever.
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), o.Lease)
+			defer cancel()
 			func() {
 				// A handler that panics made no response to keep: release
 				// the key so that a retry runs, then let the panic go on to

@@ -485,3 +485,75 @@ func TestMiddlewareDifferentRequestNeverTakesOver(t *testing.T) {
 	close(block)
 	<-done
 }
+
+// stallingPool is a pool on the test database whose acquisitions hang
+// (until their context ends) once stall is set: a database that stopped
+// answering after the key was taken.
+func stallingPool(t *testing.T, pool *pgxpool.Pool) (*pgxpool.Pool, *atomic.Bool) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(pool.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stall atomic.Bool
+	cfg.PrepareConn = func(ctx context.Context, _ *pgx.Conn) (bool, error) {
+		if stall.Load() {
+			<-ctx.Done()
+			return true, ctx.Err()
+		}
+		return true, nil
+	}
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p, &stall
+}
+
+// Recording a key after the call waits for the database at most the lease:
+// External and the middleware return (External with the error) instead of
+// hanging when the database stops answering mid-call.
+func TestRecordingIsBoundedByTheLease(t *testing.T) {
+	t.Parallel()
+	pool, stall := stallingPool(t, setup(t))
+	opts := &idempotency.Options{Lease: 300 * time.Millisecond}
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := idempotency.External(context.Background(), pool, "s", "k", func(ctx context.Context, token string) (int, error) {
+			stall.Store(true)
+			return 1, nil
+		}, opts)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("External reported the key recorded on a database that does not answer")
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("External hung recording the key")
+	}
+
+	stall.Store(false)
+	h := idempotency.Middleware(pool, &idempotency.MiddlewareOptions{Lease: 300 * time.Millisecond})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		stall.Store(true)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	served := make(chan int, 1)
+	go func() {
+		req := httptest.NewRequest("POST", "/orders", strings.NewReader("book"))
+		req.Header.Set(idempotency.HeaderKey, "m")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		served <- rec.Code
+	}()
+	select {
+	case code := <-served:
+		if code != http.StatusCreated {
+			t.Errorf("middleware answered %d; want the handler's 201", code)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the middleware hung recording the response")
+	}
+}
