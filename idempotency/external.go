@@ -57,7 +57,7 @@ func External[T any](ctx context.Context, pool *pgxpool.Pool, scope, key string,
 	recCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), o.Lease)
 	defer cancel()
 	if err != nil {
-		if _, rerr := pool.Exec(recCtx, sqlRelease, scope, key, owner); rerr != nil {
+		if _, rerr := pool.Exec(recCtx, sqlRelease, scope, key, owner, o.TTL.Seconds()); rerr != nil {
 			return result, false, errors.Join(err, fmt.Errorf("idempotency: release key %s/%s: %w", scope, key, rerr))
 		}
 		return result, false, err

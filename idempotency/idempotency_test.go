@@ -557,3 +557,38 @@ func TestRecordingIsBoundedByTheLease(t *testing.T) {
 		t.Fatal("the middleware hung recording the response")
 	}
 }
+
+// A key's TTL counts from its last attempt: a failed attempt that ends
+// after the key's first expiry keeps it (and its token) for another TTL,
+// so the sweep cannot delete it before the retry, which would then call the
+// service with a fresh token.
+func TestFailedAttemptKeepsTheTokenForATTL(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+	opts := &idempotency.Options{TTL: time.Second, Lease: 200 * time.Millisecond}
+	var first string
+	_, _, err := idempotency.External(ctx, pool, "payments", "charge-9", func(ctx context.Context, token string) (string, error) {
+		first = token
+		waitFor(t, "the key's first expiry", func() bool {
+			return count(t, pool, `SELECT count(*) FROM relay_idempotency_keys WHERE key = 'charge-9' AND created_at + interval '1.2 s' < now()`) == 1
+		})
+		return "", errors.New("gateway timeout")
+	}, opts)
+	if err == nil {
+		t.Fatal("the failing call succeeded")
+	}
+	if _, err := idempotency.DeleteExpired(ctx, pool, 100); err != nil {
+		t.Fatal(err)
+	}
+	var second string
+	if _, _, err := idempotency.External(ctx, pool, "payments", "charge-9", func(ctx context.Context, token string) (string, error) {
+		second = token
+		return "ch_9", nil
+	}, opts); err != nil {
+		t.Fatal(err)
+	}
+	if second != first {
+		t.Errorf("the retry got token %s, the first attempt %s; want the same", second, first)
+	}
+}

@@ -17,9 +17,11 @@ import (
 
 // Options tune the helpers. The zero value (or nil) is usable.
 type Options struct {
-	// TTL is how long a key is remembered after its effect succeeded (and at
-	// least while it runs: a key never expires before its lease ends, and a
-	// running key under a live lease is never taken over). Default 24h.
+	// TTL is how long a key is remembered after its effect succeeded, or
+	// after External's last failed attempt (whose retry keeps the token
+	// within it), and at least while it runs: a key never expires before
+	// its lease ends, and a running key under a live lease is never taken
+	// over. Default 24h.
 	TTL time.Duration
 	// Lease is how long External holds a key for one attempt before another
 	// attempt may take it over. Make it longer than the call's timeout.
