@@ -15,6 +15,7 @@ import (
 	"io"
 	"net/url"
 	"regexp"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -60,7 +61,7 @@ func (db *DB) Close() {
 }
 
 // Open returns a migrated database as o says.
-func Open(ctx context.Context, o Options) (db *DB, err error) {
+func Open(ctx context.Context, o Options) (_ *DB, err error) {
 	out := o.Out
 	if out == nil {
 		out = io.Discard
@@ -68,7 +69,9 @@ func Open(ctx context.Context, o Options) (db *DB, err error) {
 	if o.Schema != "" && !schemaName.MatchString(o.Schema) {
 		return nil, fmt.Errorf("devdb: schema %q: use lower-case letters, digits and underscores", o.Schema)
 	}
-	db = &DB{}
+	// Not the named result: the error returns below set that to nil, and
+	// what was opened so far (a pool, a throwaway cluster) must still close.
+	db := &DB{}
 	defer func() {
 		if err != nil {
 			db.Close()
@@ -103,6 +106,12 @@ func Open(ctx context.Context, o Options) (db *DB, err error) {
 // resetSchema drops schema if it exists, creates it, and returns a URL
 // whose connections use it.
 func resetSchema(ctx context.Context, dbURL, schema string, out io.Writer) (string, error) {
+	// The connection string comes first: one that cannot name the schema
+	// fails before anything is dropped.
+	withSchema, err := withSearchPath(dbURL, schema)
+	if err != nil {
+		return "", err
+	}
 	conn, err := pgx.Connect(ctx, dbURL)
 	if err != nil {
 		return "", fmt.Errorf("devdb: connect: %w", err)
@@ -122,9 +131,22 @@ func resetSchema(ctx context.Context, dbURL, schema string, out io.Writer) (stri
 	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+ident); err != nil {
 		return "", fmt.Errorf("devdb: create schema %s: %w", schema, err)
 	}
-	pu, err := url.Parse(dbURL)
-	if err != nil || pu.Scheme == "" {
-		return "", errors.Join(fmt.Errorf("devdb: the database URL must be a postgres:// URL to set a schema"), err)
+	return withSchema, nil
+}
+
+// withSearchPath returns the connection string with search_path set to
+// schema: a postgres:// URL gets a query parameter, a key=value string
+// ("host=... dbname=...") another pair.
+func withSearchPath(conn, schema string) (string, error) {
+	if !strings.Contains(conn, "://") {
+		if _, err := pgx.ParseConfig(conn); err != nil {
+			return "", fmt.Errorf("devdb: connection string: %w", err)
+		}
+		return conn + " search_path=" + schema, nil // schema is an identifier: no quoting needed
+	}
+	pu, err := url.Parse(conn)
+	if err != nil {
+		return "", errors.Join(errors.New("devdb: the database URL does not parse"), err)
 	}
 	q := pu.Query()
 	q.Set("search_path", schema)

@@ -3,9 +3,12 @@ package devdb_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/relayq/relay/devdb"
 	"github.com/relayq/relay/internal/testdb"
@@ -49,6 +52,41 @@ func TestExamplesImportNoInternalPackage(t *testing.T) {
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		if strings.Contains(line, "/internal/") {
 			t.Errorf("an example imports an internal package: %s", line)
+		}
+	}
+}
+
+// A key=value connection string works like a URL.
+func TestOpenWithKeyValueConnString(t *testing.T) {
+	ctx := context.Background()
+	url := testdb.EmptyURL(t)
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dsn := fmt.Sprintf("host=%s port=%d user=%s dbname=%s", cfg.Host, cfg.Port, cfg.User, cfg.Database)
+	db, err := devdb.Open(ctx, devdb.Options{URL: dsn, Schema: "relay_example_kv"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var schema string
+	if err := db.Pool.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil || schema != "relay_example_kv" {
+		t.Errorf("current schema %q (%v)", schema, err)
+	}
+	var jobs int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM relay_jobs`).Scan(&jobs); err != nil {
+		t.Errorf("relay_jobs through the schema's search_path: %v", err)
+	}
+}
+
+// A server that does not answer is an error, not a panic.
+func TestOpenFailsCleanly(t *testing.T) {
+	ctx := context.Background()
+	for _, schema := range []string{"", "relay_example_x"} {
+		db, err := devdb.Open(ctx, devdb.Options{URL: "postgres://postgres@127.0.0.1:1/none?connect_timeout=2", Schema: schema})
+		if err == nil || db != nil {
+			t.Errorf("schema %q: Open against a dead server: %v, %v; want an error", schema, db, err)
 		}
 	}
 }

@@ -51,10 +51,13 @@ func External[T any](ctx context.Context, pool *pgxpool.Pool, scope, key string,
 
 	result, err = fn(ctx, st.token.String())
 	// Record the outcome even if ctx was cancelled meanwhile: the call
-	// happened (or failed) either way.
-	recCtx := context.WithoutCancel(ctx)
+	// happened (or failed) either way. Bounded by the lease: past it the
+	// key may be taken over anyway, and an unresponsive database must not
+	// hold the caller for ever.
+	recCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), o.Lease)
+	defer cancel()
 	if err != nil {
-		if _, rerr := pool.Exec(recCtx, sqlRelease, scope, key, owner); rerr != nil {
+		if _, rerr := pool.Exec(recCtx, sqlRelease, scope, key, owner, o.TTL.Seconds()); rerr != nil {
 			return result, false, errors.Join(err, fmt.Errorf("idempotency: release key %s/%s: %w", scope, key, rerr))
 		}
 		return result, false, err

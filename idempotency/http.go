@@ -119,12 +119,6 @@ func Middleware(pool *pgxpool.Pool, opts *MiddlewareOptions) func(http.Handler) 
 				return err
 			})
 			switch {
-			case errors.Is(err, ErrInProgress) && st.requestHash != hash:
-				// Compared before "in progress": a different request with a
-				// key in use is a client error whatever the first is doing.
-				problem(w, http.StatusUnprocessableEntity, "Idempotency-Key reused",
-					"this Idempotency-Key is in use by a different request (method, path or body); use a new key for a new request")
-				return
 			case errors.Is(err, ErrInProgress):
 				w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(math.Max(st.leaseLeft, 1)))))
 				problem(w, http.StatusConflict, "Request in progress", "a request with this Idempotency-Key is still being processed; retry later")
@@ -135,9 +129,17 @@ func Middleware(pool *pgxpool.Pool, opts *MiddlewareOptions) func(http.Handler) 
 				return
 			}
 			if !owned {
+				// acquire compares the request first: a different one is
+				// handed back here whatever the key's state or lease, and is
+				// a client error.
 				if st.requestHash != hash {
 					problem(w, http.StatusUnprocessableEntity, "Idempotency-Key reused",
 						"this Idempotency-Key was already used with a different request (method, path or body); use a new key for a new request")
+					return
+				}
+				if st.status != "succeeded" { // acquire hands back running keys only for a different request
+					o.Logger.Error("relay: idempotency middleware: key neither owned nor succeeded", "key", key, "status", st.status)
+					problem(w, http.StatusInternalServerError, "Idempotency store inconsistent", "the request was not processed")
 					return
 				}
 				var resp storedResponse
@@ -157,7 +159,12 @@ func Middleware(pool *pgxpool.Pool, opts *MiddlewareOptions) func(http.Handler) 
 
 			r.Body = io.NopCloser(bytes.NewReader(body))
 			rec := &recorder{header: http.Header{}, status: http.StatusOK}
-			ctx := context.WithoutCancel(r.Context())
+			// The key is recorded (or released) even if the client went
+			// away, but not for longer than the lease: after it, another
+			// request may take the key over anyway, and an unresponsive
+			// database must not hold the response for ever.
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), o.Lease)
+			defer cancel()
 			func() {
 				// A handler that panics made no response to keep: release
 				// the key so that a retry runs, then let the panic go on to

@@ -450,3 +450,145 @@ func TestCleaner(t *testing.T) {
 		t.Errorf("the cleaner deleted a live key")
 	}
 }
+
+// The request is compared before anything else: a different request with
+// a key whose lease has run out (the first still running past it, or
+// crashed) is refused with 422 — it does not take the key over and run.
+func TestMiddlewareDifferentRequestNeverTakesOver(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	var calls atomic.Int32
+	block := make(chan struct{})
+	h := idempotency.Middleware(pool, &idempotency.MiddlewareOptions{Lease: 50 * time.Millisecond})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		body, _ := io.ReadAll(r.Body)
+		if string(body) == "slow" {
+			<-block
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	serve := func(body string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest("POST", "/orders", strings.NewReader(body))
+		req.Header.Set(idempotency.HeaderKey, "k")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); serve("slow") }()
+	waitFor(t, "the first request's lease to run out", func() bool {
+		return count(t, pool, `SELECT count(*) FROM relay_idempotency_keys WHERE key = 'k' AND lease_expires_at < now()`) == 1
+	})
+	if rec := serve("another book"); rec.Code != http.StatusUnprocessableEntity || calls.Load() != 1 {
+		t.Errorf("different request, lease run out: %d, %d handler calls; want 422 and the handler not run", rec.Code, calls.Load())
+	}
+	close(block)
+	<-done
+}
+
+// stallingPool is a pool on the test database whose acquisitions hang
+// (until their context ends) once stall is set: a database that stopped
+// answering after the key was taken.
+func stallingPool(t *testing.T, pool *pgxpool.Pool) (*pgxpool.Pool, *atomic.Bool) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(pool.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stall atomic.Bool
+	cfg.PrepareConn = func(ctx context.Context, _ *pgx.Conn) (bool, error) {
+		if stall.Load() {
+			<-ctx.Done()
+			return true, ctx.Err()
+		}
+		return true, nil
+	}
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p, &stall
+}
+
+// Recording a key after the call waits for the database at most the lease:
+// External and the middleware return (External with the error) instead of
+// hanging when the database stops answering mid-call.
+func TestRecordingIsBoundedByTheLease(t *testing.T) {
+	t.Parallel()
+	pool, stall := stallingPool(t, setup(t))
+	opts := &idempotency.Options{Lease: 300 * time.Millisecond}
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := idempotency.External(context.Background(), pool, "s", "k", func(ctx context.Context, token string) (int, error) {
+			stall.Store(true)
+			return 1, nil
+		}, opts)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("External reported the key recorded on a database that does not answer")
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("External hung recording the key")
+	}
+
+	stall.Store(false)
+	h := idempotency.Middleware(pool, &idempotency.MiddlewareOptions{Lease: 300 * time.Millisecond})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		stall.Store(true)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	served := make(chan int, 1)
+	go func() {
+		req := httptest.NewRequest("POST", "/orders", strings.NewReader("book"))
+		req.Header.Set(idempotency.HeaderKey, "m")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		served <- rec.Code
+	}()
+	select {
+	case code := <-served:
+		if code != http.StatusCreated {
+			t.Errorf("middleware answered %d; want the handler's 201", code)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the middleware hung recording the response")
+	}
+}
+
+// A key's TTL counts from its last attempt: a failed attempt that ends
+// after the key's first expiry keeps it (and its token) for another TTL,
+// so the sweep cannot delete it before the retry, which would then call the
+// service with a fresh token.
+func TestFailedAttemptKeepsTheTokenForATTL(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+	opts := &idempotency.Options{TTL: time.Second, Lease: 200 * time.Millisecond}
+	var first string
+	_, _, err := idempotency.External(ctx, pool, "payments", "charge-9", func(ctx context.Context, token string) (string, error) {
+		first = token
+		waitFor(t, "the key's first expiry", func() bool {
+			return count(t, pool, `SELECT count(*) FROM relay_idempotency_keys WHERE key = 'charge-9' AND created_at + interval '1.2 s' < now()`) == 1
+		})
+		return "", errors.New("gateway timeout")
+	}, opts)
+	if err == nil {
+		t.Fatal("the failing call succeeded")
+	}
+	if _, err := idempotency.DeleteExpired(ctx, pool, 100); err != nil {
+		t.Fatal(err)
+	}
+	var second string
+	if _, _, err := idempotency.External(ctx, pool, "payments", "charge-9", func(ctx context.Context, token string) (string, error) {
+		second = token
+		return "ch_9", nil
+	}, opts); err != nil {
+		t.Fatal(err)
+	}
+	if second != first {
+		t.Errorf("the retry got token %s, the first attempt %s; want the same", second, first)
+	}
+}

@@ -17,9 +17,11 @@ import (
 
 // Options tune the helpers. The zero value (or nil) is usable.
 type Options struct {
-	// TTL is how long a key is remembered after its effect succeeded (and at
-	// least while it runs: a key never expires before its lease ends, and a
-	// running key under a live lease is never taken over). Default 24h.
+	// TTL is how long a key is remembered after its effect succeeded, or
+	// after External's last failed attempt (whose retry keeps the token
+	// within it), and at least while it runs: a key never expires before
+	// its lease ends, and a running key under a live lease is never taken
+	// over. Default 24h.
 	TTL time.Duration
 	// Lease is how long External holds a key for one attempt before another
 	// attempt may take it over. Make it longer than the call's timeout.
@@ -88,6 +90,10 @@ func acquire(ctx context.Context, tx pgx.Tx, scope, key string, owner uuid.UUID,
 			return state{}, false, fmt.Errorf("idempotency: read key %s/%s: %w", scope, key, err)
 		}
 		switch {
+		case st.status == "running" && reqHash != "" && st.requestHash != "" && st.requestHash != reqHash:
+			// A different request never takes a key over, lease or not:
+			// the caller refuses it (the middleware's 422).
+			return st, false, nil
 		case st.status == "running" && st.leaseExpired, st.status == "succeeded" && st.expired:
 			// A running key keeps its token even past its expiry: the call
 			// it stands for may have reached the service.

@@ -46,9 +46,12 @@ UPDATE relay_idempotency_keys SET
 WHERE scope = $1 AND key = $2 AND owner = $3`
 
 // sqlRelease gives up a running key after a failed attempt, so the next
-// attempt need not wait out the lease.
+// attempt need not wait out the lease, and keeps it for the TTL ($4) from
+// now: the call may have reached the service, and the retry must get the
+// same token, not find the key swept as expired.
 const sqlRelease = `
-UPDATE relay_idempotency_keys SET lease_expires_at = now(), updated_at = now()
+UPDATE relay_idempotency_keys SET lease_expires_at = now(),
+    expires_at = greatest(expires_at, now() + make_interval(secs => $4)), updated_at = now()
 WHERE scope = $1 AND key = $2 AND owner = $3 AND status = 'running'`
 
 // sqlForget removes a running key (the database helper's function failed,

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -57,7 +58,8 @@ type Config struct {
 	Namespace string
 	// LivenessTimeout is how long a dispatcher's declarations keep its
 	// subscriptions after its last heartbeat (four per timeout while it
-	// runs; Stop ends them at once). Default 1m.
+	// runs; Stop ends them at once). It is stored with the process: every
+	// dispatcher judges this one by it. Default 1m.
 	LivenessTimeout time.Duration
 	// BatchSize caps the events moved per transaction. Default 500.
 	BatchSize int
@@ -139,6 +141,9 @@ func NewDispatcher(pool *pgxpool.Pool, cfg *Config) (*Dispatcher, error) {
 		if s.Opts != nil && (!s.Opts.RunAt.IsZero() || s.Opts.Delay != 0 || s.Opts.Unique != nil || s.Opts.OrderingKey != "") {
 			return nil, fmt.Errorf("outbox: subscription %s → %s: Opts.RunAt, Delay, Unique and OrderingKey must be unset", s.Topic, s.Kind)
 		}
+		if err := validateSubscription(s); err != nil {
+			return nil, err
+		}
 		id := [2]string{s.Topic, s.Kind + "|" + s.Endpoint}
 		if seen[id] {
 			return nil, fmt.Errorf("outbox: subscription %s → %s %s declared twice", s.Topic, s.Kind, s.Endpoint)
@@ -148,6 +153,37 @@ func NewDispatcher(pool *pgxpool.Pool, cfg *Config) (*Dispatcher, error) {
 	}
 	d.cfg = c
 	return d, nil
+}
+
+// validateSubscription refuses, at construction, what the core would refuse
+// at every dispatch: subscriptions are stored and read by every
+// dispatcher, so one that cannot be enqueued would stop the dispatch of
+// every event, in every process, until it is retired.
+func validateSubscription(s Subscription) error {
+	var o core.EnqueueOpts
+	if s.Opts != nil {
+		o = *s.Opts
+	}
+	var reason string
+	switch {
+	case len(s.Kind) > 255 || !utf8.ValidString(s.Kind):
+		reason = "Kind must be valid UTF-8, at most 255 bytes"
+	case len(o.Queue) > 128 || !utf8.ValidString(o.Queue):
+		reason = "Opts.Queue must be valid UTF-8, at most 128 bytes"
+	case o.Priority < 0 || o.Priority > core.MaxPriority:
+		reason = fmt.Sprintf("Opts.Priority %d is outside 0..%d", o.Priority, core.MaxPriority)
+	case o.MaxAttempts < 0:
+		reason = fmt.Sprintf("Opts.MaxAttempts %d is negative", o.MaxAttempts)
+	}
+	if reason == "" && len(o.Metadata) > 0 {
+		if _, err := json.Marshal(o.Metadata); err != nil {
+			reason = "Opts.Metadata does not encode: " + err.Error()
+		}
+	}
+	if reason != "" {
+		return fmt.Errorf("outbox: subscription %s → %s: %s", s.Topic, s.Kind, reason)
+	}
+	return nil
 }
 
 // Start declares the subscriptions, then dispatches in the background until
@@ -176,7 +212,15 @@ func (d *Dispatcher) Stop(ctx context.Context) error {
 	declared := d.declared
 	d.declareMu.Unlock()
 	if declared {
-		if _, uerr := d.pool.Exec(context.WithoutCancel(ctx), sqlUnregister, d.id); uerr != nil {
+		// Bounded by ctx while it lasts and by 5 s in any case (also once
+		// ctx ended): an unresponsive database cannot hold Stop for ever.
+		uctx := ctx
+		if ctx.Err() != nil {
+			uctx = context.WithoutCancel(ctx)
+		}
+		uctx, cancel := context.WithTimeout(uctx, 5*time.Second)
+		defer cancel()
+		if _, uerr := d.pool.Exec(uctx, sqlUnregister, d.id); uerr != nil {
 			err = errors.Join(err, fmt.Errorf("outbox: unregister dispatcher: %w", uerr))
 		}
 	}
@@ -265,9 +309,13 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 			if err == nil {
 				err = json.Unmarshal(headers, &e.Headers)
 			}
+			// A stored trace context Publish did not write (another
+			// publisher's format, a hand edit) costs the event its parent,
+			// never the dispatch: an error here would stop every event
+			// behind this one for good.
 			carrier := propagation.MapCarrier{}
-			if err == nil {
-				err = json.Unmarshal(tc, &carrier)
+			if json.Unmarshal(tc, &carrier) != nil {
+				carrier = propagation.MapCarrier{}
 			}
 			traces = append(traces, carrier)
 			return e, err
@@ -278,7 +326,7 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 		if len(events) == 0 {
 			return nil
 		}
-		byTopic, err := activeSubscriptions(ctx, tx)
+		byTopic, err := activeSubscriptions(ctx, tx, d.cfg.Logger)
 		if err != nil {
 			return fmt.Errorf("read subscriptions: %w", err)
 		}

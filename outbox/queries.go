@@ -51,8 +51,9 @@ const sqlLockNamespace = `SELECT pg_advisory_xact_lock(hashtext('relay.outbox:' 
 
 // sqlDeclareSubscription upserts one declared subscription and un-retires
 // it. A subscription of another namespace ($9) is taken over only when no
-// live process of that namespace declares it ($10: the liveness timeout in
-// seconds); otherwise nothing is written and no row returns.
+// live process of that namespace declares it (live: within that process's
+// own liveness timeout of its last heartbeat); otherwise nothing is written
+// and no row returns.
 const sqlDeclareSubscription = `
 INSERT INTO relay_outbox_subscriptions AS s
     (id, topic, kind, endpoint, queue, priority, max_attempts, metadata, namespace)
@@ -64,17 +65,28 @@ ON CONFLICT (id) DO UPDATE SET
 WHERE s.namespace = excluded.namespace OR NOT EXISTS (
     SELECT 1 FROM relay_outbox_processes p
     WHERE p.namespace = s.namespace AND s.id = ANY (p.subscriptions)
-      AND p.heartbeat_at > now() - make_interval(secs => $10))
+      AND p.heartbeat_at > now() - make_interval(secs => p.liveness_secs))
 RETURNING id`
 
 const sqlSubscriptionOwner = `SELECT namespace FROM relay_outbox_subscriptions WHERE id = $1`
 
+// sqlLockSubscriptions serializes the declarations of the subscription
+// ids $1 across namespaces (the namespace lock covers only one), so that a
+// declaration's upsert starts after a concurrent one of the same id has
+// committed and sees its owner's live process (ErrOwned) instead of taking
+// it over. Locks are taken in key order, apart from the namespace locks.
+const sqlLockSubscriptions = `
+SELECT pg_advisory_xact_lock(hashtext('relay.outbox.subscription'), k)
+FROM (SELECT DISTINCT hashtext(id) AS k FROM unnest($1::text[]) AS id) AS keys
+ORDER BY k`
+
 // sqlRegister records (or refreshes) this dispatcher and what it declares.
 const sqlRegister = `
-INSERT INTO relay_outbox_processes (id, namespace, subscriptions)
-VALUES ($1, $2, $3)
+INSERT INTO relay_outbox_processes (id, namespace, subscriptions, liveness_secs)
+VALUES ($1, $2, $3, $4)
 ON CONFLICT (id) DO UPDATE SET
-    namespace = excluded.namespace, subscriptions = excluded.subscriptions, heartbeat_at = now()`
+    namespace = excluded.namespace, subscriptions = excluded.subscriptions,
+    liveness_secs = excluded.liveness_secs, heartbeat_at = now()`
 
 // sqlHeartbeat says this dispatcher is alive; no row means it was swept as
 // dead and must declare again.
@@ -82,11 +94,12 @@ const sqlHeartbeat = `UPDATE relay_outbox_processes SET heartbeat_at = now() WHE
 
 const sqlUnregister = `DELETE FROM relay_outbox_processes WHERE id = $1`
 
-// sqlDeleteDead removes the namespace's processes not seen within the
-// liveness timeout ($2 seconds).
+// sqlDeleteDead removes the namespace's processes not seen within their own
+// liveness timeouts (a sweeper's timeout says nothing of another's
+// heartbeat interval).
 const sqlDeleteDead = `
 DELETE FROM relay_outbox_processes
-WHERE namespace = $1 AND heartbeat_at <= now() - make_interval(secs => $2)`
+WHERE namespace = $1 AND heartbeat_at <= now() - make_interval(secs => liveness_secs)`
 
 // sqlRetire retires the namespace's subscriptions no live process declares.
 // Run after sqlDeleteDead, under sqlLockNamespace.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -78,6 +79,12 @@ func (d *Dispatcher) Declare(ctx context.Context) error {
 		}
 		ids := make([]string, 0, len(d.cfg.Subscriptions))
 		for _, s := range d.cfg.Subscriptions {
+			ids = append(ids, subscriptionID(s))
+		}
+		if _, err := tx.Exec(ctx, sqlLockSubscriptions, ids); err != nil {
+			return fmt.Errorf("lock subscriptions: %w", err)
+		}
+		for _, s := range d.cfg.Subscriptions {
 			id := subscriptionID(s)
 			o := core.EnqueueOpts{}
 			if s.Opts != nil {
@@ -91,7 +98,7 @@ func (d *Dispatcher) Declare(ctx context.Context) error {
 				}
 			}
 			rows, err := tx.Query(ctx, sqlDeclareSubscription, id, s.Topic, s.Kind, s.Endpoint, o.Queue, o.Priority, o.MaxAttempts,
-				string(meta), d.cfg.Namespace, d.cfg.LivenessTimeout.Seconds())
+				string(meta), d.cfg.Namespace)
 			if err != nil {
 				return fmt.Errorf("declare subscription %s → %s: %w", s.Topic, s.Kind, err)
 			}
@@ -107,9 +114,8 @@ func (d *Dispatcher) Declare(ctx context.Context) error {
 				return fmt.Errorf("declare subscription %s → %s in namespace %q: %w %q, whose live dispatchers declare it",
 					s.Topic, s.Kind, d.cfg.Namespace, ErrOwned, owner)
 			}
-			ids = append(ids, id)
 		}
-		if _, err := tx.Exec(ctx, sqlRegister, d.id, d.cfg.Namespace, ids); err != nil {
+		if _, err := tx.Exec(ctx, sqlRegister, d.id, d.cfg.Namespace, ids, d.cfg.LivenessTimeout.Seconds()); err != nil {
 			return fmt.Errorf("register dispatcher: %w", err)
 		}
 		return d.retire(ctx, tx)
@@ -137,7 +143,7 @@ func (d *Dispatcher) ensureDeclared(ctx context.Context) error {
 // retire deletes the namespace's dead dispatchers and retires the
 // subscriptions no live one declares. The caller holds the namespace lock.
 func (d *Dispatcher) retire(ctx context.Context, tx pgx.Tx) error {
-	if _, err := tx.Exec(ctx, sqlDeleteDead, d.cfg.Namespace, d.cfg.LivenessTimeout.Seconds()); err != nil {
+	if _, err := tx.Exec(ctx, sqlDeleteDead, d.cfg.Namespace); err != nil {
 		return fmt.Errorf("delete dead dispatchers: %w", err)
 	}
 	rows, err := tx.Query(ctx, sqlRetire, d.cfg.Namespace)
@@ -194,7 +200,7 @@ func (d *Dispatcher) heartbeat(ctx context.Context) {
 var errSwept = errors.New("dispatcher swept as dead")
 
 // activeSubscriptions reads the stored fan-out in the dispatch transaction.
-func activeSubscriptions(ctx context.Context, tx pgx.Tx) (map[string][]Subscription, error) {
+func activeSubscriptions(ctx context.Context, tx pgx.Tx, log *slog.Logger) (map[string][]Subscription, error) {
 	rows, err := tx.Query(ctx, sqlActiveSubscriptions)
 	if err != nil {
 		return nil, err
@@ -208,7 +214,12 @@ func activeSubscriptions(ctx context.Context, tx pgx.Tx) (map[string][]Subscript
 		}
 		if len(meta) > 2 {
 			if err := json.Unmarshal(meta, &o.Metadata); err != nil {
-				return s, fmt.Errorf("subscription %s → %s: metadata: %w", s.Topic, s.Kind, err)
+				// Not an object (a hand edit, another version's format):
+				// the jobs go without it rather than the dispatch of every
+				// event stopping on it.
+				o.Metadata = nil
+				log.Warn("relay: outbox subscription's stored metadata is not a JSON object; its jobs get none",
+					"topic", s.Topic, "kind", s.Kind, "err", err)
 			}
 		}
 		s.Opts = &o

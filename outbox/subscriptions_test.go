@@ -3,11 +3,16 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/internal/testdb"
 	"github.com/relayq/relay/outbox"
 )
@@ -124,5 +129,113 @@ func TestSubscriptionOwners(t *testing.T) {
 	})
 	if a := active(t, pool); !a["invoice.make"] || !a["mail.send"] {
 		t.Fatalf("with shop down, mail retired its subscription: %v", a)
+	}
+}
+
+// A dispatcher is dead when its own liveness timeout has passed, not a
+// sweeper's: one with a 2 s timeout must not retire the subscription of a
+// live one with the default minute (heartbeating every 15 s).
+func TestShortTimeoutDoesNotSweepALiveDispatcher(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	slow, err := outbox.NewDispatcher(pool, &outbox.Config{PollInterval: time.Hour,
+		Subscriptions: []outbox.Subscription{{Topic: "t", Kind: "slow.only"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := slow.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Stop(ctx)
+	var t0 time.Time
+	if err := pool.QueryRow(ctx, `SELECT now()`).Scan(&t0); err != nil {
+		t.Fatal(err)
+	}
+	fast := dispatcher(t, pool, "", outbox.Subscription{Topic: "t", Kind: "fast"}) // 2 s timeout
+	if err := fast.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer fast.Stop(ctx)
+	testdb.WaitFor(t, "the fast dispatcher to sweep well past its own timeout", func() bool {
+		return count(t, pool, `SELECT count(*) FROM relay_outbox_processes WHERE heartbeat_at > $1::timestamptz + interval '4 s'`, t0) > 0
+	})
+	if a := active(t, pool); !a["slow.only"] {
+		t.Fatalf("the live slow-heartbeat dispatcher's subscription was retired: %v", a)
+	}
+}
+
+// A subscription the core cannot enqueue is refused when the dispatcher is
+// made: stored, it would stop every dispatcher's every batch.
+func TestUnenqueueableSubscriptionIsRefused(t *testing.T) {
+	t.Parallel()
+	for name, s := range map[string]outbox.Subscription{
+		"priority":     {Topic: "t", Kind: "k", Opts: &core.EnqueueOpts{Priority: core.MaxPriority + 1}},
+		"max attempts": {Topic: "t", Kind: "k", Opts: &core.EnqueueOpts{MaxAttempts: -1}},
+		"long kind":    {Topic: "t", Kind: strings.Repeat("k", 256)},
+		"long queue":   {Topic: "t", Kind: "k", Opts: &core.EnqueueOpts{Queue: strings.Repeat("q", 129)}},
+		"metadata":     {Topic: "t", Kind: "k", Opts: &core.EnqueueOpts{Metadata: map[string]any{"f": func() {}}}},
+	} {
+		if _, err := outbox.NewDispatcher(&pgxpool.Pool{}, &outbox.Config{Subscriptions: []outbox.Subscription{s}}); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+// A stored subscription whose metadata is not an object (a hand edit)
+// loses its metadata, not the dispatch of every event.
+func TestBadStoredSubscriptionMetadata(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	d := dispatcher(t, pool, "", outbox.Subscription{Topic: "t", Kind: "consume"})
+	if err := d.Declare(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE relay_outbox_subscriptions SET metadata = '[1]'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := outbox.Publish(ctx, pool, outbox.Event{Topic: "t", Payload: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := d.DispatchOnce(ctx); err != nil || n != 1 {
+		t.Fatalf("dispatched %d (%v); want the event", n, err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM relay_jobs WHERE kind = 'consume'`); n != 1 {
+		t.Errorf("%d jobs; want 1", n)
+	}
+}
+
+// Two services declaring the same new subscription at the same moment: one
+// owns it, the other gets ErrOwned — never both.
+func TestConcurrentDeclarationsOfOneSubscriptionAcrossNamespaces(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	for round := range 20 {
+		sub := outbox.Subscription{Topic: "t", Kind: "clash." + strconv.Itoa(round)}
+		var owned atomic.Int32
+		var wg sync.WaitGroup
+		gate := make(chan struct{})
+		for _, ns := range []string{"billing", "mail"} {
+			d := dispatcher(t, pool, ns, sub)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-gate
+				err := d.Declare(ctx)
+				switch {
+				case err == nil:
+					owned.Add(1)
+				case !errors.Is(err, outbox.ErrOwned):
+					t.Errorf("%s: %v", ns, err)
+				}
+			}()
+		}
+		close(gate)
+		wg.Wait()
+		if n := owned.Load(); n != 1 {
+			t.Fatalf("round %d: %d namespaces declared %s; want exactly one", round, n, sub.Kind)
+		}
 	}
 }

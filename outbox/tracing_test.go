@@ -104,3 +104,35 @@ func TestEventJobsContinueThePublishersTrace(t *testing.T) {
 		})
 	}
 }
+
+// A stored trace context that is not the {"traceparent": ...} object
+// Publish writes (another publisher's format, a hand edit) costs the event
+// its parent, never the dispatch: the event and every one after it become
+// jobs, each in a trace of its own.
+func TestBadStoredTraceContextIsIgnored(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	if _, err := pool.Exec(ctx, `
+		INSERT INTO relay_outbox (topic, payload, headers, trace_context)
+		SELECT 'payment.succeeded', '{}', '{}', tc::jsonb
+		FROM unnest(ARRAY['[1]', '"00-abc"', '{"traceparent": 5}', '{"traceparent": "garbage"}', 'null']) tc`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := outbox.Publish(ctx, pool, outbox.Event{Topic: "payment.succeeded", Payload: 1}); err != nil {
+		t.Fatal(err)
+	}
+	d, err := outbox.NewDispatcher(pool, &outbox.Config{TracerProvider: tp,
+		Subscriptions: []outbox.Subscription{{Topic: "payment.succeeded", Kind: "consume"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := d.DispatchOnce(ctx); err != nil || n != 6 {
+		t.Fatalf("dispatched %d (%v); want all 6 events", n, err)
+	}
+	if n := count(t, pool, `SELECT count(DISTINCT metadata->>'traceparent') FROM relay_jobs WHERE metadata->>'traceparent' LIKE '00-%'`); n != 6 {
+		t.Errorf("%d distinct valid traceparents on the 6 jobs; want one trace each", n)
+	}
+}

@@ -139,7 +139,11 @@ func NewWebhookWorker(endpoints ...Endpoint) (*WebhookWorker, error) {
 func (w *WebhookWorker) Work(ctx context.Context, job *core.Job[WebhookArgs]) error {
 	ep, ok := w.Endpoints[job.Args.Endpoint]
 	if !ok {
-		return core.Permanent(fmt.Errorf("outbox: webhook endpoint %q is not configured in this process", job.Args.Endpoint))
+		// Not permanent: during a rolling deploy a subscription to an
+		// endpoint that only the new version configures is stored, and
+		// fanned out to, before every worker knows the endpoint. The retry
+		// (with the core's backoff) lets a worker that does deliver it.
+		return fmt.Errorf("outbox: webhook endpoint %q is not configured in this process (retried: a worker of a newer version may know it)", job.Args.Endpoint)
 	}
 	d := job.Args.Delivery
 	body, err := json.Marshal(webhookBody{ID: d.EventID, Topic: d.Topic, Key: d.Key, Payload: d.Payload, Headers: d.Headers, PublishedAt: d.PublishedAt})
@@ -190,8 +194,12 @@ func (w *WebhookWorker) Work(ctx context.Context, job *core.Job[WebhookArgs]) er
 	defer resp.Body.Close()
 	excerpt, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 	if resp.StatusCode >= 300 && resp.StatusCode <= 399 {
+		loc := resp.Header.Get("Location")
+		if len(loc) > 512 { // the receiver's text goes into the job's history
+			loc = loc[:512] + "…"
+		}
 		return fmt.Errorf("webhook %s: POST %s: %s, Location %q: redirects are not followed; configure the endpoint's final URL",
-			ep.Name, ep.URL, resp.Status, resp.Header.Get("Location"))
+			ep.Name, ep.URL, resp.Status, loc)
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return fmt.Errorf("webhook %s: POST %s: %s: %q", ep.Name, ep.URL, resp.Status, excerpt)

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
+	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -151,20 +154,26 @@ func (h *countHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h *countHandler) WithGroup(string) slog.Handler      { return h }
 
 // A stored schedule this process cannot evaluate (a zone its tzdata lacks,
-// a spec from a newer version) is left alone and marked, not retried in a
-// loop: the healthy schedule beside it keeps firing while the broken one
-// costs one error line.
+// a spec from a newer version) or cannot fire (stored metadata that is not
+// an object) is left alone and marked, not retried in a loop, and does not
+// roll back the other schedules' fires: the healthy schedule beside them
+// keeps firing while each broken one costs one error line. (Stored JSON
+// null metadata is no object either, but fires: it used to panic.)
 func TestUnevaluableScheduleDoesNotSpin(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
 	ctx := context.Background()
 	if _, err := pool.Exec(ctx, `
 		INSERT INTO relay_schedules (name, spec, timezone, kind, args, queue, priority, max_attempts,
-		                             catch_up, catch_up_limit, overlap, next_fire_at, namespace)
+		                             catch_up, catch_up_limit, overlap, next_fire_at, namespace, metadata)
 		VALUES ('mars', '0 9 * * *', 'Mars/Olympus_Mons', 'report', '{}', 'default', 1, 25,
-		        'latest', 100, 'allow', now() - interval '1 minute', 'other'),
+		        'latest', 100, 'allow', now() - interval '1 minute', 'other', '{}'),
 		       ('future', '@fortnightly', 'UTC', 'report', '{}', 'default', 1, 25,
-		        'latest', 100, 'allow', now() - interval '1 minute', 'other')`); err != nil {
+		        'latest', 100, 'allow', now() - interval '1 minute', 'other', '{}'),
+		       ('array-meta', '@every 1h', 'UTC', 'report', '{}', 'default', 1, 25,
+		        'latest', 100, 'allow', now() - interval '1 minute', 'other', '[1]'),
+		       ('null-meta', '@every 1h', 'UTC', 'report', '{}', 'default', 1, 25,
+		        'latest', 100, 'allow', now() - interval '1 minute', 'other', 'null')`); err != nil {
 		t.Fatal(err)
 	}
 	h := &countHandler{}
@@ -176,8 +185,8 @@ func TestUnevaluableScheduleDoesNotSpin(t *testing.T) {
 	waitFor(t, "three fires of the healthy schedule", func() bool {
 		return count(t, pool, `SELECT count(*) FROM relay_schedule_fires WHERE schedule = 'tick'`) >= 3
 	})
-	if n := h.errors.Load(); n != 2 {
-		t.Errorf("%d error lines; want one per unevaluable schedule", n)
+	if n := h.errors.Load(); n != 3 {
+		t.Errorf("%d error lines; want one per broken schedule", n)
 	}
 	list, err := scheduler.List(ctx, pool)
 	if err != nil {
@@ -185,17 +194,125 @@ func TestUnevaluableScheduleDoesNotSpin(t *testing.T) {
 	}
 	for _, i := range list {
 		switch i.Name {
-		case "mars", "future":
+		case "mars", "future", "array-meta":
 			if i.BrokenError == "" || i.BrokenAt == nil || i.DisabledAt != nil {
 				t.Errorf("%s: broken %q at %v, disabled %v; want marked, not disabled", i.Name, i.BrokenError, i.BrokenAt, i.DisabledAt)
 			}
-		case "tick":
-			if i.BrokenError != "" {
-				t.Errorf("tick marked broken: %s", i.BrokenError)
+		case "tick", "null-meta":
+			if i.BrokenError != "" || i.LastFireAt == nil {
+				t.Errorf("%s: broken %q, last fire %v; want fired", i.Name, i.BrokenError, i.LastFireAt)
 			}
 		}
 	}
-	if n := count(t, pool, `SELECT count(*) FROM relay_jobs WHERE metadata->>'relay.schedule' IN ('mars', 'future')`); n != 0 {
+	if n := count(t, pool, `SELECT count(*) FROM relay_jobs WHERE metadata->>'relay.schedule' IN ('mars', 'future', 'array-meta')`); n != 0 {
 		t.Errorf("%d jobs from unevaluable schedules", n)
+	}
+}
+
+// A process is dead when its own liveness timeout has passed, not a
+// sweeper's: a process with a 2 s timeout (heartbeating twice a second)
+// must not retire the schedule of a live one with the default minute
+// (heartbeating every 15 s) between two of its heartbeats.
+func TestShortTimeoutDoesNotSweepALiveProcess(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	start(t, pool, &scheduler.Config{Schedules: []scheduler.Schedule{every("slow-only"), every("shared")}})
+	var t0 time.Time
+	if err := pool.QueryRow(ctx, `SELECT now()`).Scan(&t0); err != nil {
+		t.Fatal(err)
+	}
+	start(t, pool, &scheduler.Config{Schedules: []scheduler.Schedule{every("shared")}, LivenessTimeout: 2 * time.Second})
+	waitFor(t, "the fast process to sweep well past its own timeout", func() bool {
+		return count(t, pool, `SELECT count(*) FROM relay_scheduler_processes WHERE heartbeat_at > $1::timestamptz + interval '4 s'`, t0) > 0
+	})
+	if e := enabled(t, pool); !e["slow-only"] {
+		t.Fatalf("the live slow-heartbeat process's schedule was retired: %v", e)
+	}
+}
+
+// Stop is bounded even when the database stops answering: unregistering
+// the process honours Stop's context (and a few seconds at most after it).
+func TestStopIsBoundedWhenTheDatabaseHangs(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() { // accepts, never answers
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	pool, err := pgxpool.New(context.Background(), "postgres://postgres@"+ln.Addr().String()+"/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	s, err := scheduler.New(pool, &scheduler.Config{Schedules: []scheduler.Schedule{every("a")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := s.Declare(dctx); err == nil {
+		t.Fatal("declared against a server that never answers")
+	}
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		done <- s.Stop(ctx)
+	}()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("Stop reported success; want the failed unregister")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Stop did not return with the database hanging")
+	}
+}
+
+// Two services declaring the same new name at the same moment: one owns
+// it, the other gets ErrOwned — never both, each believing it declares a
+// row that holds only one of their specs.
+func TestConcurrentDeclarationsOfOneNameAcrossNamespaces(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	for round := range 20 {
+		name := "clash-" + strconv.Itoa(round)
+		var owned atomic.Int32
+		var wg sync.WaitGroup
+		gate := make(chan struct{})
+		for _, ns := range []string{"billing", "mail"} {
+			s, err := scheduler.New(pool, &scheduler.Config{Namespace: ns, Schedules: []scheduler.Schedule{every(name)}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-gate
+				err := s.Declare(ctx)
+				switch {
+				case err == nil:
+					owned.Add(1)
+				case !errors.Is(err, scheduler.ErrOwned):
+					t.Errorf("%s: %v", ns, err)
+				}
+			}()
+		}
+		close(gate)
+		wg.Wait()
+		if n := owned.Load(); n != 1 {
+			t.Fatalf("round %d: %d namespaces declared %s; want exactly one", round, n, name)
+		}
 	}
 }

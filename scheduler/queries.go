@@ -8,8 +8,9 @@ package scheduler
 // runs for a period the schedule did not exist. Paused stays as it was.
 //
 // A schedule of another namespace ($14) is taken over only when no live
-// process of that namespace declares it ($15 is the liveness timeout in
-// seconds); otherwise nothing is written and no row returns.
+// process of that namespace declares it (live: within that process's own
+// liveness timeout of its last heartbeat); otherwise nothing is written and
+// no row returns.
 const sqlDeclare = `
 INSERT INTO relay_schedules AS s
     (name, spec, timezone, kind, args, queue, priority, max_attempts, metadata,
@@ -34,7 +35,7 @@ ON CONFLICT (name) DO UPDATE SET
 WHERE s.namespace = excluded.namespace OR NOT EXISTS (
     SELECT 1 FROM relay_scheduler_processes p
     WHERE p.namespace = s.namespace AND s.name = ANY (p.schedules)
-      AND p.heartbeat_at > now() - make_interval(secs => $15))
+      AND p.heartbeat_at > now() - make_interval(secs => p.liveness_secs))
 RETURNING name`
 
 // sqlOwner names the namespace a schedule belongs to.
@@ -44,12 +45,25 @@ const sqlOwner = `SELECT namespace FROM relay_schedules WHERE name = $1`
 // so that a sweep never misses a declaration committed while it ran.
 const sqlLockNamespace = `SELECT pg_advisory_xact_lock(hashtext('relay.scheduler:' || $1))`
 
+// sqlLockNames serializes the declarations of the names $1 across
+// namespaces (the namespace lock covers only one): a declaration's upsert
+// then starts after a concurrent one of the same name has committed, so
+// its snapshot sees that owner's live process and refuses (ErrOwned)
+// instead of taking the name over. Locks are taken in one order (by key) so
+// that two declarations of overlapping sets do not deadlock; the two-key
+// form keeps them apart from the namespace locks.
+const sqlLockNames = `
+SELECT pg_advisory_xact_lock(hashtext('relay.scheduler.name'), k)
+FROM (SELECT DISTINCT hashtext(n) AS k FROM unnest($1::text[]) AS n) AS keys
+ORDER BY k`
+
 // sqlRegister records (or refreshes) this process and what it declares.
 const sqlRegister = `
-INSERT INTO relay_scheduler_processes (id, namespace, schedules)
-VALUES ($1, $2, $3)
+INSERT INTO relay_scheduler_processes (id, namespace, schedules, liveness_secs)
+VALUES ($1, $2, $3, $4)
 ON CONFLICT (id) DO UPDATE SET
-    namespace = excluded.namespace, schedules = excluded.schedules, heartbeat_at = now()`
+    namespace = excluded.namespace, schedules = excluded.schedules,
+    liveness_secs = excluded.liveness_secs, heartbeat_at = now()`
 
 // sqlHeartbeat says this process is alive; no row means it was swept as
 // dead (a long pause) and must declare again.
@@ -60,11 +74,12 @@ UPDATE relay_scheduler_processes SET heartbeat_at = now() WHERE id = $1`
 // keep schedules alive.
 const sqlUnregister = `DELETE FROM relay_scheduler_processes WHERE id = $1`
 
-// sqlDeleteDead removes the processes of a namespace not seen within the
-// liveness timeout ($2 seconds).
+// sqlDeleteDead removes the processes of a namespace not seen within their
+// own liveness timeouts (a sweeper's timeout says nothing of another's
+// heartbeat interval).
 const sqlDeleteDead = `
 DELETE FROM relay_scheduler_processes
-WHERE namespace = $1 AND heartbeat_at <= now() - make_interval(secs => $2)`
+WHERE namespace = $1 AND heartbeat_at <= now() - make_interval(secs => liveness_secs)`
 
 // sqlRetire disables the schedules of a namespace that no live process of
 // it declares: removed from code everywhere it runs. Run after

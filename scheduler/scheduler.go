@@ -33,7 +33,9 @@ type Config struct {
 	Namespace string
 	// LivenessTimeout is how long a process's declarations keep its
 	// schedules alive after its last heartbeat (it heartbeats four times per
-	// timeout while running; Stop ends its declarations at once). Default 1m.
+	// timeout while running; Stop ends its declarations at once). It is
+	// stored with the process: every process judges this one by it, so
+	// processes may use different timeouts. Default 1m.
 	LivenessTimeout time.Duration
 	// PollInterval is the longest the scheduler sleeps between due checks
 	// (it wakes sooner when a fire is due sooner). Default 1s.
@@ -139,12 +141,27 @@ func (s *Scheduler) Stop(ctx context.Context) error {
 	// This process no longer declares anything; the live ones retire what
 	// only it declared at their next heartbeat.
 	if s.registered.Load() {
-		if _, uerr := s.pool.Exec(context.WithoutCancel(ctx), sqlUnregister, s.id); uerr != nil {
+		uctx, cancel := unregisterContext(ctx)
+		defer cancel()
+		if _, uerr := s.pool.Exec(uctx, sqlUnregister, s.id); uerr != nil {
 			err = errors.Join(err, fmt.Errorf("scheduler: unregister: %w", uerr))
 		}
 	}
 	return err
 }
+
+// unregisterContext bounds Stop's unregistering: by ctx while it lasts (a
+// caller's deadline holds), and by unregisterTimeout in any case, also
+// after ctx ended (the loops' stop used it up), so that an unresponsive
+// database cannot hold Stop for ever.
+func unregisterContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if ctx.Err() != nil {
+		ctx = context.WithoutCancel(ctx)
+	}
+	return context.WithTimeout(ctx, unregisterTimeout)
+}
+
+const unregisterTimeout = 5 * time.Second
 
 // Declare stores the schedules without firing them: it upserts every
 // declared schedule, records this process as declaring them, and retires the
@@ -157,16 +174,22 @@ func (s *Scheduler) Declare(ctx context.Context) error {
 		if _, err := tx.Exec(ctx, sqlLockNamespace, s.cfg.Namespace); err != nil {
 			return fmt.Errorf("scheduler: lock namespace %q: %w", s.cfg.Namespace, err)
 		}
+		names := make([]string, 0, len(s.decls))
+		for _, d := range s.decls {
+			names = append(names, d.name)
+		}
+		if _, err := tx.Exec(ctx, sqlLockNames, names); err != nil {
+			return fmt.Errorf("scheduler: lock schedule names: %w", err)
+		}
 		var now time.Time
 		if err := tx.QueryRow(ctx, sqlNow).Scan(&now); err != nil {
 			return fmt.Errorf("scheduler: read the database clock: %w", err)
 		}
-		names := make([]string, 0, len(s.decls))
 		for _, d := range s.decls {
 			next := d.parsed.Next(now)
 			rows, err := tx.Query(ctx, sqlDeclare, d.name, d.spec, d.timezone, d.kind, string(d.args), d.queue,
 				d.priority, d.maxAttempts, string(d.metadata), d.catchUp, d.catchUpLimit, d.overlap, next,
-				s.cfg.Namespace, s.cfg.LivenessTimeout.Seconds())
+				s.cfg.Namespace)
 			if err != nil {
 				return fmt.Errorf("scheduler: declare schedule %q: %w", d.name, err)
 			}
@@ -182,9 +205,8 @@ func (s *Scheduler) Declare(ctx context.Context) error {
 				return fmt.Errorf("scheduler: declare schedule %q in namespace %q: %w %q, whose live processes declare it",
 					d.name, s.cfg.Namespace, ErrOwned, owner)
 			}
-			names = append(names, d.name)
 		}
-		if _, err := tx.Exec(ctx, sqlRegister, s.id, s.cfg.Namespace, names); err != nil {
+		if _, err := tx.Exec(ctx, sqlRegister, s.id, s.cfg.Namespace, names, s.cfg.LivenessTimeout.Seconds()); err != nil {
 			return fmt.Errorf("scheduler: register process: %w", err)
 		}
 		return s.retire(ctx, tx)
@@ -194,7 +216,7 @@ func (s *Scheduler) Declare(ctx context.Context) error {
 // retire deletes the namespace's dead processes and disables the schedules
 // no live one declares. The caller holds the namespace lock.
 func (s *Scheduler) retire(ctx context.Context, tx pgx.Tx) error {
-	if _, err := tx.Exec(ctx, sqlDeleteDead, s.cfg.Namespace, s.cfg.LivenessTimeout.Seconds()); err != nil {
+	if _, err := tx.Exec(ctx, sqlDeleteDead, s.cfg.Namespace); err != nil {
 		return fmt.Errorf("scheduler: delete dead processes: %w", err)
 	}
 	rows, err := tx.Query(ctx, sqlRetire, s.cfg.Namespace)
@@ -280,7 +302,12 @@ func (s *Scheduler) run(ctx context.Context) {
 			s.cleanup(ctx)
 		}
 		wait := time.Duration(0)
-		if !full {
+		switch {
+		case err != nil:
+			// Not a schedule's fault (those are isolated in tick): the
+			// database. Wait a poll interval rather than retry at once.
+			wait = s.cfg.PollInterval
+		case !full:
 			wait = s.untilDue(ctx)
 		}
 		select {
@@ -317,7 +344,7 @@ func (s *Scheduler) tick(ctx context.Context) (full bool, err error) {
 		}
 		full = len(due) == s.cfg.BatchSize
 		for _, r := range due {
-			if err := s.fire(ctx, tx, r); err != nil {
+			if err := s.fireIsolated(ctx, tx, r); err != nil {
 				return fmt.Errorf("schedule %q: %w", r.name, err)
 			}
 		}
@@ -329,6 +356,47 @@ func (s *Scheduler) tick(ctx context.Context) (full bool, err error) {
 	return full, nil
 }
 
+// fireIsolated fires one schedule under a savepoint. A schedule whose fire
+// fails (a stored row this process cannot enqueue from: bad metadata, a
+// queue or priority the core refuses) is rolled back alone, marked with its
+// error and left to other processes until failRecheck, so that it neither
+// takes the other schedules' fires down with it nor makes the loop spin.
+// Only an error that leaves the transaction unusable is returned.
+func (s *Scheduler) fireIsolated(ctx context.Context, tx pgx.Tx, r *row) error {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("savepoint: %w", err)
+	}
+	ferr := s.fire(ctx, sp, r)
+	if ferr == nil {
+		return sp.Commit(ctx)
+	}
+	if err := sp.Rollback(ctx); err != nil {
+		return errors.Join(ferr, fmt.Errorf("roll back to savepoint: %w", err))
+	}
+	if ctx.Err() != nil {
+		return ferr
+	}
+	s.skip(r.name, failRecheck)
+	s.cfg.Logger.Error("relay: schedule could not fire; leaving it to other processes for a while",
+		"schedule", r.name, "err", ferr, "recheck_in", failRecheck)
+	if _, err := tx.Exec(ctx, sqlMarkBroken, r.name, ferr.Error()); err != nil {
+		return fmt.Errorf("mark broken: %w", err)
+	}
+	return nil
+}
+
+// failRecheck is how long a process leaves a schedule whose fire failed
+// before trying (and logging) again.
+const failRecheck = time.Minute
+
+// skip leaves a schedule alone for d.
+func (s *Scheduler) skip(name string, d time.Duration) {
+	s.brokenMu.Lock()
+	s.broken[name] = time.Now().Add(d)
+	s.brokenMu.Unlock()
+}
+
 // fire handles one locked, due schedule: enqueues the fires its catch-up
 // policy keeps and advances it.
 func (s *Scheduler) fire(ctx context.Context, tx pgx.Tx, r *row) error {
@@ -337,9 +405,7 @@ func (s *Scheduler) fire(ctx context.Context, tx pgx.Tx, r *row) error {
 		// Stored by a newer or broken declaration: leave it to a process
 		// that understands it, say so once per recheck, and mark the row so
 		// List shows why it does not fire.
-		s.brokenMu.Lock()
-		s.broken[r.name] = time.Now().Add(brokenRecheck)
-		s.brokenMu.Unlock()
+		s.skip(r.name, brokenRecheck)
 		s.cfg.Logger.Error("relay: schedule has a spec this process cannot evaluate; leaving it to processes that can",
 			"schedule", r.name, "err", err, "recheck_in", brokenRecheck)
 		if _, err := tx.Exec(ctx, sqlMarkBroken, r.name, err.Error()); err != nil {
@@ -414,6 +480,9 @@ func enqueueFire(ctx context.Context, tx pgx.Tx, r *row, ft time.Time) (int64, e
 	meta := map[string]any{}
 	if err := json.Unmarshal(r.metadata, &meta); err != nil {
 		return 0, fmt.Errorf("decode stored metadata: %w", err)
+	}
+	if meta == nil { // stored JSON null
+		meta = map[string]any{}
 	}
 	meta[MetaSchedule] = r.name
 	meta[MetaFireTime] = ft.UTC().Format(time.RFC3339Nano)

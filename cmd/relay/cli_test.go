@@ -160,3 +160,32 @@ func TestDocsNameRealCommands(t *testing.T) {
 		t.Fatalf("only %d relay command lines found in the docs; the scan is broken", checked)
 	}
 }
+
+// Help names $DATABASE_URL as the default and never prints its value,
+// which may hold a password; neither does a usage error.
+func TestHelpDoesNotPrintTheDatabaseURL(t *testing.T) {
+	bin := buildRelay(t)
+	for _, args := range [][]string{{"demo", "--help"}, {"migrate", "-h"}, {"bench", "--help"}, {"prove", "queue", "--help"}, {"demo", "--nope"}} {
+		cmd := exec.Command(bin, args...)
+		cmd.Env = append(os.Environ(), "DATABASE_URL=postgres://app:hunter2@db.internal/prod")
+		out, _ := cmd.CombinedOutput()
+		if strings.Contains(string(out), "hunter2") || !strings.Contains(string(out), "$DATABASE_URL") {
+			t.Errorf("relay %s:\n%s\nwant $DATABASE_URL named, its value not printed", strings.Join(args, " "), out)
+		}
+	}
+}
+
+// `relay help <command>` is the command's help, not the general one.
+func TestHelpCommand(t *testing.T) {
+	bin := buildRelay(t)
+	for _, args := range [][]string{{"help", "demo"}, {"help", "prove", "queue"}} {
+		out, _, code := runRelay(t, bin, args...)
+		want := "Usage: relay " + strings.Join(args[1:], " ") + " [flags]"
+		if code != 0 || !strings.Contains(out, want) {
+			t.Errorf("relay %s: exit %d\n%s\nwant %q", strings.Join(args, " "), code, out, want)
+		}
+	}
+	if _, _, code := runRelay(t, bin, "help", "nosuch"); code != 2 {
+		t.Errorf("relay help nosuch: exit %d, want 2", code)
+	}
+}

@@ -83,6 +83,9 @@ func run(args []string) int {
 	case "token":
 		err = runToken(args[1:])
 	case "help", "-h", "--help", "-help":
+		if name == "help" && len(args) > 1 { // relay help demo = relay demo --help
+			return run(append(args[1:], "--help"))
+		}
 		fmt.Print(usage)
 		return 0
 	default:
@@ -128,6 +131,11 @@ func exitCode(name string, err error) int {
 func parseFlags(fs *flag.FlagSet, args []string) error {
 	name := fs.Name()
 	printUsage := func(w io.Writer) {
+		if f := fs.Lookup("database-url"); f != nil && f.DefValue != "" {
+			// The default came from $DATABASE_URL: name it, never print
+			// it (it may hold a password).
+			f.DefValue = "$DATABASE_URL"
+		}
 		fs.SetOutput(w)
 		fmt.Fprintf(w, "Usage: relay %s [flags]\n\nFlags:\n", name)
 		fs.PrintDefaults()

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"strings"
 	"testing"
 	"time"
@@ -25,32 +24,10 @@ func TestNextFireTimes(t *testing.T) {
 }
 
 // Two runs of the month's settlement make one settlement.
-func TestSettlesOnce(t *testing.T) {
-	// Twice on one database, as a newcomer re-running it on a shared
-	// DATABASE_URL would: the second run says what it found and gives the
-	// same results.
-	url := testdb.URL(t)
-	for i := range 2 {
-		b := runOnce(t, url)
-		if i == 1 && !strings.Contains(b.String(), "left from a previous run") {
-			t.Errorf("the second run does not say what it found:\n%s", b.String())
-		}
-		check(t, b)
-	}
-}
+func TestSettlesOnce(t *testing.T) { testdb.RunTwice(t, run, check) }
 
-func runOnce(t *testing.T, url string) *bytes.Buffer {
+func check(t *testing.T, out string) {
 	t.Helper()
-	var b bytes.Buffer
-	if err := run(context.Background(), url, &b); err != nil {
-		t.Fatal(err)
-	}
-	return &b
-}
-
-func check(t *testing.T, b *bytes.Buffer) {
-	t.Helper()
-	out := b.String()
 	if !strings.Contains(out, "already settled") || !strings.Contains(out, "settlements recorded: 1 ") {
 		t.Fatalf("output:\n%s", out)
 	}

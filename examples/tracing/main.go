@@ -175,8 +175,11 @@ func run(ctx context.Context, url string, out io.Writer) (result, error) {
 	case <-time.After(30 * time.Second):
 		return res, errors.New("the job did not succeed")
 	}
-	for client.Stats().Succeeded == 0 {
-		time.Sleep(10 * time.Millisecond)
+	// The handler returned; the attempt's completion commits just after.
+	for deadline := time.Now().Add(30 * time.Second); client.Stats().Succeeded == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return res, errors.New("the job's success was not recorded")
+		}
 	}
 	j, err := core.JobGet(ctx, pool, enq.ID)
 	if err != nil {
