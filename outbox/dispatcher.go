@@ -170,8 +170,8 @@ func validateSubscription(s Subscription) error {
 		reason = "Kind must be valid UTF-8, at most 255 bytes"
 	case len(o.Queue) > 128 || !utf8.ValidString(o.Queue):
 		reason = "Opts.Queue must be valid UTF-8, at most 128 bytes"
-	case o.Priority < 0 || o.Priority > core.MaxPriority:
-		reason = fmt.Sprintf("Opts.Priority %d is outside 0..%d", o.Priority, core.MaxPriority)
+	case o.Priority != nil && (*o.Priority < 0 || *o.Priority > core.MaxPriority):
+		reason = fmt.Sprintf("Opts.Priority %d is outside 0..%d", *o.Priority, core.MaxPriority)
 	case o.MaxAttempts < 0:
 		reason = fmt.Sprintf("Opts.MaxAttempts %d is negative", o.MaxAttempts)
 	}

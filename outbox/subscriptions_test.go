@@ -170,7 +170,7 @@ func TestShortTimeoutDoesNotSweepALiveDispatcher(t *testing.T) {
 func TestUnenqueueableSubscriptionIsRefused(t *testing.T) {
 	t.Parallel()
 	for name, s := range map[string]outbox.Subscription{
-		"priority":     {Topic: "t", Kind: "k", Opts: &core.EnqueueOpts{Priority: core.MaxPriority + 1}},
+		"priority":     {Topic: "t", Kind: "k", Opts: &core.EnqueueOpts{Priority: new(core.MaxPriority + 1)}},
 		"max attempts": {Topic: "t", Kind: "k", Opts: &core.EnqueueOpts{MaxAttempts: -1}},
 		"long kind":    {Topic: "t", Kind: strings.Repeat("k", 256)},
 		"long queue":   {Topic: "t", Kind: "k", Opts: &core.EnqueueOpts{Queue: strings.Repeat("q", 129)}},
