@@ -56,6 +56,10 @@ type Config struct {
 	BulkTimeBudget time.Duration
 	// RequestTimeout bounds every request's work. Default 60s.
 	RequestTimeout time.Duration
+	// LockTimeout bounds how long a change waits for a row another
+	// transaction holds (a worker finishing the job): a one-job change then
+	// answers 409, a bulk operation skips the job. Default 2s.
+	LockTimeout time.Duration
 	// TraceURL, when set, makes each traced job link to its trace: the URL
 	// with {trace_id} replaced ("http://jaeger:16686/trace/{trace_id}").
 	TraceURL string
@@ -99,6 +103,7 @@ func newAPI(pool *pgxpool.Pool, cfg *Config) (http.Handler, huma.API, error) {
 	c.BulkBatchSize = cmp.Or(c.BulkBatchSize, 500)
 	c.BulkTimeBudget = cmp.Or(c.BulkTimeBudget, 20*time.Second)
 	c.RequestTimeout = cmp.Or(c.RequestTimeout, 60*time.Second)
+	c.LockTimeout = cmp.Or(c.LockTimeout, 2*time.Second)
 	s := &server{pool: pool, cfg: c, log: cmp.Or(c.Logger, slog.Default())}
 	switch {
 	case c.Auth != nil && c.NoAuth:
@@ -163,8 +168,13 @@ func op(id, method, path, summary, tag string) huma.Operation {
 }
 
 // internalError logs an unexpected error and returns a 500 problem that
-// does not leak it.
+// does not leak it. A lock wait that ran out (another transaction holds the
+// row) is no fault of the server: a 409 to try again.
 func (s *server) internalError(what string, err error) error {
+	if isLockTimeout(err) {
+		return huma.Error409Conflict(fmt.Sprintf("%s: a row it changes is locked by another transaction "+
+			"(a worker finishing a job?) for longer than %s; try again", what, s.cfg.LockTimeout))
+	}
 	s.log.Error("admin: "+what, "err", err)
 	return huma.Error500InternalServerError(fmt.Sprintf("%s failed; see the server log", what))
 }

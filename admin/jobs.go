@@ -174,7 +174,7 @@ type BulkResult struct {
 	DryRun  bool   `json:"dry_run"`
 	Matched int64  `json:"matched" doc:"Jobs the filter matched (up to max)"`
 	Changed int64  `json:"changed" doc:"Jobs changed (0 on a dry run)"`
-	Skipped int64  `json:"skipped" doc:"Matched jobs that had moved on (another state) by the time their batch ran"`
+	Skipped int64  `json:"skipped" doc:"Matched jobs that had moved on (another state) by the time their batch ran, or that another transaction held past the lock timeout; run again to retry them"`
 	Batches int    `json:"batches" doc:"Transactions used, each of at most the batch size and audited"`
 	Done    bool   `json:"done" doc:"False when the time budget ran out first: run the same request again to continue"`
 }
@@ -450,10 +450,11 @@ func (s *server) bulkJobs(ctx context.Context, in *bulkInput) (*bulkOutput, erro
 // bulkBatch applies a bulk action to one batch of ids in tx and returns how
 // many changed. Cancel and requeue go through core, one job at a time, each
 // in a savepoint: a job that has moved to another state since it was picked
-// (a worker finished it) is skipped, not an error.
+// (a worker finished it), or that another transaction holds past the lock
+// timeout, is skipped, not an error. Delete skips held rows without waiting.
 func bulkBatch(ctx context.Context, tx pgx.Tx, action string, ids []int64) (int64, error) {
 	if action == "delete" {
-		tag, err := tx.Exec(ctx, sqlDeleteFinished, ids)
+		tag, err := tx.Exec(ctx, sqlBulkDeleteFinished, ids)
 		return tag.RowsAffected(), err
 	}
 	var n int64
@@ -473,7 +474,8 @@ func bulkBatch(ctx context.Context, tx pgx.Tx, action string, ids []int64) (int6
 			if err := sp.Commit(ctx); err != nil {
 				return n, err
 			}
-		case errors.Is(err, core.ErrIllegalTransition), errors.Is(err, core.ErrNotFound), errors.Is(err, core.ErrUniqueConflict):
+		case errors.Is(err, core.ErrIllegalTransition), errors.Is(err, core.ErrNotFound), errors.Is(err, core.ErrUniqueConflict),
+			isLockTimeout(err):
 			if err := sp.Rollback(ctx); err != nil {
 				return n, err
 			}
