@@ -112,14 +112,27 @@ func newVerifier(a *Auth) (*verifier, error) {
 	}, nil
 }
 
+// maxTokenBytes bounds a bearer token: tokens are a few hundred bytes to a
+// few KiB; a larger one is refused before it is decoded.
+const maxTokenBytes = 8 << 10
+
+// maxSubjectBytes bounds the sub claim the audit log records.
+const maxSubjectBytes = 200
+
 // verify checks a token and returns its subject and scopes.
 func (v *verifier) verify(token string) (string, []string, error) {
+	if len(token) > maxTokenBytes {
+		return "", nil, fmt.Errorf("token longer than %d bytes", maxTokenBytes)
+	}
 	var c claims
 	if _, err := v.parser.ParseWithClaims(token, &c, v.keyfunc); err != nil {
 		return "", nil, err
 	}
 	if c.Subject == "" {
 		return "", nil, errors.New("token has no sub claim")
+	}
+	if len(c.Subject) > maxSubjectBytes || !cleanText(c.Subject) {
+		return "", nil, fmt.Errorf("the sub claim must be UTF-8 without NUL bytes, at most %d bytes", maxSubjectBytes)
 	}
 	return c.Subject, strings.Fields(c.Scope), nil
 }

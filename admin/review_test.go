@@ -2,8 +2,14 @@ package admin
 
 import (
 	"context"
+	"encoding/json"
+	"net/http"
+	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/relayq/relay/core"
 )
@@ -58,4 +64,77 @@ func TestRowLockedByAnotherTransaction(t *testing.T) {
 		t.Fatal("the unlocked finished job was not deleted")
 	}
 	b.problem(b.do("DELETE", "/v1/jobs/"+itoa(locked), b.rw, nil), 409)
+}
+
+// TestEveryRouteChecksItsScope walks the OpenAPI document: every GET
+// declares and needs relay:read (a write-only token is refused), every other
+// method declares and needs relay:write (a read-only token is refused), and
+// nothing changes in the database or the audit log.
+func TestEveryRouteChecksItsScope(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	wo := b.token(TokenOpts{Subject: "writer", Scopes: []string{ScopeWrite}})
+	b.job("receipt.send", "mail", core.StateDead, "boom")
+	var doc struct {
+		Paths map[string]map[string]struct {
+			Security []map[string][]string `json:"security"`
+		} `json:"paths"`
+	}
+	if err := json.Unmarshal(b.do("GET", "/openapi.json", "", nil).Body, &doc); err != nil {
+		t.Fatal(err)
+	}
+	writes := 0
+	for path, methods := range doc.Paths {
+		for method, o := range methods {
+			method = strings.ToUpper(method)
+			want, wrong := ScopeWrite, b.ro
+			if method == http.MethodGet {
+				want, wrong = ScopeRead, wo
+			} else {
+				writes++
+			}
+			if len(o.Security) != 1 || !slices.Equal(o.Security[0]["bearer"], []string{want}) {
+				t.Errorf("%s %s declares %v, want bearer %s", method, path, o.Security, want)
+			}
+			concrete := strings.NewReplacer("{id}", "1", "{name}", "x").Replace(path)
+			if strings.HasPrefix(path, "/v1/idempotency-keys") {
+				concrete += "?scope=s&key=k"
+			}
+			p := b.problem(b.do(method, concrete, wrong, nil), http.StatusForbidden)
+			if !strings.Contains(p["detail"].(string), want) {
+				t.Errorf("%s %s: 403 does not name %s: %v", method, path, want, p)
+			}
+		}
+	}
+	if writes < 10 {
+		t.Fatalf("only %d write operations in the document", writes)
+	}
+	if n := b.count(`SELECT count(*) FROM relay_admin_audit`); n != 0 {
+		t.Fatalf("%d audit rows after refused writes", n)
+	}
+	if n := b.count(`SELECT count(*) FROM relay_jobs WHERE state = 'dead'`); n != 1 {
+		t.Fatal("a refused write changed the dead job")
+	}
+}
+
+// TestTokenClaimsTheDatabaseCannotStore: a validly signed token whose sub
+// the audit log cannot store (a NUL byte, longer than 200
+// bytes) is refused with 401, not a 500 on its first write; and a token
+// larger than 8 KiB is refused before it is parsed.
+func TestTokenClaimsTheDatabaseCannotStore(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, sub := range []string{"a\x00b", strings.Repeat("s", 201)} {
+		tok, err := jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.MapClaims{"iss": testIssuer, "aud": testAudience, "sub": sub,
+			"scope": "relay:read relay:write", "exp": time.Now().Add(time.Hour).Unix()}).SignedString(testSecret)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.problem(b.do("POST", "/v1/queues/q/pause", tok, nil), http.StatusUnauthorized)
+	}
+	big := b.token(TokenOpts{Scopes: []string{ScopeRead, ScopeWrite, strings.Repeat("x", 8<<10)}})
+	b.problem(b.do("GET", "/v1/audit", big, nil), http.StatusUnauthorized)
+	if n := b.count(`SELECT count(*) FROM relay_queue_pauses`); n != 0 {
+		t.Fatal("a refused token paused a queue")
+	}
 }
