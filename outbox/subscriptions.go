@@ -90,7 +90,13 @@ func (d *Dispatcher) Declare(ctx context.Context) error {
 					return fmt.Errorf("subscription %s → %s: encode metadata: %w", s.Topic, s.Kind, err)
 				}
 			}
-			rows, err := tx.Query(ctx, sqlDeclareSubscription, id, s.Topic, s.Kind, s.Endpoint, o.Queue, o.Priority, o.MaxAttempts,
+			// The column is NOT NULL: a nil Priority (the kind's default) is
+			// stored as 0 and read back as nil (activeSubscriptions).
+			priority := 0
+			if o.Priority != nil {
+				priority = *o.Priority
+			}
+			rows, err := tx.Query(ctx, sqlDeclareSubscription, id, s.Topic, s.Kind, s.Endpoint, o.Queue, priority, o.MaxAttempts,
 				string(meta), d.cfg.Namespace, d.cfg.LivenessTimeout.Seconds())
 			if err != nil {
 				return fmt.Errorf("declare subscription %s → %s: %w", s.Topic, s.Kind, err)
@@ -203,8 +209,12 @@ func activeSubscriptions(ctx context.Context, tx pgx.Tx) (map[string][]Subscript
 		var s Subscription
 		var o core.EnqueueOpts
 		var meta []byte
-		if err := r.Scan(&s.Topic, &s.Kind, &s.Endpoint, &o.Queue, &o.Priority, &o.MaxAttempts, &meta); err != nil {
+		var priority int
+		if err := r.Scan(&s.Topic, &s.Kind, &s.Endpoint, &o.Queue, &priority, &o.MaxAttempts, &meta); err != nil {
 			return s, err
+		}
+		if priority != 0 {
+			o.Priority = &priority
 		}
 		if len(meta) > 2 {
 			if err := json.Unmarshal(meta, &o.Metadata); err != nil {
