@@ -44,8 +44,9 @@ type Config struct {
 	// with every scope. Only for a handler reachable from loopback alone;
 	// relay serve refuses it on any other address.
 	NoAuth bool
-	// Subscriptions are the outbox subscriptions to report at
-	// /v1/outbox/subscriptions (they live in code, not in the database).
+	// Deprecated: /v1/outbox/subscriptions lists the subscriptions the
+	// dispatchers stored in the database (outbox.ListSubscriptions); this
+	// field is not read.
 	Subscriptions []outbox.Subscription
 	// BulkBatchSize caps the jobs a bulk operation changes per transaction.
 	// Default 500.

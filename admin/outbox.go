@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/outbox"
 )
 
 // OutboxEvent is a published event.
@@ -42,17 +43,25 @@ type listOutboxOutput struct {
 	}
 }
 
-// OutboxSubscription is a subscription declared in code.
+// OutboxSubscription is a subscription as the dispatchers stored it.
 type OutboxSubscription struct {
-	Topic    string `json:"topic"`
-	Kind     string `json:"kind"`
-	Endpoint string `json:"endpoint,omitempty" doc:"Set for a webhook subscription"`
-	Queue    string `json:"queue,omitempty"`
+	Topic       string `json:"topic"`
+	Kind        string `json:"kind"`
+	Endpoint    string `json:"endpoint,omitempty" doc:"Set for a webhook subscription"`
+	Queue       string `json:"queue,omitempty"`
+	Namespace   string `json:"namespace" doc:"The service whose dispatchers declare it"`
+	Priority    int    `json:"priority"`
+	MaxAttempts int    `json:"max_attempts" doc:"0: the kind's default"`
+	// Retired is true when no live dispatcher of its namespace declares it
+	// any more: it gets no more jobs.
+	Retired   bool       `json:"retired"`
+	RetiredAt *time.Time `json:"retired_at,omitempty"`
+	CreatedAt time.Time  `json:"created_at"`
 }
 
 type subscriptionsOutput struct {
 	Body struct {
-		Items []OutboxSubscription `json:"items" doc:"The subscriptions the serving process was configured with (they live in code)"`
+		Items []OutboxSubscription `json:"items" doc:"Every stored subscription, by topic: declared by the dispatchers of any process (no paging: they are few)"`
 	}
 }
 
@@ -124,14 +133,16 @@ func (s *server) registerOutbox(api huma.API) {
 		})
 	huma.Register(api, op("list-outbox-subscriptions", http.MethodGet, "/v1/outbox/subscriptions", "List outbox subscriptions", "outbox"),
 		func(ctx context.Context, _ *struct{}) (*subscriptionsOutput, error) {
+			subs, err := outbox.ListSubscriptions(ctx, s.pool)
+			if err != nil {
+				return nil, s.internalError("list outbox subscriptions", err)
+			}
 			out := &subscriptionsOutput{}
 			out.Body.Items = []OutboxSubscription{}
-			for _, sub := range s.cfg.Subscriptions {
-				o := OutboxSubscription{Topic: sub.Topic, Kind: sub.Kind, Endpoint: sub.Endpoint}
-				if sub.Opts != nil {
-					o.Queue = sub.Opts.Queue
-				}
-				out.Body.Items = append(out.Body.Items, o)
+			for _, sub := range subs {
+				out.Body.Items = append(out.Body.Items, OutboxSubscription{Topic: sub.Topic, Kind: sub.Kind, Endpoint: sub.Endpoint,
+					Queue: sub.Queue, Namespace: sub.Namespace, Priority: sub.Priority, MaxAttempts: sub.MaxAttempts,
+					Retired: sub.RetiredAt != nil, RetiredAt: sub.RetiredAt, CreatedAt: sub.CreatedAt})
 			}
 			return out, nil
 		})

@@ -12,6 +12,8 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/outbox"
+	"github.com/relayq/relay/scheduler"
 )
 
 // TestRowLockedByAnotherTransaction: a job row held by another transaction
@@ -136,5 +138,48 @@ func TestTokenClaimsTheDatabaseCannotStore(t *testing.T) {
 	b.problem(b.do("GET", "/v1/audit", big, nil), http.StatusUnauthorized)
 	if n := b.count(`SELECT count(*) FROM relay_queue_pauses`); n != 0 {
 		t.Fatal("a refused token paused a queue")
+	}
+}
+
+// TestStoredSubscriptionsAndBrokenSchedules: /v1/outbox/subscriptions lists
+// the subscriptions the dispatchers stored (any process's, with their
+// namespace and whether retired), not only those the serving process was
+// configured with; a schedule no process can evaluate shows why, and since
+// when.
+func TestStoredSubscriptionsAndBrokenSchedules(t *testing.T) {
+	t.Parallel()
+	b := setup(t) // configured without Subscriptions, as relay serve is
+	d, err := outbox.NewDispatcher(b.pool, &outbox.Config{Namespace: "billing", Subscriptions: []outbox.Subscription{
+		{Topic: "invoice.paid", Kind: "ledger.post", Opts: &core.EnqueueOpts{Queue: "ledger", MaxAttempts: 7}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Declare(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	subs := b.ok(b.do("GET", "/v1/outbox/subscriptions", b.ro, nil))["items"].([]any)
+	if len(subs) != 1 {
+		t.Fatalf("subscriptions: %s", mustJSON(subs))
+	}
+	s0 := subs[0].(map[string]any)
+	if s0["topic"] != "invoice.paid" || s0["kind"] != "ledger.post" || s0["queue"] != "ledger" || s0["namespace"] != "billing" ||
+		s0["max_attempts"].(float64) != 7 || s0["retired"] != false {
+		t.Fatalf("subscription: %s", mustJSON(s0))
+	}
+
+	sch, err := scheduler.New(b.pool, &scheduler.Config{Schedules: []scheduler.Schedule{
+		{Name: "nightly", Spec: "0 3 * * *", Args: tickArgs{}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sch.Declare(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.exec(`UPDATE relay_schedules SET timezone = 'Mars/Olympus', broken_error = 'unknown time zone Mars/Olympus', broken_at = now() WHERE name = 'nightly'`)
+	got := b.ok(b.do("GET", "/v1/schedules/nightly", b.ro, nil))
+	if got["broken_error"] != "unknown time zone Mars/Olympus" || got["broken_at"] == nil || got["broken"] != true {
+		t.Fatalf("broken schedule: %s", mustJSON(got))
 	}
 }

@@ -16,18 +16,25 @@ import (
 
 // Schedule is a stored schedule with its coming and latest fires.
 type Schedule struct {
-	Name     string          `json:"name"`
-	Spec     string          `json:"spec"`
-	TimeZone string          `json:"time_zone"`
-	Kind     string          `json:"kind"`
-	Args     json.RawMessage `json:"args"`
-	Queue    string          `json:"queue"`
-	CatchUp  string          `json:"catch_up"`
-	Overlap  string          `json:"overlap"`
-	Paused   bool            `json:"paused"`
+	Name      string          `json:"name"`
+	Namespace string          `json:"namespace" doc:"The service whose schedulers declare it"`
+	Spec      string          `json:"spec"`
+	TimeZone  string          `json:"time_zone"`
+	Kind      string          `json:"kind"`
+	Args      json.RawMessage `json:"args"`
+	Queue     string          `json:"queue"`
+	CatchUp   string          `json:"catch_up"`
+	Overlap   string          `json:"overlap"`
+	Paused    bool            `json:"paused"`
 	// DisabledAt is set when the last process to start did not declare the
 	// schedule; it does not fire.
 	DisabledAt *time.Time `json:"disabled_at,omitempty"`
+	// Broken is true when a scheduler could not evaluate the stored spec
+	// or time zone (BrokenError says why, since BrokenAt): such processes
+	// leave it alone, and it fires only where a process can evaluate it.
+	Broken      bool       `json:"broken"`
+	BrokenError string     `json:"broken_error,omitempty"`
+	BrokenAt    *time.Time `json:"broken_at,omitempty"`
 	// NextFires are the coming fire times, the first being the next fire
 	// not yet handled (it may be in the past while a scheduler catches up).
 	NextFires []time.Time `json:"next_fires"`
@@ -149,7 +156,8 @@ func (s *server) schedules(ctx context.Context, name string, next, last int) ([]
 			continue
 		}
 		sc := Schedule{Name: in.Name, Spec: in.Spec, TimeZone: in.TimeZone, Kind: in.Kind, Args: in.Args, Queue: in.Queue,
-			CatchUp: in.CatchUp, Overlap: in.Overlap, Paused: in.Paused, DisabledAt: in.DisabledAt,
+			CatchUp: in.CatchUp, Overlap: in.Overlap, Paused: in.Paused, DisabledAt: in.DisabledAt, Namespace: in.Namespace,
+			Broken: in.BrokenError != "" || in.BrokenAt != nil, BrokenError: in.BrokenError, BrokenAt: in.BrokenAt,
 			NextFires: []time.Time{}, LastFires: []Fire{}}
 		if loc, err := time.LoadLocation(in.TimeZone); err == nil {
 			if spec, err := scheduler.ParseSpec(in.Spec, loc); err == nil {
