@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/outbox"
@@ -181,5 +183,27 @@ func TestStoredSubscriptionsAndBrokenSchedules(t *testing.T) {
 	got := b.ok(b.do("GET", "/v1/schedules/nightly", b.ro, nil))
 	if got["broken_error"] != "unknown time zone Mars/Olympus" || got["broken_at"] == nil || got["broken"] != true {
 		t.Fatalf("broken schedule: %s", mustJSON(got))
+	}
+}
+
+// TestReadyzDoesNotLeakTheConnection: /readyz needs no token, so when the
+// database is unreachable its body says so without the connection's user,
+// database name or host (the server log has them).
+func TestReadyzDoesNotLeakTheConnection(t *testing.T) {
+	t.Parallel()
+	pool, err := pgxpool.New(context.Background(), "postgres://secretuser@127.0.0.1:1/secretdb?connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	rec := httptest.NewRecorder()
+	Readyz(pool).ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
+	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "database unreachable") {
+		t.Fatalf("unreachable database: %d %s", rec.Code, rec.Body)
+	}
+	for _, secret := range []string{"secretuser", "secretdb", "127.0.0.1"} {
+		if strings.Contains(rec.Body.String(), secret) {
+			t.Errorf("/readyz body names %q: %s", secret, rec.Body)
+		}
 	}
 }
