@@ -207,3 +207,43 @@ func TestReadyzDoesNotLeakTheConnection(t *testing.T) {
 		}
 	}
 }
+
+// TestScheduleChangesNeedOneConnection: a schedule change (made through the
+// scheduler package, on the pool) does not hold a second connection open
+// for its audit row meanwhile, so it works on a pool of one connection — and
+// concurrent changes cannot starve each other (or a service's workers on a
+// shared pool) of connections.
+func TestScheduleChangesNeedOneConnection(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := b.pool.Config()
+	cfg.MaxConns = 1
+	one, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer one.Close()
+	h, err := Handler(one, &Config{Auth: &Auth{Issuer: testIssuer, Audience: testAudience, HS256Secret: testSecret},
+		RequestTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.h = h
+	sch, err := scheduler.New(b.pool, &scheduler.Config{Schedules: []scheduler.Schedule{{Name: "nightly", Spec: "0 3 * * *", Args: tickArgs{}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sch.Declare(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []string{"pause", "resume", "trigger"} {
+		b.ok(b.do("POST", "/v1/schedules/nightly/"+a, b.rw, nil))
+	}
+	if n := b.count(`SELECT count(*) FROM relay_admin_audit WHERE action LIKE 'schedules.%' AND subject = $1`, b.subject); n != 3 {
+		t.Fatalf("%d schedule audit rows, want 3", n)
+	}
+	b.problem(b.do("POST", "/v1/schedules/nope/pause", b.rw, nil), 404)
+	if n := b.count(`SELECT count(*) FROM relay_admin_audit`); n != 3 {
+		t.Fatalf("a refused schedule change was audited (%d rows)", n)
+	}
+}

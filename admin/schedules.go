@@ -124,20 +124,25 @@ func (s *server) registerSchedules(api huma.API) {
 		}},
 	} {
 		o := op(a.action+"-schedule", http.MethodPost, "/v1/schedules/{name}/"+a.action, a.summary, "schedules")
-		o.Description = "Made through the scheduler package's API, which runs its own statement; the audit row is written " +
-			"in a transaction held open around that call and committed only when the call succeeded."
+		o.Description = "Made through the scheduler package's API, which commits in its own transaction; the audit row is " +
+			"written right after, when the change succeeded (the scheduler takes no caller's transaction)."
 		huma.Register(api, o, func(ctx context.Context, in *scheduleNameInput) (*scheduleChangeOutput, error) {
-			var jobID int64
-			_, err := s.change(ctx, "schedules."+a.action, map[string]any{"name": in.Name}, func(pgx.Tx) (int64, error) {
-				var err error
-				jobID, err = a.do(ctx, in.Name)
-				return 1, err
-			})
+			// The call first, then its audit row: holding the audit's
+			// transaction open around a call that takes another connection
+			// from the same pool deadlocked a small pool.
+			jobID, err := a.do(ctx, in.Name)
 			if errors.Is(err, scheduler.ErrNotFound) {
 				return nil, huma.Error404NotFound(fmt.Sprintf("schedule %q not found", in.Name))
 			}
 			if err != nil {
 				return nil, s.internalError(a.action+" schedule", err)
+			}
+			target := map[string]any{"name": in.Name}
+			if jobID != 0 {
+				target["job_id"] = jobID
+			}
+			if _, err := s.change(ctx, "schedules."+a.action, target, func(pgx.Tx) (int64, error) { return 1, nil }); err != nil {
+				return nil, s.internalError(a.action+" schedule (done; its audit row failed)", err)
 			}
 			return &scheduleChangeOutput{Body: ScheduleChange{Name: in.Name, Action: a.action, JobID: jobID}}, nil
 		})
