@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/big"
 	"net/http"
 	"os"
@@ -301,6 +302,9 @@ func (s *server) authenticate(api huma.API) func(huma.Context, func(huma.Context
 			need = ScopeRead
 		}
 		if s.verifier == nil {
+			if !s.bodyAllowed(api, ctx) {
+				return
+			}
 			next(huma.WithValue(huma.WithValue(ctx, subjectKey{}, "anonymous"), scopesKey{}, []string{ScopeRead, ScopeWrite}))
 			return
 		}
@@ -321,6 +325,24 @@ func (s *server) authenticate(api huma.API) func(huma.Context, func(huma.Context
 			huma.WriteErr(api, ctx, http.StatusForbidden, "the token lacks scope "+need) //nolint:errcheck // logged by huma
 			return
 		}
+		if !s.bodyAllowed(api, ctx) {
+			return
+		}
 		next(huma.WithValue(huma.WithValue(ctx, subjectKey{}, sub), scopesKey{}, scopes))
 	}
+}
+
+// bodyAllowed refuses (400) a request body sent to an operation that takes
+// none, which would otherwise be ignored: `POST …/requeue` with
+// {"dry_run":true} must not requeue for real.
+func (s *server) bodyAllowed(api huma.API, ctx huma.Context) bool {
+	if ctx.Operation().RequestBody != nil {
+		return true
+	}
+	var one [1]byte
+	if n, _ := io.ReadFull(ctx.BodyReader(), one[:]); n == 0 {
+		return true
+	}
+	huma.WriteErr(api, ctx, http.StatusBadRequest, ctx.Operation().Method+" "+ctx.Operation().Path+" takes no request body") //nolint:errcheck // logged by huma
+	return false
 }
