@@ -169,9 +169,14 @@ func op(id, method, path, summary, tag string) huma.Operation {
 }
 
 // internalError logs an unexpected error and returns a 500 problem that
-// does not leak it. A lock wait that ran out (another transaction holds the
-// row) is no fault of the server: a 409 to try again.
+// does not leak it. A problem a change returned from inside its
+// transaction passes through; a lock wait that ran out (another
+// transaction holds the row) is no fault of the server: a 409 to try again.
 func (s *server) internalError(what string, err error) error {
+	var se huma.StatusError
+	if errors.As(err, &se) {
+		return se
+	}
 	if isLockTimeout(err) {
 		return huma.Error409Conflict(fmt.Sprintf("%s: a row it changes is locked by another transaction "+
 			"(a worker finishing a job?) for longer than %s; try again", what, s.cfg.LockTimeout))

@@ -340,10 +340,7 @@ func (s *server) getJob(ctx context.Context, in *jobIDInput) (*jobOutput, error)
 		return nil, s.internalError("get job", err)
 	}
 	d := JobDetail{
-		Job: Job{ID: row.ID, Kind: row.Kind, Queue: row.Queue, State: string(row.State), Priority: row.Priority,
-			Attempt: row.Attempt, MaxAttempts: row.MaxAttempts, RunAt: row.RunAt, CreatedAt: row.CreatedAt,
-			AttemptedAt: timePtr(row.AttemptedAt), AttemptedBy: row.AttemptedBy, FinalizedAt: row.FinalizedAt,
-			LastError: row.LastError, OrderingKey: row.OrderingKey},
+		Job:  jobFromRow(row),
 		Args: row.EncodedArgs, Metadata: row.Metadata, TraceID: traceID(traceparent),
 	}
 	if d.TraceID != "" && s.cfg.TraceURL != "" {
@@ -351,6 +348,14 @@ func (s *server) getJob(ctx context.Context, in *jobIDInput) (*jobOutput, error)
 	}
 	d.Attempts = attempts(row)
 	return &jobOutput{Body: d}, nil
+}
+
+// jobFromRow is the API's view of a job core read.
+func jobFromRow(row *core.JobRow) Job {
+	return Job{ID: row.ID, Kind: row.Kind, Queue: row.Queue, State: string(row.State), Priority: row.Priority,
+		Attempt: row.Attempt, MaxAttempts: row.MaxAttempts, RunAt: row.RunAt, CreatedAt: row.CreatedAt,
+		AttemptedAt: timePtr(row.AttemptedAt), AttemptedBy: row.AttemptedBy, FinalizedAt: row.FinalizedAt,
+		LastError: row.LastError, OrderingKey: row.OrderingKey}
 }
 
 // traceID is the trace id of a W3C traceparent (version-traceid-spanid-flags).

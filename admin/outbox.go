@@ -157,10 +157,7 @@ func (s *server) registerOutbox(api huma.API) {
 			for _, k := range keys {
 				bk := BlockedKey{Queue: k.Queue, Key: k.Key, Waiting: k.Waiting, Head: Job{ID: k.JobID}}
 				if row, err := core.JobGet(ctx, s.pool, k.JobID); err == nil {
-					bk.Head = Job{ID: row.ID, Kind: row.Kind, Queue: row.Queue, State: string(row.State), Priority: row.Priority,
-						Attempt: row.Attempt, MaxAttempts: row.MaxAttempts, RunAt: row.RunAt, CreatedAt: row.CreatedAt,
-						AttemptedAt: timePtr(row.AttemptedAt), AttemptedBy: row.AttemptedBy, FinalizedAt: row.FinalizedAt,
-						LastError: row.LastError, OrderingKey: row.OrderingKey}
+					bk.Head = jobFromRow(row)
 				} else if !errors.Is(err, core.ErrNotFound) {
 					return nil, s.internalError("list blocked keys", err)
 				}
@@ -189,10 +186,6 @@ func (s *server) registerOutbox(api huma.API) {
 			_, err = tx.Exec(ctx, sqlNotifyOutbox)
 			return 1, err
 		})
-		var se huma.StatusError
-		if errors.As(err, &se) {
-			return nil, se
-		}
 		if err != nil {
 			return nil, s.internalError("redispatch", err)
 		}
