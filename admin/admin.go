@@ -42,7 +42,9 @@ type Config struct {
 	Auth *Auth
 	// NoAuth serves every request without a token, as subject "anonymous"
 	// with every scope. Only for a handler reachable from loopback alone;
-	// relay serve refuses it on any other address.
+	// relay serve refuses it on any other address. Such a handler answers
+	// only requests addressed to a loopback host and refuses changes from
+	// web pages of other origins (see loopbackGuard).
 	NoAuth bool
 	// Deprecated: /v1/outbox/subscriptions lists the subscriptions the
 	// dispatchers stored in the database (outbox.ListSubscriptions); this
@@ -146,7 +148,11 @@ func newAPI(pool *pgxpool.Pool, cfg *Config) (http.Handler, huma.API, error) {
 	s.registerAudit(api)
 	s.registerWhoami(api)
 	s.registerWorkflows(api)
-	return problemRouter{mux: mux}, api, nil
+	var h http.Handler = problemRouter{mux: mux}
+	if c.NoAuth {
+		h = newLoopbackGuard(h)
+	}
+	return h, api, nil
 }
 
 // op is the common shape of every operation: its id, method, path, summary,

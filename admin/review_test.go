@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/testdb"
 	"github.com/relayq/relay/outbox"
 	"github.com/relayq/relay/scheduler"
 )
@@ -265,4 +266,61 @@ func TestBodyOnAnOperationWithoutOne(t *testing.T) {
 	}
 	// An empty body is no body.
 	b.ok(b.do("POST", "/v1/jobs/"+itoa(dead)+"/requeue", b.rw, ""))
+}
+
+// TestNoAuthRefusesBrowsersFromElsewhere: a handler without authentication
+// is reachable by any web page its operator's browser opens. A page from
+// another origin must not change anything (a cross-site form POST to
+// …/pause needs no preflight), and a page that rebinds its own DNS name to
+// 127.0.0.1 must not read anything (its requests carry its own Host).
+// curl on the machine itself still works.
+func TestNoAuthRefusesBrowsersFromElsewhere(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	h, err := Handler(pool, &Config{NoAuth: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	send := func(method, target, host string, header map[string]string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(method, target, nil)
+		req.Host = host
+		for k, v := range header {
+			req.Header.Set(k, v)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	for _, c := range []struct {
+		name         string
+		method, host string
+		header       map[string]string
+		want         int
+	}{
+		{"cross-site form post", "POST", "127.0.0.1:8080", map[string]string{"Origin": "https://evil.example", "Sec-Fetch-Site": "cross-site"}, 403},
+		{"cross-origin post from an old browser", "POST", "127.0.0.1:8080", map[string]string{"Origin": "https://evil.example"}, 403},
+		{"DNS rebinding read", "GET", "evil.example:8080", nil, 403},
+		{"DNS rebinding write", "POST", "evil.example:8080", map[string]string{"Sec-Fetch-Site": "same-origin"}, 403},
+		{"curl", "POST", "127.0.0.1:8080", nil, 200},
+		{"curl via localhost", "GET", "localhost:8080", nil, 200},
+		{"curl over IPv6", "GET", "[::1]:8080", nil, 200},
+		{"same-origin page (the dashboard)", "POST", "127.0.0.1:8080", map[string]string{"Origin": "http://127.0.0.1:8080", "Sec-Fetch-Site": "same-origin"}, 200},
+	} {
+		target := "/v1/queues/default/pause"
+		if c.method == "GET" {
+			target = "/v1/jobs"
+		}
+		rec := send(c.method, target, c.host, c.header)
+		if rec.Code != c.want {
+			t.Errorf("%s: %d, want %d: %s", c.name, rec.Code, c.want, rec.Body)
+		}
+		if c.want == 403 && rec.Header().Get("Content-Type") != "application/problem+json" {
+			t.Errorf("%s: not a problem body", c.name)
+		}
+		if c.want == 403 {
+			if n := testdb.Count(t, pool, `SELECT count(*) FROM relay_queue_pauses`); n != 0 {
+				t.Fatalf("%s paused the queue", c.name)
+			}
+		}
+	}
 }
