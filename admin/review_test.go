@@ -324,3 +324,46 @@ func TestNoAuthRefusesBrowsersFromElsewhere(t *testing.T) {
 		}
 	}
 }
+
+// TestDryRunCountsWhatTheRunChanges: for every action, a dry run's matched
+// equals the real run's, with filters and a max smaller than the matches,
+// and the real run changes exactly those jobs.
+func TestDryRunCountsWhatTheRunChanges(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	h, err := Handler(b.pool, &Config{Auth: &Auth{Issuer: testIssuer, Audience: testAudience, HS256Secret: testSecret}, BulkBatchSize: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.h = h
+	for range 3 {
+		b.job("a", "q1", core.StateDead, "e")
+		b.job("a", "q1", core.StateCancelled, "")
+		b.job("a", "q1", core.StateSucceeded, "")
+		b.job("a", "q1", core.StateQueued, "")
+		b.job("b", "q1", core.StateDead, "e")
+		b.job("a", "q2", core.StateDead, "e")
+	}
+	for _, c := range []struct {
+		action string
+		filter map[string]any
+		max    int
+		want   int
+	}{
+		{"requeue", map[string]any{"queue": "q1", "kind": "a"}, 0, 6},
+		{"cancel", map[string]any{"queue": "q1"}, 5, 5},
+		{"delete", map[string]any{"state": "succeeded"}, 0, 3},
+		{"requeue", map[string]any{"queue": "q2", "state": "dead"}, 0, 3},
+	} {
+		body := map[string]any{"action": c.action, "filter": c.filter, "dry_run": true}
+		if c.max > 0 {
+			body["max"] = c.max
+		}
+		dry := b.ok(b.do("POST", "/v1/jobs/bulk", b.rw, body))
+		body["dry_run"] = false
+		real := b.ok(b.do("POST", "/v1/jobs/bulk", b.rw, body))
+		if dry["matched"] != real["matched"] || real["matched"].(float64) != float64(c.want) || real["changed"] != real["matched"] {
+			t.Errorf("%s %v: dry %v, real %v, want %d", c.action, c.filter, dry, real, c.want)
+		}
+	}
+}
