@@ -358,11 +358,19 @@ func jobFromRow(row *core.JobRow) Job {
 		LastError: row.LastError, OrderingKey: row.OrderingKey}
 }
 
-// traceID is the trace id of a W3C traceparent (version-traceid-spanid-flags).
+// traceID is the trace id of a W3C traceparent (version-traceid-spanid-flags):
+// 32 lowercase hex digits, not all zero, else "". The traceparent comes
+// from whoever enqueued the job, and the id goes into Config.TraceURL's
+// links.
 func traceID(traceparent string) string {
 	parts := strings.Split(traceparent, "-")
-	if len(parts) != 4 || len(parts[1]) != 32 {
+	if len(parts) != 4 || len(parts[1]) != 32 || parts[1] == strings.Repeat("0", 32) {
 		return ""
+	}
+	for _, c := range parts[1] {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return ""
+		}
 	}
 	return parts[1]
 }

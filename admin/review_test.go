@@ -367,3 +367,26 @@ func TestDryRunCountsWhatTheRunChanges(t *testing.T) {
 		}
 	}
 }
+
+// TestTraceIDIsHex: a job's traceparent comes from whoever enqueued it; only
+// a W3C trace id (32 lowercase hex digits, not all zero) becomes trace_id
+// and a trace_url — never markup a UI would put in a link.
+func TestTraceIDIsHex(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for tp, want := range map[string]string{
+		"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01": "4bf92f3577b34da6a3ce929d0e0e4736",
+		`00-"><img src=x onerror=alert(1)>ab-00f067aa0ba902b7-01`: "",
+		"00-00000000000000000000000000000000-00f067aa0ba902b7-01": "",
+		"00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01": "",
+	} {
+		id := b.job("k", "q", core.StateDead, "e")
+		b.exec(`UPDATE relay_jobs SET metadata = jsonb_build_object('traceparent', $2::text) WHERE id = $1`, id, tp)
+		got := b.ok(b.do("GET", "/v1/jobs/"+itoa(id), b.ro, nil))
+		tid, _ := got["trace_id"].(string)
+		turl, _ := got["trace_url"].(string)
+		if tid != want || (want == "") != (turl == "") {
+			t.Errorf("traceparent %q: trace_id %q, trace_url %q; want trace_id %q", tp, tid, turl, want)
+		}
+	}
+}
