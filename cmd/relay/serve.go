@@ -88,8 +88,10 @@ func runServe(ctx context.Context, args []string) error {
 		Handler:           mux,
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
-		WriteTimeout:      60 * time.Second,
-		IdleTimeout:       2 * time.Minute,
+		// Longer than admin's RequestTimeout (60s): a request that runs
+		// out of it still gets its problem body, not a dropped connection.
+		WriteTimeout: 75 * time.Second,
+		IdleTimeout:  2 * time.Minute,
 	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
