@@ -159,8 +159,11 @@ func newAPI(pool *pgxpool.Pool, cfg *Config) (http.Handler, huma.API, error) {
 // tags, the bearer requirement with its scope, and the body bound.
 func op(id, method, path, summary, tag string) huma.Operation {
 	scope := ScopeWrite
+	errs := []int{http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound,
+		http.StatusConflict, http.StatusRequestEntityTooLarge, http.StatusUnprocessableEntity}
 	if method == http.MethodGet {
 		scope = ScopeRead
+		errs = []int{http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound, http.StatusUnprocessableEntity}
 	}
 	return huma.Operation{
 		OperationID:  id,
@@ -170,7 +173,7 @@ func op(id, method, path, summary, tag string) huma.Operation {
 		Tags:         []string{tag},
 		Security:     []map[string][]string{{"bearer": {scope}}},
 		MaxBodyBytes: maxBodyBytes,
-		Errors:       []int{http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden, http.StatusUnprocessableEntity},
+		Errors:       errs, // every status the handlers and the middleware answer besides 200 (and 500)
 	}
 }
 
