@@ -446,7 +446,7 @@ func (s *server) bulkJobs(ctx context.Context, in *bulkInput) (*bulkOutput, erro
 		below = ids[len(ids)-1]
 		res.Matched += int64(len(ids))
 		n, err := s.change(ctx, "jobs.bulk_"+b.Action, map[string]any{"filter": b.Filter, "ids": ids},
-			func(tx pgx.Tx) (int64, error) { return bulkBatch(ctx, tx, b.Action, ids) })
+			func(tx pgx.Tx) (int64, error) { return bulkBatch(ctx, tx, b.Action, f.States, ids) })
 		if err != nil {
 			return nil, s.internalError("bulk "+b.Action, err)
 		}
@@ -464,10 +464,12 @@ func (s *server) bulkJobs(ctx context.Context, in *bulkInput) (*bulkOutput, erro
 // many changed. Cancel and requeue go through core, one job at a time, each
 // in a savepoint: a job that has moved to another state since it was picked
 // (a worker finished it), or that another transaction holds past the lock
-// timeout, is skipped, not an error. Delete skips held rows without waiting.
-func bulkBatch(ctx context.Context, tx pgx.Tx, action string, ids []int64) (int64, error) {
+// timeout, is skipped, not an error. Delete skips held rows without waiting,
+// and rows no longer in the filter's states (a dead job picked, requeued
+// and succeeded since).
+func bulkBatch(ctx context.Context, tx pgx.Tx, action string, states []string, ids []int64) (int64, error) {
 	if action == "delete" {
-		tag, err := tx.Exec(ctx, sqlBulkDeleteFinished, ids)
+		tag, err := tx.Exec(ctx, sqlBulkDeleteFinished, ids, states)
 		return tag.RowsAffected(), err
 	}
 	var n int64

@@ -128,11 +128,13 @@ const sqlNotifyQueue = `SELECT pg_notify('relay_jobs', $1::text)`
 const sqlDeleteFinished = `
 DELETE FROM relay_jobs WHERE id = ANY($1::bigint[]) AND state IN ('succeeded', 'dead', 'cancelled')`
 
-// sqlBulkDeleteFinished deletes finished jobs among the ids $1 that no other
-// transaction holds, skipping the held ones instead of waiting for them.
+// sqlBulkDeleteFinished deletes the jobs among the ids $1 still in one of
+// the finished states $2 that no other transaction holds, skipping the held
+// ones instead of waiting for them.
 const sqlBulkDeleteFinished = `
 DELETE FROM relay_jobs WHERE id IN (
-    SELECT id FROM relay_jobs WHERE id = ANY($1::bigint[]) AND state IN ('succeeded', 'dead', 'cancelled')
+    SELECT id FROM relay_jobs
+    WHERE id = ANY($1::bigint[]) AND state = ANY($2::text[]) AND state IN ('succeeded', 'dead', 'cancelled')
     FOR UPDATE SKIP LOCKED)`
 
 // sqlSetLockTimeout bounds the lock waits of the rest of the transaction

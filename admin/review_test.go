@@ -390,3 +390,31 @@ func TestTraceIDIsHex(t *testing.T) {
 		}
 	}
 }
+
+// TestBulkDeleteRechecksTheFilterState: a bulk delete of dead jobs deletes
+// only jobs still dead when their batch runs — not one requeued and
+// succeeded since it was picked (succeeded is a finished state too).
+func TestBulkDeleteRechecksTheFilterState(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	moved := b.job("k", "q", core.StateSucceeded, "") // picked as dead, succeeded since
+	dead := b.job("k", "q", core.StateDead, "e")
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck // test cleanup
+	n, err := bulkBatch(b.ctx, tx, "delete", []string{"dead"}, []int64{moved, dead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Fatalf("deleted %d, want 1 (the job still dead)", n)
+	}
+	if err := tx.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if b.count(`SELECT count(*) FROM relay_jobs WHERE id = $1`, moved) != 1 {
+		t.Fatal("the succeeded job was deleted by a delete of dead jobs")
+	}
+}
