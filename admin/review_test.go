@@ -418,3 +418,34 @@ func TestBulkDeleteRechecksTheFilterState(t *testing.T) {
 		t.Fatal("the succeeded job was deleted by a delete of dead jobs")
 	}
 }
+
+// TestTokenTimes: a token without exp, or not valid yet (nbf or iat past
+// the leeway in the future), is refused; one a few seconds ahead of our
+// clock (within the leeway) is accepted.
+func TestTokenTimes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	now := time.Now()
+	for _, c := range []struct {
+		name string
+		edit func(jwt.MapClaims)
+		want int
+	}{
+		{"no exp", func(c jwt.MapClaims) { delete(c, "exp") }, 401},
+		{"nbf in an hour", func(c jwt.MapClaims) { c["nbf"] = now.Add(time.Hour).Unix() }, 401},
+		{"iat in an hour", func(c jwt.MapClaims) { c["iat"] = now.Add(time.Hour).Unix() }, 401},
+		{"exp a minute ago", func(c jwt.MapClaims) { c["exp"] = now.Add(-time.Minute).Unix() }, 401},
+		{"iat 5s ahead (clock skew)", func(c jwt.MapClaims) { c["iat"] = now.Add(5 * time.Second).Unix() }, 200},
+		{"exp as a string", func(c jwt.MapClaims) { c["exp"] = "never" }, 401},
+	} {
+		claims := jwt.MapClaims{"iss": testIssuer, "aud": testAudience, "sub": "x", "scope": ScopeRead, "exp": now.Add(time.Hour).Unix()}
+		c.edit(claims)
+		tok, err := jwt.NewWithClaims(jwt.SigningMethodHS256, claims).SignedString(testSecret)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := b.do("GET", "/v1/whoami", tok, nil); r.Status != c.want {
+			t.Errorf("%s: %d, want %d: %s", c.name, r.Status, c.want, r.Body)
+		}
+	}
+}
