@@ -110,7 +110,7 @@ type jobOutput struct {
 // ChangeResult says what a change did.
 type ChangeResult struct {
 	ID      int64  `json:"id"`
-	State   string `json:"state,omitempty" doc:"The job's state after the change"`
+	State   string `json:"state,omitempty" doc:"The state the change left the job in (absent after a delete); workers may move it on at once"`
 	Changed int64  `json:"changed" doc:"Rows changed"`
 }
 
@@ -190,15 +190,15 @@ func (s *server) registerJobs(api huma.API) {
 	cancel := op("cancel-job", http.MethodPost, "/v1/jobs/{id}/cancel", "Cancel a queued or running job", "jobs")
 	cancel.Description = "A running job's lease ends at once, so its worker can record nothing more (core.Cancel)."
 	huma.Register(api, cancel, func(ctx context.Context, in *jobIDInput) (*changeOutput, error) {
-		return s.jobChange(ctx, "jobs.cancel", in.ID, func(tx pgx.Tx) error { return core.Cancel(ctx, tx, in.ID) })
+		return s.jobChange(ctx, "jobs.cancel", in.ID, core.StateCancelled, func(tx pgx.Tx) error { return core.Cancel(ctx, tx, in.ID) })
 	})
 	huma.Register(api, op("requeue-job", http.MethodPost, "/v1/jobs/{id}/requeue", "Requeue a dead or cancelled job, runnable now", "jobs"),
 		func(ctx context.Context, in *jobIDInput) (*changeOutput, error) {
-			return s.jobChange(ctx, "jobs.requeue", in.ID, func(tx pgx.Tx) error { return core.Requeue(ctx, tx, in.ID) })
+			return s.jobChange(ctx, "jobs.requeue", in.ID, core.StateQueued, func(tx pgx.Tx) error { return core.Requeue(ctx, tx, in.ID) })
 		})
 	huma.Register(api, op("retry-job-now", http.MethodPost, "/v1/jobs/{id}/retry-now", "Make a job queued for later runnable now", "jobs"),
 		func(ctx context.Context, in *jobIDInput) (*changeOutput, error) {
-			return s.jobChange(ctx, "jobs.retry_now", in.ID, func(tx pgx.Tx) error {
+			return s.jobChange(ctx, "jobs.retry_now", in.ID, core.StateQueued, func(tx pgx.Tx) error {
 				var queue string
 				err := tx.QueryRow(ctx, sqlRetryNow, in.ID).Scan(&queue)
 				if errors.Is(err, pgx.ErrNoRows) {
@@ -213,7 +213,7 @@ func (s *server) registerJobs(api huma.API) {
 		})
 	huma.Register(api, op("delete-job", http.MethodDelete, "/v1/jobs/{id}", "Delete a finished job", "jobs"),
 		func(ctx context.Context, in *jobIDInput) (*changeOutput, error) {
-			return s.jobChange(ctx, "jobs.delete", in.ID, func(tx pgx.Tx) error {
+			return s.jobChange(ctx, "jobs.delete", in.ID, "", func(tx pgx.Tx) error {
 				tag, err := tx.Exec(ctx, sqlDeleteFinished, []int64{in.ID})
 				if err == nil && tag.RowsAffected() == 0 {
 					return notChanged(ctx, tx, in.ID, "only a succeeded, dead or cancelled job can be deleted")
@@ -241,18 +241,15 @@ func notChanged(ctx context.Context, tx pgx.Tx, id int64, why string) error {
 }
 
 // jobChange runs a one-job change with its audit row and maps core's errors
-// to problems.
-func (s *server) jobChange(ctx context.Context, action string, id int64, fn func(pgx.Tx) error) (*changeOutput, error) {
+// to problems. The answer's state is the one the change left the job in
+// (after; "" for a delete): reading it back after the commit raced the
+// workers the change woke, and answered "claimed" for a requeue.
+func (s *server) jobChange(ctx context.Context, action string, id int64, after core.JobState, fn func(pgx.Tx) error) (*changeOutput, error) {
 	_, err := s.change(ctx, action, map[string]any{"ids": []int64{id}}, func(tx pgx.Tx) (int64, error) { return 1, fn(tx) })
 	if err != nil {
 		return nil, s.jobError(action, id, err)
 	}
-	out := &changeOutput{Body: ChangeResult{ID: id, Changed: 1}}
-	var state string
-	if err := s.pool.QueryRow(ctx, sqlJobStateOf, id).Scan(&state); err == nil {
-		out.Body.State = state
-	}
-	return out, nil
+	return &changeOutput{Body: ChangeResult{ID: id, State: string(after), Changed: 1}}, nil
 }
 
 func (s *server) jobError(what string, id int64, err error) error {
