@@ -461,7 +461,8 @@ func (s *server) bulkJobs(ctx context.Context, in *bulkInput) (*bulkOutput, erro
 // many changed. Cancel and requeue go through core, one job at a time, each
 // in a savepoint: a job that has moved to another state since it was picked
 // (a worker finished it), or that another transaction holds past the lock
-// timeout, is skipped, not an error. Delete skips held rows without waiting,
+// timeout, or that has left the filter's states for another state the
+// action applies to, is skipped, not an error. Delete skips held rows without waiting,
 // and rows no longer in the filter's states (a dead job picked, requeued
 // and succeeded since).
 func bulkBatch(ctx context.Context, tx pgx.Tx, action string, states []string, ids []int64) (int64, error) {
@@ -475,9 +476,19 @@ func bulkBatch(ctx context.Context, tx pgx.Tx, action string, states []string, i
 		if err != nil {
 			return n, err
 		}
-		if action == "cancel" {
+		// core moves a job from any state the action applies to; when the
+		// filter names fewer, hold the row and check it is still in one.
+		if len(states) < len(bulkStates(action)) {
+			var state string
+			if err = sp.QueryRow(ctx, sqlLockJobState, id).Scan(&state); err == nil && !slices.Contains(states, state) {
+				err = core.ErrIllegalTransition
+			}
+		}
+		switch {
+		case err != nil:
+		case action == "cancel":
 			err = core.Cancel(ctx, sp, id)
-		} else {
+		default:
 			err = core.Requeue(ctx, sp, id)
 		}
 		switch {
@@ -487,7 +498,7 @@ func bulkBatch(ctx context.Context, tx pgx.Tx, action string, states []string, i
 				return n, err
 			}
 		case errors.Is(err, core.ErrIllegalTransition), errors.Is(err, core.ErrNotFound), errors.Is(err, core.ErrUniqueConflict),
-			isLockTimeout(err):
+			errors.Is(err, pgx.ErrNoRows), isLockTimeout(err):
 			if err := sp.Rollback(ctx); err != nil {
 				return n, err
 			}

@@ -143,6 +143,10 @@ const sqlSetLockTimeout = `SELECT set_config('lock_timeout', $1, true)`
 
 const sqlJobStateOf = `SELECT state FROM relay_jobs WHERE id = $1`
 
+// sqlLockJobState holds a job's row for the rest of the transaction and
+// reads its state.
+const sqlLockJobState = `SELECT state FROM relay_jobs WHERE id = $1 FOR UPDATE`
+
 // sqlQueueStats reports every queue with work, recent finishes or a pause.
 // Each part reads one partial index: queued rows (relay_jobs_claim_idx),
 // claimed rows (relay_jobs_lease_idx), finishes of the last $1 minutes

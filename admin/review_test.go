@@ -449,3 +449,32 @@ func TestTokenTimes(t *testing.T) {
 		}
 	}
 }
+
+// TestBulkRequeueRechecksTheFilterState: a bulk requeue of cancelled jobs
+// leaves a job that has died since it was picked (dead is requeueable too,
+// but not what was asked); a bulk cancel of queued jobs leaves one a worker
+// has claimed since.
+func TestBulkRequeueRechecksTheFilterState(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	dead := b.job("k", "q", core.StateDead, "e")          // picked as cancelled, died since
+	cancelled := b.job("k", "q", core.StateCancelled, "") // still cancelled
+	claimed := b.job("k", "q", core.StateClaimed, "")     // picked as queued, claimed since
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck // test cleanup
+	if n, err := bulkBatch(b.ctx, tx, "requeue", []string{"cancelled"}, []int64{dead, cancelled}); err != nil || n != 1 {
+		t.Fatalf("requeue of cancelled jobs: %d changed, %v; want 1", n, err)
+	}
+	if n, err := bulkBatch(b.ctx, tx, "cancel", []string{"queued"}, []int64{claimed}); err != nil || n != 0 {
+		t.Fatalf("cancel of queued jobs: %d changed, %v; want 0", n, err)
+	}
+	if err := tx.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if b.state(dead) != "dead" || b.state(cancelled) != "queued" || b.state(claimed) != "claimed" {
+		t.Fatalf("dead job %s, cancelled job %s, claimed job %s", b.state(dead), b.state(cancelled), b.state(claimed))
+	}
+}
