@@ -42,10 +42,13 @@ type Config struct {
 	Auth *Auth
 	// NoAuth serves every request without a token, as subject "anonymous"
 	// with every scope. Only for a handler reachable from loopback alone;
-	// relay serve refuses it on any other address.
+	// relay serve refuses it on any other address. Such a handler answers
+	// only requests addressed to a loopback host and refuses changes from
+	// web pages of other origins (see loopbackGuard).
 	NoAuth bool
-	// Subscriptions are the outbox subscriptions to report at
-	// /v1/outbox/subscriptions (they live in code, not in the database).
+	// Deprecated: /v1/outbox/subscriptions lists the subscriptions the
+	// dispatchers stored in the database (outbox.ListSubscriptions); this
+	// field is not read.
 	Subscriptions []outbox.Subscription
 	// BulkBatchSize caps the jobs a bulk operation changes per transaction.
 	// Default 500.
@@ -56,6 +59,10 @@ type Config struct {
 	BulkTimeBudget time.Duration
 	// RequestTimeout bounds every request's work. Default 60s.
 	RequestTimeout time.Duration
+	// LockTimeout bounds how long a change waits for a row another
+	// transaction holds (a worker finishing the job): a one-job change then
+	// answers 409, a bulk operation skips the job. Default 2s.
+	LockTimeout time.Duration
 	// TraceURL, when set, makes each traced job link to its trace: the URL
 	// with {trace_id} replaced ("http://jaeger:16686/trace/{trace_id}").
 	TraceURL string
@@ -83,6 +90,9 @@ type server struct {
 // so, or when the auth configuration is unusable.
 func Handler(pool *pgxpool.Pool, cfg *Config) (http.Handler, error) {
 	h, _, err := newAPI(pool, cfg)
+	if err == nil && cfg.NoAuth {
+		h = newLoopbackGuard(h)
+	}
 	return h, err
 }
 
@@ -99,6 +109,7 @@ func newAPI(pool *pgxpool.Pool, cfg *Config) (http.Handler, huma.API, error) {
 	c.BulkBatchSize = cmp.Or(c.BulkBatchSize, 500)
 	c.BulkTimeBudget = cmp.Or(c.BulkTimeBudget, 20*time.Second)
 	c.RequestTimeout = cmp.Or(c.RequestTimeout, 60*time.Second)
+	c.LockTimeout = cmp.Or(c.LockTimeout, 2*time.Second)
 	s := &server{pool: pool, cfg: c, log: cmp.Or(c.Logger, slog.Default())}
 	switch {
 	case c.Auth != nil && c.NoAuth:
@@ -147,8 +158,11 @@ func newAPI(pool *pgxpool.Pool, cfg *Config) (http.Handler, huma.API, error) {
 // tags, the bearer requirement with its scope, and the body bound.
 func op(id, method, path, summary, tag string) huma.Operation {
 	scope := ScopeWrite
+	errs := []int{http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound,
+		http.StatusConflict, http.StatusRequestEntityTooLarge, http.StatusUnprocessableEntity}
 	if method == http.MethodGet {
 		scope = ScopeRead
+		errs = []int{http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound, http.StatusUnprocessableEntity}
 	}
 	return huma.Operation{
 		OperationID:  id,
@@ -158,13 +172,23 @@ func op(id, method, path, summary, tag string) huma.Operation {
 		Tags:         []string{tag},
 		Security:     []map[string][]string{{"bearer": {scope}}},
 		MaxBodyBytes: maxBodyBytes,
-		Errors:       []int{http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden, http.StatusUnprocessableEntity},
+		Errors:       errs, // every status the handlers and the middleware answer besides 200 (and 500)
 	}
 }
 
 // internalError logs an unexpected error and returns a 500 problem that
-// does not leak it.
+// does not leak it. A problem a change returned from inside its
+// transaction passes through; a lock wait that ran out (another
+// transaction holds the row) is no fault of the server: a 409 to try again.
 func (s *server) internalError(what string, err error) error {
+	var se huma.StatusError
+	if errors.As(err, &se) {
+		return se
+	}
+	if isLockTimeout(err) {
+		return huma.Error409Conflict(fmt.Sprintf("%s: a row it changes is locked by another transaction "+
+			"(a worker finishing a job?) for longer than %s; try again", what, s.cfg.LockTimeout))
+	}
 	s.log.Error("admin: "+what, "err", err)
 	return huma.Error500InternalServerError(fmt.Sprintf("%s failed; see the server log", what))
 }

@@ -101,6 +101,7 @@ func (b *bundle) do(method, path, token string, body any) response {
 		rd = bytes.NewReader(j)
 	}
 	req := httptest.NewRequest(method, path, rd)
+	req.Host = "127.0.0.1:8080" // as curl on the machine would (NoAuth handlers answer loopback hosts only)
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}

@@ -3,21 +3,28 @@ package admin
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/danielgtaylor/huma/v2"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // change runs fn in a transaction and records it in the audit log in that
 // same transaction: the change and its record commit together or not at all.
 // fn returns how many rows it changed; target (ids or a filter) is stored as
-// JSON.
+// JSON. The transaction waits at most Config.LockTimeout for a row another
+// transaction holds (lock_timeout, SQLSTATE 55P03; see isLockTimeout).
 func (s *server) change(ctx context.Context, action string, target any, fn func(pgx.Tx) (int64, error)) (int64, error) {
 	var n int64
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, sqlSetLockTimeout, strconv.FormatInt(s.cfg.LockTimeout.Milliseconds(), 10)); err != nil {
+			return fmt.Errorf("admin: set lock_timeout: %w", err)
+		}
 		var err error
 		if n, err = fn(tx); err != nil {
 			return err
@@ -25,6 +32,13 @@ func (s *server) change(ctx context.Context, action string, target any, fn func(
 		return audit(ctx, tx, subject(ctx), action, target, n)
 	})
 	return n, err
+}
+
+// isLockTimeout reports whether err is a lock wait that ran out of
+// Config.LockTimeout.
+func isLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }
 
 func audit(ctx context.Context, tx pgx.Tx, subject, action string, target any, n int64) error {

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/big"
 	"net/http"
 	"os"
@@ -112,14 +113,27 @@ func newVerifier(a *Auth) (*verifier, error) {
 	}, nil
 }
 
+// maxTokenBytes bounds a bearer token: tokens are a few hundred bytes to a
+// few KiB; a larger one is refused before it is decoded.
+const maxTokenBytes = 8 << 10
+
+// maxSubjectBytes bounds the sub claim the audit log records.
+const maxSubjectBytes = 200
+
 // verify checks a token and returns its subject and scopes.
 func (v *verifier) verify(token string) (string, []string, error) {
+	if len(token) > maxTokenBytes {
+		return "", nil, fmt.Errorf("token longer than %d bytes", maxTokenBytes)
+	}
 	var c claims
 	if _, err := v.parser.ParseWithClaims(token, &c, v.keyfunc); err != nil {
 		return "", nil, err
 	}
 	if c.Subject == "" {
 		return "", nil, errors.New("token has no sub claim")
+	}
+	if len(c.Subject) > maxSubjectBytes || !cleanText(c.Subject) {
+		return "", nil, fmt.Errorf("the sub claim must be UTF-8 without NUL bytes, at most %d bytes", maxSubjectBytes)
 	}
 	return c.Subject, strings.Fields(c.Scope), nil
 }
@@ -288,6 +302,9 @@ func (s *server) authenticate(api huma.API) func(huma.Context, func(huma.Context
 			need = ScopeRead
 		}
 		if s.verifier == nil {
+			if !s.bodyAllowed(api, ctx) {
+				return
+			}
 			next(huma.WithValue(huma.WithValue(ctx, subjectKey{}, "anonymous"), scopesKey{}, []string{ScopeRead, ScopeWrite}))
 			return
 		}
@@ -308,6 +325,24 @@ func (s *server) authenticate(api huma.API) func(huma.Context, func(huma.Context
 			huma.WriteErr(api, ctx, http.StatusForbidden, "the token lacks scope "+need) //nolint:errcheck // logged by huma
 			return
 		}
+		if !s.bodyAllowed(api, ctx) {
+			return
+		}
 		next(huma.WithValue(huma.WithValue(ctx, subjectKey{}, sub), scopesKey{}, scopes))
 	}
+}
+
+// bodyAllowed refuses (400) a request body sent to an operation that takes
+// none, which would otherwise be ignored: `POST …/requeue` with
+// {"dry_run":true} must not requeue for real.
+func (s *server) bodyAllowed(api huma.API, ctx huma.Context) bool {
+	if ctx.Operation().RequestBody != nil {
+		return true
+	}
+	var one [1]byte
+	if n, _ := io.ReadFull(ctx.BodyReader(), one[:]); n == 0 {
+		return true
+	}
+	huma.WriteErr(api, ctx, http.StatusBadRequest, ctx.Operation().Method+" "+ctx.Operation().Path+" takes no request body") //nolint:errcheck // logged by huma
+	return false
 }

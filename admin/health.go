@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 	"time"
@@ -23,18 +24,22 @@ func Healthz() http.Handler {
 
 // Readyz answers 200 when the database answers within two seconds and every
 // migration this build embeds is applied, else 503 with a problem body
-// saying which: a readiness check.
+// saying which: a readiness check. It needs no token, so a database error
+// goes to slog.Default, not into the body: it names the connection's user,
+// database and host.
 func Readyz(pool *pgxpool.Pool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
 		if err := pool.Ping(ctx); err != nil {
-			writeProblem(w, r, http.StatusServiceUnavailable, "database unreachable: "+err.Error())
+			slog.Default().Error("admin: readyz: database unreachable", "err", err)
+			writeProblem(w, r, http.StatusServiceUnavailable, "database unreachable (the server log says why)")
 			return
 		}
 		pending, err := migrations.Pending(ctx, pool)
 		if err != nil {
-			writeProblem(w, r, http.StatusServiceUnavailable, err.Error())
+			slog.Default().Error("admin: readyz: read applied migrations", "err", err)
+			writeProblem(w, r, http.StatusServiceUnavailable, "cannot read the applied migrations (the server log says why)")
 			return
 		}
 		if len(pending) > 0 {

@@ -72,10 +72,6 @@ func (s *server) registerIdempotency(api huma.API) {
 			}
 			return tag.RowsAffected(), err
 		})
-		var se huma.StatusError
-		if errors.As(err, &se) {
-			return nil, se
-		}
 		if err != nil {
 			return nil, s.internalError("delete idempotency key", err)
 		}

@@ -110,7 +110,7 @@ type jobOutput struct {
 // ChangeResult says what a change did.
 type ChangeResult struct {
 	ID      int64  `json:"id"`
-	State   string `json:"state,omitempty" doc:"The job's state after the change"`
+	State   string `json:"state,omitempty" doc:"The state the change left the job in (absent after a delete); workers may move it on at once"`
 	Changed int64  `json:"changed" doc:"Rows changed"`
 }
 
@@ -174,7 +174,7 @@ type BulkResult struct {
 	DryRun  bool   `json:"dry_run"`
 	Matched int64  `json:"matched" doc:"Jobs the filter matched (up to max)"`
 	Changed int64  `json:"changed" doc:"Jobs changed (0 on a dry run)"`
-	Skipped int64  `json:"skipped" doc:"Matched jobs that had moved on (another state) by the time their batch ran"`
+	Skipped int64  `json:"skipped" doc:"Matched jobs that had moved on (another state) by the time their batch ran, or that another transaction held past the lock timeout; run again to retry them"`
 	Batches int    `json:"batches" doc:"Transactions used, each of at most the batch size and audited"`
 	Done    bool   `json:"done" doc:"False when the time budget ran out first: run the same request again to continue"`
 }
@@ -190,15 +190,15 @@ func (s *server) registerJobs(api huma.API) {
 	cancel := op("cancel-job", http.MethodPost, "/v1/jobs/{id}/cancel", "Cancel a queued or running job", "jobs")
 	cancel.Description = "A running job's lease ends at once, so its worker can record nothing more (core.Cancel)."
 	huma.Register(api, cancel, func(ctx context.Context, in *jobIDInput) (*changeOutput, error) {
-		return s.jobChange(ctx, "jobs.cancel", in.ID, func(tx pgx.Tx) error { return core.Cancel(ctx, tx, in.ID) })
+		return s.jobChange(ctx, "jobs.cancel", in.ID, core.StateCancelled, func(tx pgx.Tx) error { return core.Cancel(ctx, tx, in.ID) })
 	})
 	huma.Register(api, op("requeue-job", http.MethodPost, "/v1/jobs/{id}/requeue", "Requeue a dead or cancelled job, runnable now", "jobs"),
 		func(ctx context.Context, in *jobIDInput) (*changeOutput, error) {
-			return s.jobChange(ctx, "jobs.requeue", in.ID, func(tx pgx.Tx) error { return core.Requeue(ctx, tx, in.ID) })
+			return s.jobChange(ctx, "jobs.requeue", in.ID, core.StateQueued, func(tx pgx.Tx) error { return core.Requeue(ctx, tx, in.ID) })
 		})
 	huma.Register(api, op("retry-job-now", http.MethodPost, "/v1/jobs/{id}/retry-now", "Make a job queued for later runnable now", "jobs"),
 		func(ctx context.Context, in *jobIDInput) (*changeOutput, error) {
-			return s.jobChange(ctx, "jobs.retry_now", in.ID, func(tx pgx.Tx) error {
+			return s.jobChange(ctx, "jobs.retry_now", in.ID, core.StateQueued, func(tx pgx.Tx) error {
 				var queue string
 				err := tx.QueryRow(ctx, sqlRetryNow, in.ID).Scan(&queue)
 				if errors.Is(err, pgx.ErrNoRows) {
@@ -213,7 +213,7 @@ func (s *server) registerJobs(api huma.API) {
 		})
 	huma.Register(api, op("delete-job", http.MethodDelete, "/v1/jobs/{id}", "Delete a finished job", "jobs"),
 		func(ctx context.Context, in *jobIDInput) (*changeOutput, error) {
-			return s.jobChange(ctx, "jobs.delete", in.ID, func(tx pgx.Tx) error {
+			return s.jobChange(ctx, "jobs.delete", in.ID, "", func(tx pgx.Tx) error {
 				tag, err := tx.Exec(ctx, sqlDeleteFinished, []int64{in.ID})
 				if err == nil && tag.RowsAffected() == 0 {
 					return notChanged(ctx, tx, in.ID, "only a succeeded, dead or cancelled job can be deleted")
@@ -241,18 +241,15 @@ func notChanged(ctx context.Context, tx pgx.Tx, id int64, why string) error {
 }
 
 // jobChange runs a one-job change with its audit row and maps core's errors
-// to problems.
-func (s *server) jobChange(ctx context.Context, action string, id int64, fn func(pgx.Tx) error) (*changeOutput, error) {
+// to problems. The answer's state is the one the change left the job in
+// (after; "" for a delete): reading it back after the commit raced the
+// workers the change woke, and answered "claimed" for a requeue.
+func (s *server) jobChange(ctx context.Context, action string, id int64, after core.JobState, fn func(pgx.Tx) error) (*changeOutput, error) {
 	_, err := s.change(ctx, action, map[string]any{"ids": []int64{id}}, func(tx pgx.Tx) (int64, error) { return 1, fn(tx) })
 	if err != nil {
 		return nil, s.jobError(action, id, err)
 	}
-	out := &changeOutput{Body: ChangeResult{ID: id, Changed: 1}}
-	var state string
-	if err := s.pool.QueryRow(ctx, sqlJobStateOf, id).Scan(&state); err == nil {
-		out.Body.State = state
-	}
-	return out, nil
+	return &changeOutput{Body: ChangeResult{ID: id, State: string(after), Changed: 1}}, nil
 }
 
 func (s *server) jobError(what string, id int64, err error) error {
@@ -340,10 +337,7 @@ func (s *server) getJob(ctx context.Context, in *jobIDInput) (*jobOutput, error)
 		return nil, s.internalError("get job", err)
 	}
 	d := JobDetail{
-		Job: Job{ID: row.ID, Kind: row.Kind, Queue: row.Queue, State: string(row.State), Priority: row.Priority,
-			Attempt: row.Attempt, MaxAttempts: row.MaxAttempts, RunAt: row.RunAt, CreatedAt: row.CreatedAt,
-			AttemptedAt: timePtr(row.AttemptedAt), AttemptedBy: row.AttemptedBy, FinalizedAt: row.FinalizedAt,
-			LastError: row.LastError, OrderingKey: row.OrderingKey},
+		Job:  jobFromRow(row),
 		Args: row.EncodedArgs, Metadata: row.Metadata, TraceID: traceID(traceparent),
 	}
 	if d.TraceID != "" && s.cfg.TraceURL != "" {
@@ -353,11 +347,27 @@ func (s *server) getJob(ctx context.Context, in *jobIDInput) (*jobOutput, error)
 	return &jobOutput{Body: d}, nil
 }
 
-// traceID is the trace id of a W3C traceparent (version-traceid-spanid-flags).
+// jobFromRow is the API's view of a job core read.
+func jobFromRow(row *core.JobRow) Job {
+	return Job{ID: row.ID, Kind: row.Kind, Queue: row.Queue, State: string(row.State), Priority: row.Priority,
+		Attempt: row.Attempt, MaxAttempts: row.MaxAttempts, RunAt: row.RunAt, CreatedAt: row.CreatedAt,
+		AttemptedAt: timePtr(row.AttemptedAt), AttemptedBy: row.AttemptedBy, FinalizedAt: row.FinalizedAt,
+		LastError: row.LastError, OrderingKey: row.OrderingKey}
+}
+
+// traceID is the trace id of a W3C traceparent (version-traceid-spanid-flags):
+// 32 lowercase hex digits, not all zero, else "". The traceparent comes
+// from whoever enqueued the job, and the id goes into Config.TraceURL's
+// links.
 func traceID(traceparent string) string {
 	parts := strings.Split(traceparent, "-")
-	if len(parts) != 4 || len(parts[1]) != 32 {
+	if len(parts) != 4 || len(parts[1]) != 32 || parts[1] == strings.Repeat("0", 32) {
 		return ""
+	}
+	for _, c := range parts[1] {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return ""
+		}
 	}
 	return parts[1]
 }
@@ -433,7 +443,7 @@ func (s *server) bulkJobs(ctx context.Context, in *bulkInput) (*bulkOutput, erro
 		below = ids[len(ids)-1]
 		res.Matched += int64(len(ids))
 		n, err := s.change(ctx, "jobs.bulk_"+b.Action, map[string]any{"filter": b.Filter, "ids": ids},
-			func(tx pgx.Tx) (int64, error) { return bulkBatch(ctx, tx, b.Action, ids) })
+			func(tx pgx.Tx) (int64, error) { return bulkBatch(ctx, tx, b.Action, f.States, ids) })
 		if err != nil {
 			return nil, s.internalError("bulk "+b.Action, err)
 		}
@@ -450,10 +460,14 @@ func (s *server) bulkJobs(ctx context.Context, in *bulkInput) (*bulkOutput, erro
 // bulkBatch applies a bulk action to one batch of ids in tx and returns how
 // many changed. Cancel and requeue go through core, one job at a time, each
 // in a savepoint: a job that has moved to another state since it was picked
-// (a worker finished it) is skipped, not an error.
-func bulkBatch(ctx context.Context, tx pgx.Tx, action string, ids []int64) (int64, error) {
+// (a worker finished it), or that another transaction holds past the lock
+// timeout, or that has left the filter's states for another state the
+// action applies to, is skipped, not an error. Delete skips held rows without waiting,
+// and rows no longer in the filter's states (a dead job picked, requeued
+// and succeeded since).
+func bulkBatch(ctx context.Context, tx pgx.Tx, action string, states []string, ids []int64) (int64, error) {
 	if action == "delete" {
-		tag, err := tx.Exec(ctx, sqlDeleteFinished, ids)
+		tag, err := tx.Exec(ctx, sqlBulkDeleteFinished, ids, states)
 		return tag.RowsAffected(), err
 	}
 	var n int64
@@ -462,9 +476,19 @@ func bulkBatch(ctx context.Context, tx pgx.Tx, action string, ids []int64) (int6
 		if err != nil {
 			return n, err
 		}
-		if action == "cancel" {
+		// core moves a job from any state the action applies to; when the
+		// filter names fewer, hold the row and check it is still in one.
+		if len(states) < len(bulkStates(action)) {
+			var state string
+			if err = sp.QueryRow(ctx, sqlLockJobState, id).Scan(&state); err == nil && !slices.Contains(states, state) {
+				err = core.ErrIllegalTransition
+			}
+		}
+		switch {
+		case err != nil:
+		case action == "cancel":
 			err = core.Cancel(ctx, sp, id)
-		} else {
+		default:
 			err = core.Requeue(ctx, sp, id)
 		}
 		switch {
@@ -473,7 +497,8 @@ func bulkBatch(ctx context.Context, tx pgx.Tx, action string, ids []int64) (int6
 			if err := sp.Commit(ctx); err != nil {
 				return n, err
 			}
-		case errors.Is(err, core.ErrIllegalTransition), errors.Is(err, core.ErrNotFound), errors.Is(err, core.ErrUniqueConflict):
+		case errors.Is(err, core.ErrIllegalTransition), errors.Is(err, core.ErrNotFound), errors.Is(err, core.ErrUniqueConflict),
+			errors.Is(err, pgx.ErrNoRows), isLockTimeout(err):
 			if err := sp.Rollback(ctx); err != nil {
 				return n, err
 			}

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/outbox"
 )
 
 // OutboxEvent is a published event.
@@ -42,17 +43,25 @@ type listOutboxOutput struct {
 	}
 }
 
-// OutboxSubscription is a subscription declared in code.
+// OutboxSubscription is a subscription as the dispatchers stored it.
 type OutboxSubscription struct {
-	Topic    string `json:"topic"`
-	Kind     string `json:"kind"`
-	Endpoint string `json:"endpoint,omitempty" doc:"Set for a webhook subscription"`
-	Queue    string `json:"queue,omitempty"`
+	Topic       string `json:"topic"`
+	Kind        string `json:"kind"`
+	Endpoint    string `json:"endpoint,omitempty" doc:"Set for a webhook subscription"`
+	Queue       string `json:"queue,omitempty"`
+	Namespace   string `json:"namespace" doc:"The service whose dispatchers declare it"`
+	Priority    *int   `json:"priority,omitempty" doc:"absent: the job kind's default"`
+	MaxAttempts int    `json:"max_attempts" doc:"0: the kind's default"`
+	// Retired is true when no live dispatcher of its namespace declares it
+	// any more: it gets no more jobs.
+	Retired   bool       `json:"retired"`
+	RetiredAt *time.Time `json:"retired_at,omitempty"`
+	CreatedAt time.Time  `json:"created_at"`
 }
 
 type subscriptionsOutput struct {
 	Body struct {
-		Items []OutboxSubscription `json:"items" doc:"The subscriptions the serving process was configured with (they live in code)"`
+		Items []OutboxSubscription `json:"items" doc:"Every stored subscription, by topic: declared by the dispatchers of any process (no paging: they are few)"`
 	}
 }
 
@@ -124,14 +133,16 @@ func (s *server) registerOutbox(api huma.API) {
 		})
 	huma.Register(api, op("list-outbox-subscriptions", http.MethodGet, "/v1/outbox/subscriptions", "List outbox subscriptions", "outbox"),
 		func(ctx context.Context, _ *struct{}) (*subscriptionsOutput, error) {
+			subs, err := outbox.ListSubscriptions(ctx, s.pool)
+			if err != nil {
+				return nil, s.internalError("list outbox subscriptions", err)
+			}
 			out := &subscriptionsOutput{}
 			out.Body.Items = []OutboxSubscription{}
-			for _, sub := range s.cfg.Subscriptions {
-				o := OutboxSubscription{Topic: sub.Topic, Kind: sub.Kind, Endpoint: sub.Endpoint}
-				if sub.Opts != nil {
-					o.Queue = sub.Opts.Queue
-				}
-				out.Body.Items = append(out.Body.Items, o)
+			for _, sub := range subs {
+				out.Body.Items = append(out.Body.Items, OutboxSubscription{Topic: sub.Topic, Kind: sub.Kind, Endpoint: sub.Endpoint,
+					Queue: sub.Queue, Namespace: sub.Namespace, Priority: sub.Priority, MaxAttempts: sub.MaxAttempts,
+					Retired: sub.RetiredAt != nil, RetiredAt: sub.RetiredAt, CreatedAt: sub.CreatedAt})
 			}
 			return out, nil
 		})
@@ -146,10 +157,7 @@ func (s *server) registerOutbox(api huma.API) {
 			for _, k := range keys {
 				bk := BlockedKey{Queue: k.Queue, Key: k.Key, Waiting: k.Waiting, Head: Job{ID: k.JobID}}
 				if row, err := core.JobGet(ctx, s.pool, k.JobID); err == nil {
-					bk.Head = Job{ID: row.ID, Kind: row.Kind, Queue: row.Queue, State: string(row.State), Priority: row.Priority,
-						Attempt: row.Attempt, MaxAttempts: row.MaxAttempts, RunAt: row.RunAt, CreatedAt: row.CreatedAt,
-						AttemptedAt: timePtr(row.AttemptedAt), AttemptedBy: row.AttemptedBy, FinalizedAt: row.FinalizedAt,
-						LastError: row.LastError, OrderingKey: row.OrderingKey}
+					bk.Head = jobFromRow(row)
 				} else if !errors.Is(err, core.ErrNotFound) {
 					return nil, s.internalError("list blocked keys", err)
 				}
@@ -178,10 +186,6 @@ func (s *server) registerOutbox(api huma.API) {
 			_, err = tx.Exec(ctx, sqlNotifyOutbox)
 			return 1, err
 		})
-		var se huma.StatusError
-		if errors.As(err, &se) {
-			return nil, se
-		}
 		if err != nil {
 			return nil, s.internalError("redispatch", err)
 		}

@@ -128,7 +128,24 @@ const sqlNotifyQueue = `SELECT pg_notify('relay_jobs', $1::text)`
 const sqlDeleteFinished = `
 DELETE FROM relay_jobs WHERE id = ANY($1::bigint[]) AND state IN ('succeeded', 'dead', 'cancelled')`
 
+// sqlBulkDeleteFinished deletes the jobs among the ids $1 still in one of
+// the finished states $2 that no other transaction holds, skipping the held
+// ones instead of waiting for them.
+const sqlBulkDeleteFinished = `
+DELETE FROM relay_jobs WHERE id IN (
+    SELECT id FROM relay_jobs
+    WHERE id = ANY($1::bigint[]) AND state = ANY($2::text[]) AND state IN ('succeeded', 'dead', 'cancelled')
+    FOR UPDATE SKIP LOCKED)`
+
+// sqlSetLockTimeout bounds the lock waits of the rest of the transaction
+// ($1 milliseconds).
+const sqlSetLockTimeout = `SELECT set_config('lock_timeout', $1, true)`
+
 const sqlJobStateOf = `SELECT state FROM relay_jobs WHERE id = $1`
+
+// sqlLockJobState holds a job's row for the rest of the transaction and
+// reads its state.
+const sqlLockJobState = `SELECT state FROM relay_jobs WHERE id = $1 FOR UPDATE`
 
 // sqlQueueStats reports every queue with work, recent finishes or a pause.
 // Each part reads one partial index: queued rows (relay_jobs_claim_idx),

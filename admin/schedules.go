@@ -16,18 +16,25 @@ import (
 
 // Schedule is a stored schedule with its coming and latest fires.
 type Schedule struct {
-	Name     string          `json:"name"`
-	Spec     string          `json:"spec"`
-	TimeZone string          `json:"time_zone"`
-	Kind     string          `json:"kind"`
-	Args     json.RawMessage `json:"args"`
-	Queue    string          `json:"queue"`
-	CatchUp  string          `json:"catch_up"`
-	Overlap  string          `json:"overlap"`
-	Paused   bool            `json:"paused"`
+	Name      string          `json:"name"`
+	Namespace string          `json:"namespace" doc:"The service whose schedulers declare it"`
+	Spec      string          `json:"spec"`
+	TimeZone  string          `json:"time_zone"`
+	Kind      string          `json:"kind"`
+	Args      json.RawMessage `json:"args"`
+	Queue     string          `json:"queue"`
+	CatchUp   string          `json:"catch_up"`
+	Overlap   string          `json:"overlap"`
+	Paused    bool            `json:"paused"`
 	// DisabledAt is set when the last process to start did not declare the
 	// schedule; it does not fire.
 	DisabledAt *time.Time `json:"disabled_at,omitempty"`
+	// Broken is true when a scheduler could not evaluate the stored spec
+	// or time zone (BrokenError says why, since BrokenAt): such processes
+	// leave it alone, and it fires only where a process can evaluate it.
+	Broken      bool       `json:"broken"`
+	BrokenError string     `json:"broken_error,omitempty"`
+	BrokenAt    *time.Time `json:"broken_at,omitempty"`
 	// NextFires are the coming fire times, the first being the next fire
 	// not yet handled (it may be in the past while a scheduler catches up).
 	NextFires []time.Time `json:"next_fires"`
@@ -117,20 +124,25 @@ func (s *server) registerSchedules(api huma.API) {
 		}},
 	} {
 		o := op(a.action+"-schedule", http.MethodPost, "/v1/schedules/{name}/"+a.action, a.summary, "schedules")
-		o.Description = "Made through the scheduler package's API, which runs its own statement; the audit row is written " +
-			"in a transaction held open around that call and committed only when the call succeeded."
+		o.Description = "Made through the scheduler package's API, which commits in its own transaction; the audit row is " +
+			"written right after, when the change succeeded (the scheduler takes no caller's transaction)."
 		huma.Register(api, o, func(ctx context.Context, in *scheduleNameInput) (*scheduleChangeOutput, error) {
-			var jobID int64
-			_, err := s.change(ctx, "schedules."+a.action, map[string]any{"name": in.Name}, func(pgx.Tx) (int64, error) {
-				var err error
-				jobID, err = a.do(ctx, in.Name)
-				return 1, err
-			})
+			// The call first, then its audit row: holding the audit's
+			// transaction open around a call that takes another connection
+			// from the same pool deadlocked a small pool.
+			jobID, err := a.do(ctx, in.Name)
 			if errors.Is(err, scheduler.ErrNotFound) {
 				return nil, huma.Error404NotFound(fmt.Sprintf("schedule %q not found", in.Name))
 			}
 			if err != nil {
 				return nil, s.internalError(a.action+" schedule", err)
+			}
+			target := map[string]any{"name": in.Name}
+			if jobID != 0 {
+				target["job_id"] = jobID
+			}
+			if _, err := s.change(ctx, "schedules."+a.action, target, func(pgx.Tx) (int64, error) { return 1, nil }); err != nil {
+				return nil, s.internalError(a.action+" schedule (done; its audit row failed)", err)
 			}
 			return &scheduleChangeOutput{Body: ScheduleChange{Name: in.Name, Action: a.action, JobID: jobID}}, nil
 		})
@@ -149,7 +161,8 @@ func (s *server) schedules(ctx context.Context, name string, next, last int) ([]
 			continue
 		}
 		sc := Schedule{Name: in.Name, Spec: in.Spec, TimeZone: in.TimeZone, Kind: in.Kind, Args: in.Args, Queue: in.Queue,
-			CatchUp: in.CatchUp, Overlap: in.Overlap, Paused: in.Paused, DisabledAt: in.DisabledAt,
+			CatchUp: in.CatchUp, Overlap: in.Overlap, Paused: in.Paused, DisabledAt: in.DisabledAt, Namespace: in.Namespace,
+			Broken: in.BrokenError != "" || in.BrokenAt != nil, BrokenError: in.BrokenError, BrokenAt: in.BrokenAt,
 			NextFires: []time.Time{}, LastFires: []Fire{}}
 		if loc, err := time.LoadLocation(in.TimeZone); err == nil {
 			if spec, err := scheduler.ParseSpec(in.Spec, loc); err == nil {

@@ -209,6 +209,7 @@ func activeSubscriptions(ctx context.Context, tx pgx.Tx, log *slog.Logger) (map[
 		var s Subscription
 		var o core.EnqueueOpts
 		var meta []byte
+		// A NULL priority is nil: the kind's default.
 		if err := r.Scan(&s.Topic, &s.Kind, &s.Endpoint, &o.Queue, &o.Priority, &o.MaxAttempts, &meta); err != nil {
 			return s, err
 		}

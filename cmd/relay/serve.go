@@ -52,7 +52,7 @@ func runServe(ctx context.Context, args []string) error {
 	if cfg.Auth != nil && *noAuth {
 		return errors.New("serve: --no-auth given with authentication configured")
 	}
-	if cfg.NoAuth && !isLoopback(*listen) {
+	if cfg.NoAuth && !loopbackOnly(ctx, *listen, net.DefaultResolver.LookupIPAddr) {
 		return fmt.Errorf("serve: refusing to listen on %s without authentication (only loopback addresses may use --no-auth)", *listen)
 	}
 
@@ -88,12 +88,20 @@ func runServe(ctx context.Context, args []string) error {
 		Handler:           mux,
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
-		WriteTimeout:      60 * time.Second,
-		IdleTimeout:       2 * time.Minute,
+		// Longer than admin's RequestTimeout (60s): a request that runs
+		// out of it still gets its problem body, not a dropped connection.
+		WriteTimeout: 75 * time.Second,
+		IdleTimeout:  2 * time.Minute,
 	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
+	}
+	// The address actually bound decides, whatever a name resolved to a
+	// moment ago.
+	if tcp, ok := ln.Addr().(*net.TCPAddr); cfg.NoAuth && (!ok || !tcp.IP.IsLoopback()) {
+		ln.Close() //nolint:errcheck // refusing to serve
+		return fmt.Errorf("serve: refusing to serve %s (bound for %s) without authentication (only loopback addresses may use --no-auth)", ln.Addr(), *listen)
 	}
 	auth := "JWT (" + *issuer + ", " + *audience + ")"
 	if cfg.NoAuth {
@@ -116,18 +124,31 @@ func runServe(ctx context.Context, args []string) error {
 	return nil
 }
 
-// isLoopback reports whether addr (host:port) listens on loopback only.
-// An empty host (":8080") listens on every interface.
-func isLoopback(addr string) bool {
+// loopbackOnly reports whether addr (host:port) listens on loopback only.
+// An empty host (":8080") or an unspecified address listens on every
+// interface. A host name counts only when every address lookup resolves
+// it to is loopback — "localhost" too, since /etc/hosts decides what it
+// means. runServe checks the bound address again after listening.
+func loopbackOnly(ctx context.Context, addr string, lookup func(context.Context, string) ([]net.IPAddr, error)) bool {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil || host == "" {
 		return false
 	}
-	if host == "localhost" {
-		return true
+	if ip := net.ParseIP(host); ip != nil {
+		return ip.IsLoopback()
 	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	ips, err := lookup(ctx, host)
+	if err != nil || len(ips) == 0 {
+		return false
+	}
+	for _, ip := range ips {
+		if !ip.IP.IsLoopback() {
+			return false
+		}
+	}
+	return true
 }
 
 // startDemoWorkers runs the demo's workers on queue "demo", with the

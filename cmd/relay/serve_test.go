@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -102,11 +103,6 @@ func TestServeRefusesOpenNonLoopback(t *testing.T) {
 		err := runServe(ctx, args)
 		if err == nil || !(strings.Contains(err.Error(), "refusing") || strings.Contains(err.Error(), "no authentication")) {
 			t.Errorf("serve %v: %v", args, err)
-		}
-	}
-	for addr, want := range map[string]bool{"127.0.0.1:8080": true, "[::1]:80": true, "localhost:1": true, ":8080": false, "0.0.0.0:1": false, "10.0.0.1:1": false} {
-		if isLoopback(addr) != want {
-			t.Errorf("isLoopback(%q) != %v", addr, want)
 		}
 	}
 }
@@ -228,4 +224,41 @@ func TestPauseAcrossProcesses(t *testing.T) {
 	testdb.WaitFor(t, "the jobs to run after resume", func() bool {
 		return testdb.Count(t, pool, `SELECT count(*) FROM relay_jobs WHERE id = ANY($1) AND state = 'succeeded'`, ids) == len(ids)
 	})
+}
+
+// TestServeLoopbackRuleResolvesNames: a host name counts as loopback only
+// when every address it resolves to is loopback — "localhost" included,
+// since /etc/hosts decides what it means; unspecified addresses, an empty
+// host and names that do not resolve are not loopback.
+func TestServeLoopbackRuleResolvesNames(t *testing.T) {
+	hosts := map[string][]string{
+		"localhost":  {"127.0.0.1", "::1"},
+		"evil-local": {"127.0.0.1", "10.0.0.7"},
+		"remapped":   {"192.168.1.10"},
+		"debian":     {"127.0.1.1"},
+	}
+	lookup := func(_ context.Context, host string) ([]net.IPAddr, error) {
+		var out []net.IPAddr
+		for _, a := range hosts[host] {
+			out = append(out, net.IPAddr{IP: net.ParseIP(a)})
+		}
+		if len(out) == 0 {
+			return nil, errors.New("no such host")
+		}
+		return out, nil
+	}
+	for addr, want := range map[string]bool{
+		"127.0.0.1:8080": true, "[::1]:80": true, "127.0.0.2:1": true, "[::ffff:127.0.0.1]:1": true,
+		"localhost:1": true, "debian:1": true,
+		":8080": false, "0.0.0.0:1": false, "[::]:1": false, "10.0.0.1:1": false, "nohost": false,
+		"evil-local:1": false, "remapped:1": false, "unknown:1": false,
+	} {
+		if got := loopbackOnly(context.Background(), addr, lookup); got != want {
+			t.Errorf("loopbackOnly(%q) = %v, want %v", addr, got, want)
+		}
+	}
+	hosts["localhost"] = []string{"10.1.2.3"} // a broken /etc/hosts
+	if loopbackOnly(context.Background(), "localhost:1", lookup) {
+		t.Error("localhost resolving to 10.1.2.3 counted as loopback")
+	}
 }
