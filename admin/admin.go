@@ -27,6 +27,7 @@ import (
 	"github.com/danielgtaylor/huma/v2/adapters/humago"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/relayq/relay/admin/ui"
 	"github.com/relayq/relay/outbox"
 )
 
@@ -47,6 +48,10 @@ type Config struct {
 	BulkBatchSize int
 	// Logger receives unexpected errors. Default slog.Default().
 	Logger *slog.Logger
+	// TraceURL, when set, makes the dashboard link a job's trace id to a
+	// tracing UI: "{trace_id}" in it is replaced by the id (for Jaeger,
+	// "http://localhost:16686/trace/{trace_id}").
+	TraceURL string
 }
 
 // Version is the API's version in its OpenAPI document.
@@ -121,6 +126,7 @@ func newAPI(pool *pgxpool.Pool, cfg *Config) (http.Handler, huma.API, error) {
 	s.registerAudit(api)
 	s.registerWhoami(api)
 	s.registerWorkflows(api)
+	mountUI(mux, c.TraceURL)
 	return problemRouter{mux: mux}, api, nil
 }
 
@@ -148,4 +154,20 @@ func op(id, method, path, summary, tag string) huma.Operation {
 func (s *server) internalError(what string, err error) error {
 	s.log.Error("admin: "+what, "err", err)
 	return huma.Error500InternalServerError(fmt.Sprintf("%s failed; see the server log", what))
+}
+
+// mountUI serves the dashboard (package ui) under /ui/, and sends / and /ui
+// there. The dashboard's files are public; its pages call the API with the
+// operator's token like any other client. The redirects are relative, so
+// they work when the handler is mounted under a prefix.
+func mountUI(mux *http.ServeMux, traceURL string) {
+	mux.Handle("GET /ui/", ui.Handler(&ui.Options{TraceURL: traceURL}))
+	to := func(loc string) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Location", loc)
+			w.WriteHeader(http.StatusFound)
+		})
+	}
+	mux.Handle("GET /ui", to("ui/"))
+	mux.Handle("GET /{$}", to("ui/"))
 }

@@ -1,0 +1,541 @@
+package ui_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/admin"
+	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/testdb"
+	"github.com/relayq/relay/outbox"
+	"github.com/relayq/relay/scheduler"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+var secret = []byte("0123456789abcdef0123456789abcdef-ui-test")
+
+const (
+	issuer   = "relay-ui-test"
+	audience = "relay-admin"
+	traceID  = "4bf92f3577b34da6a3ce929d0e0e4736"
+)
+
+// chromiumPath finds a Chromium: $RELAY_CHROMIUM, else chromium (Debian),
+// chromium-browser or google-chrome on PATH. The browser tests skip
+// without one.
+func chromiumPath(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("RELAY_CHROMIUM"); p != "" {
+		return p
+	}
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	t.Skip("no Chromium found (set $RELAY_CHROMIUM or install Debian's chromium package; .ci/run does): skipping the dashboard's browser tests")
+	return ""
+}
+
+type receiptArgs struct {
+	To string `json:"to"`
+}
+
+func (receiptArgs) Kind() string { return "receipt.send" }
+
+type welcomeArgs struct {
+	User int `json:"user"`
+}
+
+func (welcomeArgs) Kind() string { return "welcome.send" }
+
+type plainArgs struct{ K string }
+
+func (a plainArgs) Kind() string { return a.K }
+
+// fixture is a database with jobs in every state, a paused queue, a blocked
+// ordering key, a schedule and outbox events; the admin handler with the
+// dashboard served by httptest; a worker client on queue "mail" whose
+// receipt.send fails until fixed is set; and tokens.
+type fixture struct {
+	t      *testing.T
+	ctx    context.Context
+	pool   *pgxpool.Pool
+	url    string // the dashboard
+	rw, ro string
+	fixed  atomic.Bool
+	dead   int64 // receipt.send, dead after 3 failed attempts by the worker
+	dead2  int64 // a second dead job of queue billing (the blocked key's head)
+	shots  string
+}
+
+func setup(t *testing.T) *fixture {
+	t.Helper()
+	ctx := context.Background()
+	f := &fixture{t: t, ctx: ctx, pool: testdb.New(t)}
+	f.shots = os.Getenv("RELAY_UI_SCREENSHOTS")
+	if f.shots == "" {
+		f.shots = t.TempDir()
+	}
+	h, err := admin.Handler(f.pool, &admin.Config{
+		Auth:     &admin.Auth{Issuer: issuer, Audience: audience, HS256Secret: secret},
+		TraceURL: "http://tracing.invalid/trace/{trace_id}",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	f.url = srv.URL + "/ui/"
+	f.rw = f.token("alice@example.com", admin.ScopeRead, admin.ScopeWrite)
+	f.ro = f.token("reader@example.com", admin.ScopeRead)
+
+	// The worker: welcome.send succeeds, receipt.send fails (with a stack)
+	// until fixed.
+	ws := core.NewWorkers()
+	core.MustAddWorker(ws, core.WorkFunc[welcomeArgs](func(context.Context, *core.Job[welcomeArgs]) error { return nil }))
+	core.MustAddWorker(ws, core.WorkFunc[receiptArgs](func(_ context.Context, j *core.Job[receiptArgs]) error {
+		if f.fixed.Load() {
+			return nil
+		}
+		return fmt.Errorf("smtp: 550 mailbox unavailable for %s (attempt %d)\n\ngoroutine 42 [running]:\nmain.sendReceipt(...)\n\t/app/mail.go:88 +0x1d", j.Args.To, j.Attempt)
+	}))
+	client, err := core.NewClient(f.pool, &core.Config{
+		Workers:     ws,
+		Queues:      map[string]core.QueueConfig{"mail": {MaxWorkers: 2}},
+		RetryPolicy: core.RetryPolicyFunc(func(int, error) time.Duration { return 10 * time.Millisecond }),
+		Logger:      slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := client.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		client.Stop(stopCtx) //nolint:errcheck // the test is over
+	})
+
+	for i := range 12 {
+		f.enqueue(welcomeArgs{User: i}, &core.EnqueueOpts{Queue: "mail"})
+	}
+	f.dead = f.enqueue(receiptArgs{To: "bob@example.com"}, &core.EnqueueOpts{Queue: "mail", MaxAttempts: 3,
+		Metadata: map[string]any{"traceparent": "00-" + traceID + "-00f067aa0ba902b7-01", "order": "A-1001"}})
+	testdb.WaitFor(t, "the receipt job to die and the welcomes to succeed", func() bool {
+		return testdb.Count(t, f.pool, `SELECT count(*) FROM relay_jobs WHERE queue = 'mail' AND state IN ('succeeded', 'dead')`) == 13 &&
+			f.state(f.dead) == "dead"
+	})
+
+	// Queue billing has no worker: jobs queued, one for later, one running
+	// (as a worker elsewhere left it), one cancelled, and a dead head that
+	// blocks its ordering key.
+	f.enqueue(plainArgs{"invoice.create"}, &core.EnqueueOpts{Queue: "billing"})
+	f.enqueue(plainArgs{"invoice.create"}, &core.EnqueueOpts{Queue: "billing"})
+	f.enqueue(plainArgs{"invoice.remind"}, &core.EnqueueOpts{Queue: "billing", Delay: time.Hour})
+	running := f.enqueue(plainArgs{"invoice.render"}, &core.EnqueueOpts{Queue: "billing"})
+	f.exec(`UPDATE relay_jobs SET state = 'claimed', attempt = 1, attempted_at = now(), attempted_by = 'host-7/worker-3',
+		lease_token = gen_random_uuid(), lease_expires_at = now() + interval '1 hour' WHERE id = $1`, running)
+	cancelled := f.enqueue(plainArgs{"invoice.void"}, &core.EnqueueOpts{Queue: "billing"})
+	if err := core.Cancel(ctx, f.pool, cancelled); err != nil {
+		t.Fatal(err)
+	}
+	f.dead2 = f.enqueue(plainArgs{"ledger.post"}, &core.EnqueueOpts{Queue: "billing", OrderingKey: "account-17", MaxAttempts: 1})
+	f.enqueue(plainArgs{"ledger.post"}, &core.EnqueueOpts{Queue: "billing", OrderingKey: "account-17"})
+	f.exec(`UPDATE relay_jobs SET state = 'claimed', attempt = 1, attempted_at = now(), attempted_by = 'host-7/worker-1',
+		lease_token = gen_random_uuid(), lease_expires_at = now() + interval '1 minute' WHERE id = $1`, f.dead2)
+	f.exec(`UPDATE relay_jobs SET state = 'dead', lease_token = NULL, lease_expires_at = NULL, finalized_at = now(),
+		last_error = 'ledger: account 17 is frozen', history = jsonb_build_array(jsonb_build_object('attempt', 1,
+		'started_at', attempted_at, 'finished_at', now(), 'error', 'ledger: account 17 is frozen', 'worker', 'host-7/worker-1'))
+		WHERE id = $1`, f.dead2)
+
+	// Queue reports is paused.
+	if _, err := core.PauseQueue(ctx, f.pool, "reports", "alice@example.com"); err != nil {
+		t.Fatal(err)
+	}
+	f.enqueue(plainArgs{"report.build"}, &core.EnqueueOpts{Queue: "reports"})
+
+	// A schedule, fired once; outbox events, one dispatched.
+	sch, err := scheduler.New(f.pool, &scheduler.Config{Schedules: []scheduler.Schedule{
+		{Name: "nightly-digest", Spec: "0 3 * * *", TimeZone: "Europe/Paris", Args: plainArgs{"digest.build"}, Opts: &core.EnqueueOpts{Queue: "reports"}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sch.Declare(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := scheduler.TriggerNow(ctx, f.pool, "nightly-digest"); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		id, err := outbox.Publish(ctx, f.pool, outbox.Event{Topic: "order.paid", Key: "order-" + strconv.Itoa(i), Payload: map[string]int{"order": i}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			f.exec(`UPDATE relay_outbox SET dispatched_at = now(), jobs = 1 WHERE id = $1`, id)
+		}
+	}
+	return f
+}
+
+func (f *fixture) token(sub string, scopes ...string) string {
+	f.t.Helper()
+	tok, err := admin.MintToken(secret, admin.TokenOpts{Issuer: issuer, Audience: audience, Subject: sub, Scopes: scopes, TTL: time.Hour})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return tok
+}
+
+func (f *fixture) enqueue(args core.JobArgs, o *core.EnqueueOpts) int64 {
+	f.t.Helper()
+	r, err := core.Enqueue(f.ctx, f.pool, args, o)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return r.ID
+}
+
+func (f *fixture) exec(sql string, args ...any) {
+	f.t.Helper()
+	if _, err := f.pool.Exec(f.ctx, sql, args...); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func (f *fixture) state(id int64) string {
+	f.t.Helper()
+	j, err := core.JobGet(f.ctx, f.pool, id)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return string(j.State)
+}
+
+// browser starts a headless Chromium with a fresh profile; every tab made
+// from the returned context (tab) has its own session storage.
+func browser(t *testing.T) context.Context {
+	t.Helper()
+	opts := []chromedp.ExecAllocatorOption{
+		chromedp.ExecPath(chromiumPath(t)),
+		chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun, chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-extensions", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1280, 800),
+	}
+	actx, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
+	t.Cleanup(cancel)
+	bctx, cancel2 := chromedp.NewContext(actx)
+	t.Cleanup(cancel2)
+	if err := chromedp.Do(bctx); err != nil { // start the browser (no timeout on this first call)
+		t.Fatalf("start chromium: %v", err)
+	}
+	return bctx
+}
+
+// tab opens a new tab of the browser.
+func tab(t *testing.T, bctx context.Context) context.Context {
+	t.Helper()
+	ctx, cancel := chromedp.NewContext(bctx)
+	t.Cleanup(cancel)
+	if err := chromedp.Do(ctx); err != nil { // open the tab (no timeout on this first call)
+		t.Fatalf("open a tab: %v", err)
+	}
+	return ctx
+}
+
+// run runs browser actions, each step bounded (generous: CI is loaded);
+// the waits are for elements, never fixed sleeps.
+func run(t *testing.T, ctx context.Context, what string, steps ...chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	c, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if err := chromedp.Do(c, steps...); err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			hc, hcancel := context.WithTimeout(ctx, 5*time.Second)
+			html, _ := chromedp.Run(hc, chromedp.OuterHTML(chromedp.CSS("main"))) //nolint:errcheck // best effort
+			hcancel()
+			t.Fatalf("%s: timed out; the page's main:\n%s", what, html)
+		}
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// value runs one action that reads a value, bounded like run.
+func value[T any](t *testing.T, ctx context.Context, what string, a chromedp.Action[T]) T {
+	t.Helper()
+	c, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	v, err := chromedp.Run(c, a)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	return v
+}
+
+// shot saves a PNG of the viewport as name.png in the screenshot folder.
+func (f *fixture) shot(name string) chromedp.Action[chromedp.Void] {
+	return chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+		buf, err := chromedp.CaptureScreenshot()(ctx, t)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(f.shots, name+".png"), buf, 0o644)
+	})
+}
+
+// signIn opens the dashboard and pastes tok.
+func (f *fixture) signIn(t *testing.T, ctx context.Context, tok string) {
+	t.Helper()
+	run(t, ctx, "sign in",
+		chromedp.EmulateViewport(1280, 800),
+		chromedp.Navigate(f.url),
+		chromedp.WaitVisible(chromedp.CSS("#token")),
+		chromedp.SendKeys(chromedp.CSS("#token"), tok),
+		chromedp.Click(chromedp.CSS("#signin")),
+		chromedp.WaitVisible(chromedp.CSS("#nav")),
+	)
+}
+
+func count(t *testing.T, ctx context.Context, selector string) int {
+	t.Helper()
+	return value(t, ctx, "count "+selector, chromedp.Evaluate[int](fmt.Sprintf("document.querySelectorAll(%q).length", selector)))
+}
+
+func text(t *testing.T, ctx context.Context, selector string) string {
+	t.Helper()
+	run(t, ctx, "wait for "+selector, chromedp.WaitVisible(chromedp.CSS(selector)))
+	return value(t, ctx, "read "+selector, chromedp.Text(chromedp.CSS(selector)))
+}
+
+// TestDashboard drives the dashboard in headless Chromium: an operator
+// signs in, reads the overview, finds the dead job by filter, opens it,
+// requeues it and sees it succeed; pauses and resumes a queue; sees the
+// problem of a refused write; a read-only token sees no write button; a
+// bad token is refused with the API's problem.
+func TestDashboard(t *testing.T) {
+	bin := chromiumPath(t)
+	t.Logf("chromium: %s", bin)
+	f := setup(t)
+	bctx := browser(t)
+
+	t.Run("operator", func(t *testing.T) {
+		ctx := tab(t, bctx)
+		f.signIn(t, ctx, f.rw)
+		// Overview: two dead jobs, queues listed, reports paused.
+		run(t, ctx, "overview",
+			chromedp.WaitVisible(chromedp.CSS(`button[data-queue="billing"]`)),
+			f.shot("overview"))
+		if got := text(t, ctx, "#card-dead .n"); got != "2" {
+			t.Fatalf("dead jobs card says %q, want 2", got)
+		}
+		if got := text(t, ctx, "#who-mode"); got != "read + write" {
+			t.Fatalf("who mode %q", got)
+		}
+		if n := count(t, ctx, `button[data-queue="reports"][data-queue-action="resume"]`); n != 1 {
+			t.Fatal("paused queue reports has no Resume button")
+		}
+
+		// Pause and resume queue billing.
+		run(t, ctx, "pause billing",
+			chromedp.Click(chromedp.CSS(`button[data-queue="billing"][data-queue-action="pause"]`)),
+			chromedp.WaitVisible(chromedp.CSS(`button[data-queue="billing"][data-queue-action="resume"]`)))
+		if s := f.queuePaused("billing"); !s {
+			t.Fatal("billing not paused in the database")
+		}
+		run(t, ctx, "resume billing",
+			chromedp.Click(chromedp.CSS(`button[data-queue="billing"][data-queue-action="resume"]`)),
+			chromedp.WaitVisible(chromedp.CSS(`button[data-queue="billing"][data-queue-action="pause"]`)))
+		if s := f.queuePaused("billing"); s {
+			t.Fatal("billing still paused in the database")
+		}
+
+		// Jobs: filter dead jobs of queue mail; one row, the receipt job.
+		deadSel := fmt.Sprintf(`a[data-job-id="%d"]`, f.dead)
+		run(t, ctx, "filter jobs",
+			chromedp.Click(chromedp.CSS(`a[data-nav="jobs"]`)),
+			chromedp.WaitVisible(chromedp.CSS("#f-state")),
+			chromedp.SetValue(chromedp.CSS("#f-state"), "dead"),
+			chromedp.SendKeys(chromedp.CSS("#f-queue"), "mail"),
+			chromedp.Click(chromedp.CSS("#apply-filter")),
+			chromedp.WaitVisible(chromedp.CSS(deadSel)),
+			f.shot("jobs"))
+		if n := count(t, ctx, "a[data-job-id]"); n != 1 {
+			t.Fatalf("%d jobs listed for state=dead queue=mail, want 1", n)
+		}
+
+		// The job page: three failed attempts, collapsed; the error; the
+		// trace link.
+		run(t, ctx, "open the dead job",
+			chromedp.Click(chromedp.CSS(deadSel)),
+			chromedp.WaitVisible(chromedp.CSS(`#job-state[data-job-state="dead"]`)),
+			chromedp.WaitVisible(chromedp.CSS("#job-requeue")))
+		if n := count(t, ctx, "details.attempt"); n != 3 {
+			t.Fatalf("%d attempts shown, want 3", n)
+		}
+		if n := count(t, ctx, "details.attempt[open]"); n != 0 {
+			t.Fatalf("%d attempts open, want all collapsed", n)
+		}
+		if e := text(t, ctx, "#last-error"); !strings.Contains(e, "550 mailbox unavailable") || !strings.Contains(e, "goroutine 42") {
+			t.Fatalf("error shown: %q", e)
+		}
+		href := value(t, ctx, "trace link", chromedp.AttributeValue(chromedp.CSS("#trace-link"), "href")).Value
+		if href != "http://tracing.invalid/trace/"+traceID {
+			t.Fatalf("trace link %q", href)
+		}
+		run(t, ctx, "open an attempt",
+			chromedp.Click(chromedp.CSS(`details.attempt[data-attempt="3"] summary`)),
+			chromedp.WaitVisible(chromedp.CSS(`details.attempt[data-attempt="3"] pre`)),
+			f.shot("job-dead"))
+
+		// Requeue it with the worker fixed: the page follows it to succeeded.
+		f.fixed.Store(true)
+		run(t, ctx, "requeue and see it succeed",
+			chromedp.Click(chromedp.CSS("#job-requeue")),
+			chromedp.WaitVisible(chromedp.CSS(`#job-state[data-job-state="succeeded"]`)),
+			f.shot("job-succeeded"))
+		if s := f.state(f.dead); s != "succeeded" {
+			t.Fatalf("job %d is %s in the database", f.dead, s)
+		}
+
+		// A refused write shows the API's problem: the other dead job's
+		// page, requeued behind its back, then Requeue clicked (409).
+		run(t, ctx, "open the second dead job",
+			chromedp.Navigate(f.url+"#/jobs/"+strconv.FormatInt(f.dead2, 10)),
+			chromedp.WaitVisible(chromedp.CSS(`#job-state[data-job-state="dead"]`)))
+		if err := core.Requeue(f.ctx, f.pool, f.dead2); err != nil {
+			t.Fatal(err)
+		}
+		run(t, ctx, "refused requeue",
+			chromedp.Click(chromedp.CSS("#job-requeue")),
+			chromedp.WaitVisible(chromedp.CSS(`[role=alert][data-problem-status="409"]`)))
+		if d := text(t, ctx, "[role=alert] .problem-detail"); !strings.Contains(d, "jobs.requeue refused for job "+strconv.FormatInt(f.dead2, 10)) {
+			t.Fatalf("problem detail %q", d)
+		}
+
+		// Bulk: the dry run's count first, then the change; a state the
+		// action does not apply to is refused (422) with its field error.
+		run(t, ctx, "bulk dry run",
+			chromedp.Navigate(f.url+"#/jobs?state=cancelled"),
+			chromedp.WaitVisible(chromedp.CSS("#bulk-count")),
+			chromedp.SetValue(chromedp.CSS("#bulk-action"), "requeue"),
+			chromedp.Click(chromedp.CSS("#bulk-count")),
+			chromedp.WaitVisible(chromedp.CSS("#bulk-confirm")),
+			f.shot("bulk-confirm"))
+		if q := text(t, ctx, "#bulk-q"); !strings.Contains(q, "1 job would be requeued") {
+			t.Fatalf("dry run says %q", q)
+		}
+		run(t, ctx, "bulk confirm",
+			chromedp.Click(chromedp.CSS("#bulk-confirm")),
+			chromedp.WaitVisible(chromedp.CSS(`[role=status]`)))
+		if n := testdb.Count(t, f.pool, `SELECT count(*) FROM relay_jobs WHERE state = 'cancelled'`); n != 0 {
+			t.Fatalf("%d cancelled jobs left after the bulk requeue", n)
+		}
+		run(t, ctx, "bulk refused",
+			chromedp.Navigate(f.url+"#/jobs?state=succeeded"),
+			chromedp.WaitVisible(chromedp.CSS("#bulk-count")),
+			chromedp.SetValue(chromedp.CSS("#bulk-action"), "requeue"),
+			chromedp.Click(chromedp.CSS("#bulk-count")),
+			chromedp.WaitVisible(chromedp.CSS(`[role=alert][data-problem-status="422"]`)),
+			f.shot("problem"))
+		if p := text(t, ctx, "[role=alert]"); !strings.Contains(p, "requeue applies to jobs in states dead, cancelled") {
+			t.Fatalf("problem shown: %q", p)
+		}
+
+		// Schedules and outbox.
+		run(t, ctx, "schedules",
+			chromedp.Click(chromedp.CSS(`a[data-nav="schedules"]`)),
+			chromedp.WaitVisible(chromedp.CSS(`#sched-nightly-digest button[data-schedule-action="pause"]`)),
+			f.shot("schedules"))
+		if n := count(t, ctx, "#sched-nightly-digest .next-fires li"); n != 5 {
+			t.Fatalf("%d next fires shown, want 5", n)
+		}
+		run(t, ctx, "pause the schedule",
+			chromedp.Click(chromedp.CSS(`#sched-nightly-digest button[data-schedule-action="pause"]`)),
+			chromedp.WaitVisible(chromedp.CSS(`#sched-nightly-digest button[data-schedule-action="resume"]`)))
+		run(t, ctx, "outbox",
+			chromedp.Click(chromedp.CSS(`a[data-nav="outbox"]`)),
+			chromedp.WaitVisible(chromedp.CSS(`button[data-redispatch]`)),
+			f.shot("outbox"))
+
+		// Narrow window: the overview and a job still work.
+		run(t, ctx, "narrow",
+			chromedp.EmulateViewport(420, 860),
+			chromedp.Navigate(f.url+"#/"),
+			chromedp.WaitVisible(chromedp.CSS(`button[data-queue="billing"]`)),
+			f.shot("overview-narrow"),
+			chromedp.Navigate(f.url+"#/jobs/"+strconv.FormatInt(f.dead, 10)),
+			chromedp.WaitVisible(chromedp.CSS(`#job-state[data-job-state="succeeded"]`)),
+			f.shot("job-narrow"))
+	})
+
+	t.Run("read-only", func(t *testing.T) {
+		ctx := tab(t, bctx)
+		f.signIn(t, ctx, f.ro)
+		run(t, ctx, "overview", chromedp.WaitVisible(chromedp.CSS("#card-dead")), chromedp.WaitVisible(chromedp.CSS("table")))
+		if got := text(t, ctx, "#who-mode"); got != "read only" {
+			t.Fatalf("who mode %q", got)
+		}
+		check := func(page, ready string) {
+			t.Helper()
+			run(t, ctx, page, chromedp.Navigate(f.url+page), chromedp.WaitVisible(chromedp.CSS(ready)))
+			// The filter form's Apply is the one button a reader has.
+			if n := count(t, ctx, "main button:not(#apply-filter)"); n != 0 {
+				html := value(t, ctx, "html", chromedp.OuterHTML(chromedp.CSS("main")))
+				t.Fatalf("%s: %d buttons for a read-only token:\n%s", page, n, html)
+			}
+		}
+		check("#/", "table")
+		check("#/jobs", "a[data-job-id]")
+		check("#/jobs/"+strconv.FormatInt(f.dead2, 10), "#job-state")
+		check("#/schedules", "#sched-nightly-digest")
+		check("#/outbox", "table")
+	})
+
+	t.Run("bad token", func(t *testing.T) {
+		ctx := tab(t, bctx)
+		other, err := admin.MintToken([]byte("another-secret-another-secret-123"), admin.TokenOpts{Issuer: issuer, Audience: audience, Subject: "mallory"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		run(t, ctx, "refused sign-in",
+			chromedp.EmulateViewport(1280, 800),
+			chromedp.Navigate(f.url),
+			chromedp.WaitVisible(chromedp.CSS("#token")),
+			chromedp.SendKeys(chromedp.CSS("#token"), other),
+			chromedp.Click(chromedp.CSS("#signin")),
+			chromedp.WaitVisible(chromedp.CSS(`[role=alert][data-problem-status="401"]`)),
+			f.shot("signin-refused"))
+		if d := text(t, ctx, "[role=alert] .problem-detail"); !strings.Contains(d, "invalid token") {
+			t.Fatalf("problem detail %q", d)
+		}
+	})
+}
+
+func (f *fixture) queuePaused(name string) bool {
+	f.t.Helper()
+	return testdb.Count(f.t, f.pool, `SELECT count(*) FROM relay_queue_pauses WHERE queue = $1`, name) == 1
+}

@@ -1,0 +1,73 @@
+// Package ui is Relay's dashboard: static HTML, CSS and a few hand-written
+// JavaScript modules, embedded in the binary and served under /ui/ next to
+// the admin API. The pages call the admin API (/v1/...) with the bearer
+// token the operator pasted, kept in the browser's session storage, so the
+// dashboard can do nothing the token may not: the server side serves files
+// only, with no session and no access to the database.
+//
+// Nothing is fetched from the internet at run time: no CDN, no web fonts.
+// There is no JavaScript build step; the files under static/ are what the
+// browser runs.
+package ui
+
+import (
+	"embed"
+	"encoding/json"
+	"io/fs"
+	"net/http"
+	"strings"
+)
+
+//go:embed static
+var static embed.FS
+
+// Options configures Handler. The zero value serves the dashboard without
+// trace links.
+type Options struct {
+	// TraceURL, when set, turns a job's trace id into a link: the URL with
+	// "{trace_id}" replaced by the id, e.g.
+	// "http://localhost:16686/trace/{trace_id}" for Jaeger.
+	TraceURL string
+}
+
+// csp allows the page its own scripts, styles and API calls, and nothing
+// else: no inline script, no third-party origin, no framing.
+const csp = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; " +
+	"connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+
+// Handler serves the dashboard for requests whose path starts with /ui/
+// (mount it at "/ui/" of the admin API's mux, which is what admin.Handler
+// does). /ui/config.json tells the pages the options.
+func Handler(opts *Options) http.Handler {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	sub, err := fs.Sub(static, "static")
+	if err != nil {
+		panic(err) // the embedded tree is fixed at build time
+	}
+	files := http.StripPrefix("/ui/", http.FileServerFS(sub))
+	config, _ := json.Marshal(map[string]string{"trace_url": o.TraceURL}) //nolint:errchkjson // a map of strings
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Content-Security-Policy", csp)
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("Referrer-Policy", "no-referrer")
+		h.Set("Cache-Control", "no-cache")
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			h.Set("Allow", "GET, HEAD")
+			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+			return
+		}
+		switch {
+		case r.URL.Path == "/ui/config.json":
+			h.Set("Content-Type", "application/json")
+			w.Write(config) //nolint:errcheck // the client has gone if this fails
+		case strings.HasPrefix(r.URL.Path, "/ui/"):
+			files.ServeHTTP(w, r)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+}
