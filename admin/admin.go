@@ -52,6 +52,9 @@ type Config struct {
 	// tracing UI: "{trace_id}" in it is replaced by the id (for Jaeger,
 	// "http://localhost:16686/trace/{trace_id}").
 	TraceURL string
+	// DashboardLogin, when set, lets the dashboard exchange one-time login
+	// codes for tokens (relay serve's login link on loopback).
+	DashboardLogin *ui.OneTimeLogin
 }
 
 // Version is the API's version in its OpenAPI document.
@@ -126,7 +129,7 @@ func newAPI(pool *pgxpool.Pool, cfg *Config) (http.Handler, huma.API, error) {
 	s.registerAudit(api)
 	s.registerWhoami(api)
 	s.registerWorkflows(api)
-	mountUI(mux, c.TraceURL)
+	mountUI(mux, &ui.Options{TraceURL: c.TraceURL, Login: c.DashboardLogin})
 	return problemRouter{mux: mux}, api, nil
 }
 
@@ -160,8 +163,12 @@ func (s *server) internalError(what string, err error) error {
 // there. The dashboard's files are public; its pages call the API with the
 // operator's token like any other client. The redirects are relative, so
 // they work when the handler is mounted under a prefix.
-func mountUI(mux *http.ServeMux, traceURL string) {
-	mux.Handle("GET /ui/", ui.Handler(&ui.Options{TraceURL: traceURL}))
+func mountUI(mux *http.ServeMux, o *ui.Options) {
+	h := ui.Handler(o)
+	mux.Handle("GET /ui/", h)
+	if o.Login != nil {
+		mux.Handle("POST /ui/login", h)
+	}
 	to := func(loc string) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Location", loc)

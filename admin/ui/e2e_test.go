@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/admin"
+	"github.com/relayq/relay/admin/ui"
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/internal/testdb"
 	"github.com/relayq/relay/outbox"
@@ -82,6 +83,7 @@ type fixture struct {
 	dead   int64 // receipt.send, dead after 3 failed attempts by the worker
 	dead2  int64 // a second dead job of queue billing (the blocked key's head)
 	shots  string
+	login  *ui.OneTimeLogin
 }
 
 func setup(t *testing.T) *fixture {
@@ -92,9 +94,11 @@ func setup(t *testing.T) *fixture {
 	if f.shots == "" {
 		f.shots = t.TempDir()
 	}
+	f.login = ui.NewOneTimeLogin(func() (string, error) { return f.token("dashboard-login", admin.ScopeRead, admin.ScopeWrite), nil })
 	h, err := admin.Handler(f.pool, &admin.Config{
-		Auth:     &admin.Auth{Issuer: issuer, Audience: audience, HS256Secret: secret},
-		TraceURL: "http://tracing.invalid/trace/{trace_id}",
+		Auth:           &admin.Auth{Issuer: issuer, Audience: audience, HS256Secret: secret},
+		TraceURL:       "http://tracing.invalid/trace/{trace_id}",
+		DashboardLogin: f.login,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -513,6 +517,27 @@ func TestDashboard(t *testing.T) {
 		check("#/jobs/"+strconv.FormatInt(f.dead2, 10), "#job-state")
 		check("#/schedules", "#sched-nightly-digest")
 		check("#/outbox", "table")
+	})
+
+	t.Run("login link", func(t *testing.T) {
+		ctx := tab(t, bctx)
+		code := f.login.NewCode(time.Minute)
+		run(t, ctx, "open the login link",
+			chromedp.EmulateViewport(1280, 800),
+			chromedp.Navigate(f.url+"#login="+code),
+			chromedp.WaitVisible(chromedp.CSS("#card-dead")))
+		if who := text(t, ctx, "#who-name"); who != "dashboard-login" {
+			t.Fatalf("signed in as %q", who)
+		}
+		if loc := value(t, ctx, "location", chromedp.Evaluate[string]("location.href")); strings.Contains(loc, code) {
+			t.Fatalf("the code stayed in the address bar: %s", loc)
+		}
+		// The code is spent: a second use (another tab) is refused.
+		ctx2 := tab(t, bctx)
+		run(t, ctx2, "reuse the login link",
+			chromedp.Navigate(f.url+"#login="+code),
+			chromedp.WaitVisible(chromedp.CSS(`[role=alert][data-problem-status="403"]`)),
+			chromedp.WaitVisible(chromedp.CSS("#token")))
 	})
 
 	t.Run("bad token", func(t *testing.T) {

@@ -28,6 +28,9 @@ type Options struct {
 	// "{trace_id}" replaced by the id, e.g.
 	// "http://localhost:16686/trace/{trace_id}" for Jaeger.
 	TraceURL string
+	// Login, when set, exchanges one-time login codes for tokens at POST
+	// /ui/login (relay serve's login link on loopback).
+	Login *OneTimeLogin
 }
 
 // csp allows the page its own scripts, styles and API calls, and nothing
@@ -55,9 +58,13 @@ func Handler(opts *Options) http.Handler {
 		h.Set("X-Content-Type-Options", "nosniff")
 		h.Set("Referrer-Policy", "no-referrer")
 		h.Set("Cache-Control", "no-cache")
+		if r.URL.Path == "/ui/login" && r.Method == http.MethodPost && o.Login != nil {
+			o.Login.serveLogin(w, r)
+			return
+		}
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			h.Set("Allow", "GET, HEAD")
-			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+			problem(w, r, http.StatusMethodNotAllowed, "method "+r.Method+" is not allowed on "+r.URL.Path)
 			return
 		}
 		switch {
@@ -67,7 +74,7 @@ func Handler(opts *Options) http.Handler {
 		case strings.HasPrefix(r.URL.Path, "/ui/"):
 			files.ServeHTTP(w, r)
 		default:
-			http.NotFound(w, r)
+			problem(w, r, http.StatusNotFound, "no such page: "+r.URL.Path)
 		}
 	})
 }

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/relayq/relay/admin"
+	"github.com/relayq/relay/admin/ui"
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/telemetry"
 )
@@ -29,6 +30,8 @@ func runServe(ctx context.Context, args []string) error {
 	audience := fs.String("audience", defaultAudience, "required aud claim of tokens")
 	jwks := fs.String("jwks-file", "", "JWKS file of RS256/ES256 public keys (instead of $"+secretEnv+")")
 	noAuth := fs.Bool("no-auth", false, "serve without authentication (loopback addresses only)")
+	traceURL := fs.String("trace-url", os.Getenv("RELAY_TRACE_URL"), "tracing UI URL for the dashboard's trace links, {trace_id} replaced (e.g. http://localhost:16686/trace/{trace_id})")
+	noLoginLink := fs.Bool("no-login-link", false, "do not print the dashboard's one-time login link (printed on loopback with $"+secretEnv+")")
 	demoWorkers := fs.Bool("demo-workers", false, "also run workers for the demo's jobs, with demo.doomed fixed (the README walkthrough)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -36,7 +39,7 @@ func runServe(ctx context.Context, args []string) error {
 	if *url == "" {
 		return errors.New("serve: no database: pass --database-url or set $DATABASE_URL")
 	}
-	cfg := &admin.Config{Logger: slog.Default()}
+	cfg := &admin.Config{Logger: slog.Default(), TraceURL: *traceURL}
 	secret := os.Getenv(secretEnv)
 	switch {
 	case *jwks != "":
@@ -53,6 +56,17 @@ func runServe(ctx context.Context, args []string) error {
 	}
 	if cfg.NoAuth && !isLoopback(*listen) {
 		return fmt.Errorf("serve: refusing to listen on %s without authentication (only loopback addresses may use --no-auth)", *listen)
+	}
+
+	// On loopback with an HS256 secret, the dashboard can be opened by a
+	// one-time login link: a short-lived code, exchanged once for a token.
+	var login *ui.OneTimeLogin
+	if secret != "" && cfg.Auth != nil && cfg.Auth.HS256Secret != nil && isLoopback(*listen) && !*noLoginLink {
+		login = ui.NewOneTimeLogin(func() (string, error) {
+			return admin.MintToken([]byte(secret), admin.TokenOpts{Issuer: *issuer, Audience: *audience,
+				Subject: "dashboard-login", TTL: 8 * time.Hour})
+		})
+		cfg.DashboardLogin = login
 	}
 
 	pool, err := pgxpool.New(ctx, *url)
@@ -99,6 +113,10 @@ func runServe(ctx context.Context, args []string) error {
 		auth = "NO AUTHENTICATION (loopback only)"
 	}
 	fmt.Printf("relay serve: admin API on http://%s (auth: %s); /openapi.json, /metrics, /healthz, /readyz\n", ln.Addr(), auth)
+	fmt.Printf("relay serve: dashboard on http://%s/ui/\n", ln.Addr())
+	if login != nil {
+		fmt.Printf("relay serve: one-time dashboard login link (valid 10 minutes, once): http://%s/ui/#login=%s\n", ln.Addr(), login.NewCode(10*time.Minute))
+	}
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

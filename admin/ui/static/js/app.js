@@ -60,6 +60,7 @@ function setNav(section) {
   }
   const w = document.getElementById('who');
   w.hidden = false;
+  document.getElementById('signout').hidden = !token.get();
   document.getElementById('who-name').textContent = who.subject;
   const mode = document.getElementById('who-mode');
   mode.textContent = canWrite() ? 'read + write' : 'read only';
@@ -71,12 +72,15 @@ export const canWrite = () => !!who && who.scopes.includes('relay:write');
 async function route() {
   const gen = ++generation;
   if (cleanup) { cleanup(); cleanup = null; }
-  if (!token.get()) return login();
+  if (loginProblem) { const e = loginProblem; loginProblem = null; return login(e); }
   if (!who) {
+    // Without a token, a server without authentication (relay serve
+    // --no-auth, loopback only) still answers; any other asks for one.
+    const had = !!token.get();
     try {
       who = await api('GET', 'v1/whoami');
     } catch (e) {
-      return login(e);
+      return login(had ? e : null);
     }
   }
   const { path, params } = parseHash();
@@ -146,5 +150,26 @@ document.getElementById('signout').addEventListener('click', () => {
   who = null;
   go('/');
 });
+// exchangeLoginCode takes a one-time login code from the URL's fragment
+// (relay serve's login link on loopback), drops it from the address bar and
+// history, and exchanges it once for a token.
+let loginProblem = null;
+async function exchangeLoginCode() {
+  const m = location.hash.match(/^#login=([A-Za-z0-9]+)$/);
+  if (!m) return;
+  history.replaceState(null, '', location.pathname + location.search + '#/');
+  try {
+    const r = await fetch('login', {
+      method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ code: m[1] }),
+      credentials: 'omit', cache: 'no-store',
+    });
+    const data = await r.json().catch(() => ({ title: r.statusText }));
+    if (!r.ok) throw new Problem(data, r.status);
+    token.set(data.token);
+  } catch (e) {
+    loginProblem = e instanceof Problem ? e : new Problem({ title: 'Login link failed', detail: String(e) }, 0);
+  }
+}
+
 window.addEventListener('hashchange', route);
-route();
+exchangeLoginCode().then(route);

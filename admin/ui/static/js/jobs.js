@@ -22,7 +22,7 @@ export async function render(view, ctx) {
     h('a', { href: `#/jobs/${j.id}`, 'data-job-id': j.id }, String(j.id)),
     j.kind, j.queue, badge(j.state), `${j.attempt}/${j.max_attempts}`,
     time(j.created_at), time(j.finalized_at || (j.state === 'queued' ? j.run_at : j.attempted_at)),
-    h('td', { class: 'err' }, j.last_error ? firstLine(j.last_error) : ''),
+    h('td', { class: j.state === 'dead' ? 'err' : 'err muted' }, j.last_error ? firstLine(j.last_error) : ''),
   ]);
   const pager = h('div', { class: 'pager' },
     cursor ? h('a', { class: 'button secondary', href: '#/jobs' + query(f) }, '« First page') : null,
