@@ -11,9 +11,12 @@
 // it is generated from the handlers' Go types by huma, so it cannot drift
 // from them.
 //
-// The API uses the public APIs of core, scheduler and outbox, plus a few
-// read-only statements of its own (admin/queries.go); no database row type
-// crosses the API boundary.
+// Changes go through the public APIs of core (Cancel, Requeue, PauseQueue,
+// ResumeQueue) and scheduler (Pause, Resume, TriggerNow); reads and the few
+// changes those packages have no call for (retry now, delete a finished job,
+// redispatch an outbox event, delete an idempotency key) are statements of
+// its own, all in admin/queries.go. No database row type crosses the API
+// boundary.
 package admin
 
 import (
@@ -22,6 +25,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
+	"time"
 
 	"github.com/danielgtaylor/huma/v2"
 	"github.com/danielgtaylor/huma/v2/adapters/humago"
@@ -46,12 +51,17 @@ type Config struct {
 	// BulkBatchSize caps the jobs a bulk operation changes per transaction.
 	// Default 500.
 	BulkBatchSize int
+	// BulkTimeBudget is how long a bulk operation keeps starting batches;
+	// when it runs out the answer says done: false, with the counts so far,
+	// and running the operation again continues. Default 20s.
+	BulkTimeBudget time.Duration
+	// RequestTimeout bounds every request's work. Default 60s.
+	RequestTimeout time.Duration
+	// TraceURL, when set, makes each traced job link to its trace: the URL
+	// with {trace_id} replaced ("http://jaeger:16686/trace/{trace_id}").
+	TraceURL string
 	// Logger receives unexpected errors. Default slog.Default().
 	Logger *slog.Logger
-	// TraceURL, when set, makes the dashboard link a job's trace id to a
-	// tracing UI: "{trace_id}" in it is replaced by the id (for Jaeger,
-	// "http://localhost:16686/trace/{trace_id}").
-	TraceURL string
 	// DashboardLogin, when set, lets the dashboard exchange one-time login
 	// codes for tokens (relay serve's login link on loopback).
 	DashboardLogin *ui.OneTimeLogin
@@ -91,6 +101,8 @@ func newAPI(pool *pgxpool.Pool, cfg *Config) (http.Handler, huma.API, error) {
 		c = *cfg
 	}
 	c.BulkBatchSize = cmp.Or(c.BulkBatchSize, 500)
+	c.BulkTimeBudget = cmp.Or(c.BulkTimeBudget, 20*time.Second)
+	c.RequestTimeout = cmp.Or(c.RequestTimeout, 60*time.Second)
 	s := &server{pool: pool, cfg: c, log: cmp.Or(c.Logger, slog.Default())}
 	switch {
 	case c.Auth != nil && c.NoAuth:
@@ -103,6 +115,9 @@ func newAPI(pool *pgxpool.Pool, cfg *Config) (http.Handler, huma.API, error) {
 		s.verifier = v
 	case !c.NoAuth:
 		return nil, nil, errors.New("admin: no Auth configured (set NoAuth to serve without authentication)")
+	}
+	if c.TraceURL != "" && !strings.Contains(c.TraceURL, "{trace_id}") {
+		return nil, nil, errors.New("admin: TraceURL must contain {trace_id}")
 	}
 
 	mux := http.NewServeMux()
@@ -129,7 +144,7 @@ func newAPI(pool *pgxpool.Pool, cfg *Config) (http.Handler, huma.API, error) {
 	s.registerAudit(api)
 	s.registerWhoami(api)
 	s.registerWorkflows(api)
-	mountUI(mux, &ui.Options{TraceURL: c.TraceURL, Login: c.DashboardLogin})
+	mountUI(mux, &ui.Options{Login: c.DashboardLogin})
 	return problemRouter{mux: mux}, api, nil
 }
 

@@ -41,7 +41,8 @@ type bundle struct {
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	pool := testdb.New(t)
-	h, err := Handler(pool, &Config{Auth: &Auth{Issuer: testIssuer, Audience: testAudience, HS256Secret: testSecret}})
+	h, err := Handler(pool, &Config{Auth: &Auth{Issuer: testIssuer, Audience: testAudience, HS256Secret: testSecret},
+		TraceURL: "http://jaeger.test/trace/{trace_id}"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -303,7 +304,8 @@ func TestJobLifecycle(t *testing.T) {
 		t.Fatalf("dead jobs: %s", mustJSON(list))
 	}
 	got := b.ok(b.do("GET", "/v1/jobs/"+itoa(dead), b.ro, nil))
-	if got["last_error"] != "smtp: 550 mailbox unavailable" || got["trace_id"] != "4bf92f3577b34da6a3ce929d0e0e4736" {
+	if got["last_error"] != "smtp: 550 mailbox unavailable" || got["trace_id"] != "4bf92f3577b34da6a3ce929d0e0e4736" ||
+		got["trace_url"] != "http://jaeger.test/trace/4bf92f3577b34da6a3ce929d0e0e4736" {
 		t.Fatalf("job: %s", mustJSON(got))
 	}
 	atts := got["attempts"].([]any)

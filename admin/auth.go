@@ -275,10 +275,14 @@ func scopes(ctx context.Context) []string {
 	return s
 }
 
-// authenticate is the middleware that checks the bearer token and the scope
-// the operation needs, before the request body is read.
+// authenticate is the middleware that bounds the request's time
+// (Config.RequestTimeout) and checks the bearer token and the scope the
+// operation needs, before the request body is read.
 func (s *server) authenticate(api huma.API) func(huma.Context, func(huma.Context)) {
 	return func(ctx huma.Context, next func(huma.Context)) {
+		bounded, cancel := context.WithTimeout(ctx.Context(), s.cfg.RequestTimeout)
+		defer cancel()
+		ctx = huma.WithContext(ctx, bounded)
 		need := ScopeWrite
 		if ctx.Operation().Method == http.MethodGet {
 			need = ScopeRead
@@ -287,8 +291,8 @@ func (s *server) authenticate(api huma.API) func(huma.Context, func(huma.Context
 			next(huma.WithValue(huma.WithValue(ctx, subjectKey{}, "anonymous"), scopesKey{}, []string{ScopeRead, ScopeWrite}))
 			return
 		}
-		token, ok := strings.CutPrefix(ctx.Header("Authorization"), "Bearer ")
-		if !ok || strings.TrimSpace(token) == "" {
+		scheme, token, _ := strings.Cut(ctx.Header("Authorization"), " ")
+		if !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(token) == "" { // the scheme is case-insensitive (RFC 9110 §11.1)
 			ctx.SetHeader("WWW-Authenticate", `Bearer realm="relay"`)
 			huma.WriteErr(api, ctx, http.StatusUnauthorized, "a bearer token is required (Authorization: Bearer <JWT>)") //nolint:errcheck // logged by huma
 			return

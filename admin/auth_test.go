@@ -125,6 +125,16 @@ func TestLeeway(t *testing.T) {
 		t.Fatalf("expired 10s ago (leeway 30s): %d %s", r.Status, r.Body)
 	}
 	b.problem(b.do("GET", "/v1/audit", b.token(TokenOpts{TTL: -2 * time.Minute}), nil), 401)
+	// The scheme is case-insensitive; another scheme is refused.
+	for scheme, want := range map[string]int{"bearer": 200, "BEARER": 200, "Basic": 401, "": 401} {
+		req := httptest.NewRequest("GET", "/v1/audit", nil)
+		req.Header.Set("Authorization", strings.TrimSpace(scheme+" "+b.rw))
+		rec := httptest.NewRecorder()
+		b.h.ServeHTTP(rec, req)
+		if rec.Code != want {
+			t.Errorf("scheme %q: %d, want %d", scheme, rec.Code, want)
+		}
+	}
 	// A token without exp is refused.
 	tok := jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.MapClaims{"iss": testIssuer, "aud": testAudience, "sub": "x", "scope": "relay:read"})
 	s, _ := tok.SignedString(testSecret)

@@ -40,7 +40,9 @@ type JobDetail struct {
 	Args     json.RawMessage `json:"args"`
 	Metadata json.RawMessage `json:"metadata"`
 	// TraceID is the W3C trace id of the job's trace ("" when not traced).
-	TraceID  string    `json:"trace_id,omitempty"`
+	TraceID string `json:"trace_id,omitempty"`
+	// TraceURL links to the trace in a tracing UI (Config.TraceURL).
+	TraceURL string    `json:"trace_url,omitempty"`
 	Attempts []Attempt `json:"attempts"`
 }
 
@@ -53,9 +55,6 @@ type Attempt struct {
 	Outcome    string     `json:"outcome" enum:"failed,succeeded,running,cancelled"`
 	Error      string     `json:"error,omitempty"`
 }
-
-// jobStates is the enum of job states in filters.
-const jobStates = "queued,claimed,succeeded,dead,cancelled"
 
 type listJobsInput struct {
 	State           string    `query:"state" enum:"queued,claimed,succeeded,dead,cancelled" doc:"One state; a finished state lists newest finish first"`
@@ -149,18 +148,24 @@ func (in *bulkInput) Resolve(huma.Context) []error {
 			errs = append(errs, &huma.ErrorDetail{Location: "body.filter." + name, Message: "must be UTF-8 without NUL bytes"})
 		}
 	}
-	if f.State != "" && !slices.Contains(bulkStates[in.Body.Action], f.State) {
+	if f.State != "" && !slices.Contains(bulkStates(in.Body.Action), f.State) {
 		errs = append(errs, &huma.ErrorDetail{Location: "body.filter.state",
-			Message: fmt.Sprintf("%s applies to jobs in states %s", in.Body.Action, strings.Join(bulkStates[in.Body.Action], ", ")), Value: f.State})
+			Message: fmt.Sprintf("%s applies to jobs in states %s", in.Body.Action, strings.Join(bulkStates(in.Body.Action), ", ")), Value: f.State})
 	}
 	return errs
 }
 
-// bulkStates are the states each bulk action applies to.
-var bulkStates = map[string][]string{
-	"requeue": {"dead", "cancelled"},
-	"cancel":  {"queued", "claimed"},
-	"delete":  {"succeeded", "dead", "cancelled"},
+// bulkStates are the states a bulk action applies to.
+func bulkStates(action string) []string {
+	switch action {
+	case "requeue":
+		return []string{"dead", "cancelled"}
+	case "cancel":
+		return []string{"queued", "claimed"}
+	case "delete":
+		return []string{"succeeded", "dead", "cancelled"}
+	}
+	return nil
 }
 
 // BulkResult says what a bulk operation did (or, dry, would do).
@@ -171,6 +176,7 @@ type BulkResult struct {
 	Changed int64  `json:"changed" doc:"Jobs changed (0 on a dry run)"`
 	Skipped int64  `json:"skipped" doc:"Matched jobs that had moved on (another state) by the time their batch ran"`
 	Batches int    `json:"batches" doc:"Transactions used, each of at most the batch size and audited"`
+	Done    bool   `json:"done" doc:"False when the time budget ran out first: run the same request again to continue"`
 }
 
 type bulkOutput struct {
@@ -330,8 +336,7 @@ func (s *server) getJob(ctx context.Context, in *jobIDInput) (*jobOutput, error)
 		return nil, s.jobError("get job", in.ID, err)
 	}
 	var traceparent string
-	var leaseExpires time.Time
-	if err := s.pool.QueryRow(ctx, sqlJobExtra, in.ID).Scan(&traceparent, &leaseExpires); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+	if err := s.pool.QueryRow(ctx, sqlJobTraceparent, in.ID).Scan(&traceparent); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return nil, s.internalError("get job", err)
 	}
 	d := JobDetail{
@@ -340,6 +345,9 @@ func (s *server) getJob(ctx context.Context, in *jobIDInput) (*jobOutput, error)
 			AttemptedAt: timePtr(row.AttemptedAt), AttemptedBy: row.AttemptedBy, FinalizedAt: row.FinalizedAt,
 			LastError: row.LastError, OrderingKey: row.OrderingKey},
 		Args: row.EncodedArgs, Metadata: row.Metadata, TraceID: traceID(traceparent),
+	}
+	if d.TraceID != "" && s.cfg.TraceURL != "" {
+		d.TraceURL = strings.ReplaceAll(s.cfg.TraceURL, "{trace_id}", d.TraceID)
 	}
 	d.Attempts = attempts(row)
 	return &jobOutput{Body: d}, nil
@@ -390,11 +398,11 @@ func (s *server) bulkJobs(ctx context.Context, in *bulkInput) (*bulkOutput, erro
 	f := jobFilter{Queue: b.Filter.Queue, Kind: b.Filter.Kind, OrderingKey: b.Filter.OrderingKey,
 		CreatedAfter: timePtr(b.Filter.CreatedAfter), CreatedBefore: timePtr(b.Filter.CreatedBefore),
 		FinalizedAfter: timePtr(b.Filter.FinalizedAfter), FinalizedBefore: timePtr(b.Filter.FinalizedBefore),
-		States: bulkStates[b.Action]}
+		States: bulkStates(b.Action)}
 	if b.Filter.State != "" {
 		f.States = []string{b.Filter.State}
 	}
-	res := BulkResult{Action: b.Action, DryRun: b.DryRun}
+	res := BulkResult{Action: b.Action, DryRun: b.DryRun, Done: true}
 	if b.DryRun {
 		sql, args := sqlBulkCount(f, max)
 		if err := s.pool.QueryRow(ctx, sql, args...).Scan(&res.Matched); err != nil {
@@ -403,7 +411,12 @@ func (s *server) bulkJobs(ctx context.Context, in *bulkInput) (*bulkOutput, erro
 		return &bulkOutput{Body: res}, nil
 	}
 	below := int64(1<<63 - 1)
+	budget := time.Now().Add(s.cfg.BulkTimeBudget)
 	for res.Matched < int64(max) {
+		if time.Now().After(budget) {
+			res.Done = false
+			break
+		}
 		batch := min(s.cfg.BulkBatchSize, max-int(res.Matched))
 		sql, args := sqlBulkBatch(f, below, batch)
 		rows, err := s.pool.Query(ctx, sql, args...)

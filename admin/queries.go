@@ -112,9 +112,8 @@ func sqlBulkCount(f jobFilter, max int) (string, []any) {
 	return fmt.Sprintf(`SELECT count(*) FROM (SELECT 1 FROM relay_jobs WHERE %s LIMIT $%d) AS matched`, w, len(args)), args
 }
 
-// sqlJobTrace reads a job's trace context and created_at (JobGet has no
-// trace id field).
-const sqlJobExtra = `SELECT coalesce(metadata->>'traceparent', ''), coalesce(lease_expires_at, 'epoch') FROM relay_jobs WHERE id = $1`
+// sqlJobTraceparent reads a job's W3C trace context from its metadata.
+const sqlJobTraceparent = `SELECT coalesce(metadata->>'traceparent', '') FROM relay_jobs WHERE id = $1`
 
 // sqlRetryNow makes a job queued for later runnable now.
 const sqlRetryNow = `

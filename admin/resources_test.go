@@ -235,6 +235,27 @@ func TestListDeadJobsUsesIndex(t *testing.T) {
 		}
 		t.Logf("plan:\n%s", plan)
 	}
+	// Lists of the active states go by id, on their partial indexes.
+	for _, st := range []string{"queued", "claimed"} {
+		sql, args := sqlListJobsByID(jobFilter{States: []string{st}}, nil, defaultLimit+1)
+		if plan := explain(t, b.pool, sql, args...); strings.Contains(plan, "Seq Scan") {
+			t.Fatalf("list of %s jobs scans the table:\n%s", st, plan)
+		}
+	}
+
+	// The queue stats read partial indexes only, never the finished rows
+	// outside the window.
+	for _, q := range []string{"", "q1"} {
+		plan := explain(t, b.pool, sqlQueueStats, 15, q)
+		if strings.Contains(plan, "Seq Scan on relay_jobs") {
+			t.Fatalf("queue stats scan the table:\n%s", plan)
+		}
+		plan = explain(t, b.pool, sqlQueueMinutes, 15, q)
+		if strings.Contains(plan, "Seq Scan on relay_jobs") {
+			t.Fatalf("queue minutes scan the table:\n%s", plan)
+		}
+	}
+
 	page := b.ok(b.do("GET", "/v1/jobs?state=dead&limit=50", b.ro, nil))
 	if n := len(page["items"].([]any)); n != 50 || page["next_cursor"] == nil {
 		t.Fatalf("page of %d dead jobs", n)
@@ -449,5 +470,33 @@ func TestDocsListEveryEndpoint(t *testing.T) {
 		if !served[op] {
 			t.Errorf("docs/admin.md documents %q, which is not served", op)
 		}
+	}
+}
+
+// TestBulkTimeBudget: a bulk operation whose time budget runs out answers
+// done: false with what it did, and the same request again continues.
+func TestBulkTimeBudget(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	short, err := Handler(pool, &Config{NoAuth: true, BulkTimeBudget: time.Nanosecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &bundle{t: t, pool: pool, h: short, ctx: context.Background()}
+	for range 3 {
+		b.job("k", "q", core.StateDead, "e")
+	}
+	req := map[string]any{"action": "requeue", "filter": map[string]any{"kind": "k"}}
+	r := b.ok(b.do("POST", "/v1/jobs/bulk", "", req))
+	if r["done"] != false || r["changed"].(float64) != 0 {
+		t.Fatalf("out of budget: %v", r)
+	}
+	b.h, err = Handler(pool, &Config{NoAuth: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = b.ok(b.do("POST", "/v1/jobs/bulk", "", req))
+	if r["done"] != true || r["changed"].(float64) != 3 {
+		t.Fatalf("second run: %v", r)
 	}
 }

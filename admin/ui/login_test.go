@@ -55,17 +55,15 @@ func TestOneTimeLogin(t *testing.T) {
 }
 
 // TestHandlerServesFiles: the pages, scripts and styles are embedded and
-// served with a strict content security policy; config.json carries the
-// trace URL.
+// served with a strict content security policy.
 func TestHandlerServesFiles(t *testing.T) {
 	t.Parallel()
-	h := Handler(&Options{TraceURL: "http://jaeger.local/trace/{trace_id}"})
+	h := Handler(nil)
 	for path, want := range map[string]string{
 		"/ui/":               "<title>Relay dashboard</title>",
 		"/ui/app.css":        "--focus",
 		"/ui/js/app.js":      "hashchange",
 		"/ui/js/api.js":      "sessionStorage",
-		"/ui/config.json":    `"trace_url":"http://jaeger.local/trace/{trace_id}"`,
 		"/ui/js/overview.js": "s('svg'",
 	} {
 		rec := httptest.NewRecorder()

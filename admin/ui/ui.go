@@ -12,7 +12,6 @@ package ui
 
 import (
 	"embed"
-	"encoding/json"
 	"io/fs"
 	"net/http"
 	"strings"
@@ -21,13 +20,9 @@ import (
 //go:embed static
 var static embed.FS
 
-// Options configures Handler. The zero value serves the dashboard without
-// trace links.
+// Options configures Handler. The zero value serves the dashboard, with
+// sign-in by a pasted token only.
 type Options struct {
-	// TraceURL, when set, turns a job's trace id into a link: the URL with
-	// "{trace_id}" replaced by the id, e.g.
-	// "http://localhost:16686/trace/{trace_id}" for Jaeger.
-	TraceURL string
 	// Login, when set, exchanges one-time login codes for tokens at POST
 	// /ui/login (relay serve's login link on loopback).
 	Login *OneTimeLogin
@@ -40,7 +35,7 @@ const csp = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 's
 
 // Handler serves the dashboard for requests whose path starts with /ui/
 // (mount it at "/ui/" of the admin API's mux, which is what admin.Handler
-// does). /ui/config.json tells the pages the options.
+// does).
 func Handler(opts *Options) http.Handler {
 	var o Options
 	if opts != nil {
@@ -51,7 +46,6 @@ func Handler(opts *Options) http.Handler {
 		panic(err) // the embedded tree is fixed at build time
 	}
 	files := http.StripPrefix("/ui/", http.FileServerFS(sub))
-	config, _ := json.Marshal(map[string]string{"trace_url": o.TraceURL}) //nolint:errchkjson // a map of strings
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := w.Header()
 		h.Set("Content-Security-Policy", csp)
@@ -68,9 +62,6 @@ func Handler(opts *Options) http.Handler {
 			return
 		}
 		switch {
-		case r.URL.Path == "/ui/config.json":
-			h.Set("Content-Type", "application/json")
-			w.Write(config) //nolint:errcheck // the client has gone if this fails
 		case strings.HasPrefix(r.URL.Path, "/ui/"):
 			files.ServeHTTP(w, r)
 		default:

@@ -30,7 +30,7 @@ func runServe(ctx context.Context, args []string) error {
 	audience := fs.String("audience", defaultAudience, "required aud claim of tokens")
 	jwks := fs.String("jwks-file", "", "JWKS file of RS256/ES256 public keys (instead of $"+secretEnv+")")
 	noAuth := fs.Bool("no-auth", false, "serve without authentication (loopback addresses only)")
-	traceURL := fs.String("trace-url", os.Getenv("RELAY_TRACE_URL"), "tracing UI URL for the dashboard's trace links, {trace_id} replaced (e.g. http://localhost:16686/trace/{trace_id})")
+	traceURL := fs.String("trace-url", "", "link each traced job to its trace: a URL with {trace_id}, e.g. http://localhost:16686/trace/{trace_id}")
 	noLoginLink := fs.Bool("no-login-link", false, "do not print the dashboard's one-time login link (printed on loopback with $"+secretEnv+")")
 	demoWorkers := fs.Bool("demo-workers", false, "also run workers for the demo's jobs, with demo.doomed fixed (the README walkthrough)")
 	if err := fs.Parse(args); err != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/internal/testdb"
 )
 
@@ -164,4 +166,66 @@ func TestServeEndpoints(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("relay serve did not stop")
 	}
+}
+
+// TestPauseAcrossProcesses: two relay serve processes, each running workers
+// on queue "demo", with their own connections. A pause made through one
+// process's API stops both from claiming; a resume through the other lets
+// them run the jobs.
+func TestPauseAcrossProcesses(t *testing.T) {
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Skip("needs bash")
+	}
+	pool := testdb.New(t)
+	url := pool.Config().ConnString()
+	bin := buildRelay(t)
+	var addrs []string
+	for range 2 {
+		addr := freeAddr(t)
+		cmd := exec.Command(bin, "serve", "--database-url", url, "--listen", addr, "--no-auth", "--demo-workers")
+		cmd.Env = append(os.Environ(), "RELAY_JWT_SECRET=")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Signal(os.Interrupt); cmd.Wait() })
+		addrs = append(addrs, addr)
+		testdb.WaitFor(t, "relay serve at "+addr, func() bool {
+			resp, err := http.Get("http://" + addr + "/healthz")
+			if err == nil {
+				resp.Body.Close()
+			}
+			return err == nil && resp.StatusCode == 200
+		})
+	}
+	post := func(addr, path string) {
+		t.Helper()
+		resp, err := http.Post("http://"+addr+path, "application/json", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("POST %s: %d", path, resp.StatusCode)
+		}
+	}
+	post(addrs[0], "/v1/queues/demo/pause")
+	ctx := context.Background()
+	var ids []int64
+	for i := range 6 {
+		r, err := core.Enqueue(ctx, pool, greetArgs{Name: fmt.Sprint(i)}, &core.EnqueueOpts{Queue: "demo"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, r.ID)
+	}
+	// Both processes were notified of the jobs and poll every second: a
+	// negative check needs a window, here three poll intervals.
+	time.Sleep(3 * time.Second)
+	if n := testdb.Count(t, pool, `SELECT count(*) FROM relay_jobs WHERE id = ANY($1) AND state <> 'queued'`, ids); n != 0 {
+		t.Fatalf("%d jobs of the paused queue were claimed", n)
+	}
+	post(addrs[1], "/v1/queues/demo/resume")
+	testdb.WaitFor(t, "the jobs to run after resume", func() bool {
+		return testdb.Count(t, pool, `SELECT count(*) FROM relay_jobs WHERE id = ANY($1) AND state = 'succeeded'`, ids) == len(ids)
+	})
 }

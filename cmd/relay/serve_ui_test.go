@@ -38,9 +38,9 @@ func TestServeDashboard(t *testing.T) {
 		t.Errorf("GET /: %d to %q", r.StatusCode, r.Header.Get("Location"))
 	}
 	for path, want := range map[string]string{
-		"/ui/":            "<title>Relay dashboard</title>",
-		"/ui/js/app.js":   "v1/whoami",
-		"/ui/config.json": `"trace_url":"http://localhost:16686/trace/{trace_id}"`,
+		"/ui/":          "<title>Relay dashboard</title>",
+		"/ui/js/app.js": "v1/whoami",
+		"/ui/js/job.js": "trace_url",
 	} {
 		r, body := get(path)
 		if r == nil || r.StatusCode != 200 || !strings.Contains(body, want) {

@@ -57,15 +57,3 @@ export function query(params) {
   const s = q.toString();
   return s ? '?' + s : '';
 }
-
-// Config is the server's dashboard options (the tracing UI link).
-let config;
-export async function uiConfig() {
-  if (!config) {
-    try {
-      const r = await fetch('config.json', { cache: 'no-store', credentials: 'omit' });
-      config = r.ok ? await r.json() : {};
-    } catch { config = {}; }
-  }
-  return config;
-}

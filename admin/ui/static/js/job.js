@@ -1,14 +1,13 @@
 // A job: its fields, args, metadata, every attempt (collapsed), its trace,
 // and the actions its state allows. While the job is queued or running the
 // page refreshes itself, so a requeued job is seen to succeed.
-import { api, uiConfig } from './api.js';
+import { api } from './api.js';
 import { h, badge, time, json, duration } from './dom.js';
 import { action } from './app.js';
 
 const FINAL = ['succeeded', 'dead', 'cancelled'];
 
 export async function render(view, ctx) {
-  const cfg = await uiConfig();
   const note = h('div', { 'aria-live': 'polite' });
   const body = h('div', {});
   let timer = null;
@@ -19,7 +18,7 @@ export async function render(view, ctx) {
     const sig = JSON.stringify(j);
     if (sig !== last) { // keep open attempts open when nothing changed
       last = sig;
-      body.replaceChildren(...content(j, ctx, cfg, note, load));
+      body.replaceChildren(...content(j, ctx, note, load));
     }
     clearTimeout(timer);
     if (!FINAL.includes(j.state)) timer = setTimeout(() => load().catch(() => {}), 1500);
@@ -31,7 +30,7 @@ export async function render(view, ctx) {
   return () => clearTimeout(timer);
 }
 
-function content(j, ctx, cfg, note, reload) {
+function content(j, ctx, note, reload) {
   const fields = [
     ['State', h('span', { id: 'job-state', 'data-job-state': j.state }, badge(j.state))],
     ['Kind', h('code', {}, j.kind)],
@@ -43,7 +42,7 @@ function content(j, ctx, cfg, note, reload) {
     ['Last attempt', j.attempted_at ? [time(j.attempted_at), j.attempted_by ? ` by ${j.attempted_by}` : ''] : null],
     ['Finished', j.finalized_at ? time(j.finalized_at) : null],
     ['Ordering key', j.ordering_key ? h('a', { href: `#/jobs?ordering_key=${encodeURIComponent(j.ordering_key)}` }, j.ordering_key) : null],
-    ['Trace', j.trace_id ? traceLink(j.trace_id, cfg) : null],
+    ['Trace', j.trace_id ? traceLink(j) : null],
   ].filter(([, v]) => v !== null);
 
   const out = [
@@ -62,10 +61,12 @@ function content(j, ctx, cfg, note, reload) {
   return out;
 }
 
-function traceLink(id, cfg) {
-  const code = h('code', {}, id);
-  if (!cfg.trace_url) return code;
-  return h('a', { href: cfg.trace_url.replaceAll('{trace_id}', id), rel: 'noopener noreferrer', target: '_blank', id: 'trace-link' },
+// traceLink links the trace id to the tracing UI when the server has one
+// (admin Config.TraceURL, relay serve --trace-url).
+function traceLink(j) {
+  const code = h('code', {}, j.trace_id);
+  if (!j.trace_url || !/^https?:\/\//.test(j.trace_url)) return code;
+  return h('a', { href: j.trace_url, rel: 'noopener noreferrer', target: '_blank', id: 'trace-link' },
     code, h('span', { class: 'sr-only' }, ' (opens the tracing UI)'));
 }
 
