@@ -363,6 +363,15 @@ func TestDashboard(t *testing.T) {
 			t.Fatal("paused queue reports has no Resume button")
 		}
 
+		// The outbox page: events, and the key blocked by a dead head, linked.
+		run(t, ctx, "outbox",
+			chromedp.Click(chromedp.CSS(`a[data-nav="outbox"]`)),
+			chromedp.WaitVisible(chromedp.CSS(`button[data-redispatch]`)),
+			chromedp.WaitVisible(chromedp.CSS(fmt.Sprintf(`a[data-blocked-head="%d"]`, f.dead2))),
+			f.shot("outbox"),
+			chromedp.Click(chromedp.CSS(`a[data-nav="overview"]`)),
+			chromedp.WaitVisible(chromedp.CSS(`button[data-queue="billing"]`)))
+
 		// Pause and resume queue billing.
 		run(t, ctx, "pause billing",
 			chromedp.Click(chromedp.CSS(`button[data-queue="billing"][data-queue-action="pause"]`)),
@@ -480,10 +489,6 @@ func TestDashboard(t *testing.T) {
 		run(t, ctx, "pause the schedule",
 			chromedp.Click(chromedp.CSS(`#sched-nightly-digest button[data-schedule-action="pause"]`)),
 			chromedp.WaitVisible(chromedp.CSS(`#sched-nightly-digest button[data-schedule-action="resume"]`)))
-		run(t, ctx, "outbox",
-			chromedp.Click(chromedp.CSS(`a[data-nav="outbox"]`)),
-			chromedp.WaitVisible(chromedp.CSS(`button[data-redispatch]`)),
-			f.shot("outbox"))
 
 		// Narrow window: the overview and a job still work.
 		run(t, ctx, "narrow",

@@ -117,7 +117,8 @@ function bulkForm(f, note, ctx) {
         yes.disabled = true;
         try {
           const r = await api('POST', 'v1/jobs/bulk', { action: act, filter, max: dry.matched });
-          flash = okBox(`${act}: ${r.changed} changed, ${r.skipped} skipped (moved on meanwhile), in ${r.batches} batch${r.batches === 1 ? '' : 'es'}.`);
+          flash = okBox(`${act}: ${r.changed} changed, ${r.skipped} skipped (moved on meanwhile), in ${r.batches} batch${r.batches === 1 ? '' : 'es'}.` +
+            (r.done === false ? ' The time budget ran out before the end: count and run it again to continue.' : ''));
           ctx.go('/jobs', f);
         } catch (e) {
           note.replaceChildren(problemBox(e, 'Refused'));
