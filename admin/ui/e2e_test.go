@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -103,9 +104,13 @@ func setup(t *testing.T) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(h)
+	// Mounted under a prefix, as a service mounts it next to its workers:
+	// the pages find the API relative to themselves.
+	mux := http.NewServeMux()
+	mux.Handle("/relay/", http.StripPrefix("/relay", h))
+	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
-	f.url = srv.URL + "/ui/"
+	f.url = srv.URL + "/relay/ui/"
 	f.rw = f.token("alice@example.com", admin.ScopeRead, admin.ScopeWrite)
 	f.ro = f.token("reader@example.com", admin.ScopeRead)
 
@@ -386,6 +391,27 @@ func TestDashboard(t *testing.T) {
 			t.Fatal("billing still paused in the database")
 		}
 
+		// Keyset paging: pages of 5 of the 12 succeeded welcome jobs, each
+		// older than the last, then back to the first.
+		ids := func() string {
+			return value(t, ctx, "ids", chromedp.Evaluate[string](`[...document.querySelectorAll("a[data-job-id]")].map(a => a.dataset.jobId).join(",")`))
+		}
+		run(t, ctx, "first page",
+			chromedp.Navigate(f.url+"#/jobs?kind=welcome.send&limit=5"),
+			chromedp.WaitVisible(chromedp.CSS("#next-page")))
+		first := ids()
+		run(t, ctx, "second page", chromedp.Click(chromedp.CSS("#next-page")), chromedp.WaitVisible(chromedp.CSS("#first-page")))
+		second := ids()
+		run(t, ctx, "third page", chromedp.Click(chromedp.CSS("#next-page")), chromedp.WaitVisible(chromedp.CSS("#first-page")),
+			chromedp.WaitNotPresent(chromedp.CSS("#next-page")))
+		third := ids()
+		if len(strings.Split(first, ",")) != 5 || len(strings.Split(second, ",")) != 5 || len(strings.Split(third, ",")) != 2 {
+			t.Fatalf("pages %q %q %q, want 5, 5 and 2 jobs", first, second, third)
+		}
+		if last, next := lastID(first), firstID(second); last <= next {
+			t.Fatalf("page 2 starts at %d, not below page 1's last %d", next, last)
+		}
+
 		// Jobs: filter dead jobs of queue mail; one row, the receipt job.
 		deadSel := fmt.Sprintf(`a[data-job-id="%d"]`, f.dead)
 		run(t, ctx, "filter jobs",
@@ -568,4 +594,15 @@ func TestDashboard(t *testing.T) {
 func (f *fixture) queuePaused(name string) bool {
 	f.t.Helper()
 	return testdb.Count(f.t, f.pool, `SELECT count(*) FROM relay_queue_pauses WHERE queue = $1`, name) == 1
+}
+
+func firstID(ids string) int64 {
+	n, _ := strconv.ParseInt(strings.Split(ids, ",")[0], 10, 64)
+	return n
+}
+
+func lastID(ids string) int64 {
+	p := strings.Split(ids, ",")
+	n, _ := strconv.ParseInt(p[len(p)-1], 10, 64)
+	return n
 }

@@ -21,7 +21,10 @@ export async function render(view, ctx) {
       body.replaceChildren(...content(j, ctx, note, load));
     }
     clearTimeout(timer);
-    if (!FINAL.includes(j.state)) timer = setTimeout(() => load().catch(() => {}), 1500);
+    // Follow a job until it finishes: closely while it runs or is due,
+    // loosely while it waits for a later run_at.
+    const later = j.state === 'queued' && new Date(j.run_at) - Date.now() > 5000;
+    if (!FINAL.includes(j.state)) timer = setTimeout(() => load().catch(() => {}), later ? 10000 : 1500);
   };
   view.replaceChildren(
     h('p', { class: 'small' }, h('a', { href: '#/jobs' }, '« Jobs')),

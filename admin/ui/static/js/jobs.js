@@ -13,7 +13,9 @@ let flash = null;
 export async function render(view, ctx) {
   const f = Object.fromEntries(FILTERS.map((k) => [k, ctx.params.get(k) || '']));
   const cursor = ctx.params.get('cursor') || '';
-  const page = await api('GET', 'v1/jobs' + query({ ...f, cursor, limit: 50 }));
+  const limit = Math.min(500, Math.max(1, parseInt(ctx.params.get('limit'), 10) || 50));
+  const keep = limit === 50 ? f : { ...f, limit }; // the filter and page size, kept across pages
+  const page = await api('GET', 'v1/jobs' + query({ ...f, cursor, limit }));
   if (ctx.stale()) return;
 
   const note = h('div', { 'aria-live': 'polite' }, flash);
@@ -25,8 +27,8 @@ export async function render(view, ctx) {
     h('td', { class: j.state === 'dead' ? 'err' : 'err muted' }, j.last_error ? firstLine(j.last_error) : ''),
   ]);
   const pager = h('div', { class: 'pager' },
-    cursor ? h('a', { class: 'button secondary', href: '#/jobs' + query(f) }, '« First page') : null,
-    page.next_cursor ? h('a', { class: 'button secondary', id: 'next-page', href: '#/jobs' + query({ ...f, cursor: page.next_cursor }) }, 'Next page »') : null,
+    cursor ? h('a', { class: 'button secondary', id: 'first-page', href: '#/jobs' + query(keep) }, '« First page') : null,
+    page.next_cursor ? h('a', { class: 'button secondary', id: 'next-page', href: '#/jobs' + query({ ...keep, cursor: page.next_cursor }) }, 'Next page »') : null,
     h('span', { class: 'muted small' }, `${page.items.length} job${page.items.length === 1 ? '' : 's'} on this page`));
 
   view.replaceChildren(...[
