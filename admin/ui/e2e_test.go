@@ -542,12 +542,49 @@ func TestDashboard(t *testing.T) {
 				html := value(t, ctx, "html", chromedp.OuterHTML(chromedp.CSS("main")))
 				t.Fatalf("%s: %d buttons for a read-only token:\n%s", page, n, html)
 			}
+			// Accessible basics: every form control has a label, every
+			// button and link a name, one h1.
+			unnamed := value(t, ctx, "unnamed controls", chromedp.Evaluate[int](`
+				[...document.querySelectorAll("input, select, textarea")].filter(e => !e.labels.length && !e.getAttribute("aria-label")).length +
+				[...document.querySelectorAll("button, a")].filter(e => !e.textContent.trim() && !e.getAttribute("aria-label")).length +
+				(document.querySelectorAll("main h1").length === 1 ? 0 : 100)`))
+			if unnamed != 0 {
+				t.Fatalf("%s: %d unlabelled controls or a missing h1", page, unnamed)
+			}
 		}
 		check("#/", "table")
 		check("#/jobs", "a[data-job-id]")
 		check("#/jobs/"+strconv.FormatInt(f.dead2, 10), "#job-state")
 		check("#/schedules", "#sched-nightly-digest")
 		check("#/outbox", "table")
+	})
+
+	t.Run("keyboard", func(t *testing.T) {
+		// Sign in, reach the dead jobs and open one with the keyboard only;
+		// the focused element shows a focus ring.
+		ctx := tab(t, bctx)
+		run(t, ctx, "sign in by keyboard",
+			chromedp.EmulateViewport(1280, 800),
+			chromedp.Navigate(f.url),
+			chromedp.WaitVisible(chromedp.CSS("#token:focus")),
+			chromedp.SendKeys(chromedp.CSS("#token"), f.ro),
+			chromedp.KeyEvent("\t"),
+			chromedp.WaitVisible(chromedp.CSS("#signin:focus")),
+			chromedp.KeyEvent("\r"),
+			chromedp.WaitVisible(chromedp.CSS("#card-dead")),
+			chromedp.KeyEvent("\t"),
+			chromedp.WaitVisible(chromedp.CSS("#card-dead a:focus")))
+		outline := value(t, ctx, "focus ring", chromedp.Evaluate[string](
+			`(s => s.outlineStyle + " " + s.outlineWidth)(getComputedStyle(document.activeElement))`))
+		if outline != "solid 3px" {
+			t.Fatalf("focused link's outline is %q, want solid 3px", outline)
+		}
+		run(t, ctx, "follow the link by keyboard",
+			chromedp.KeyEvent("\r"),
+			chromedp.WaitVisible(chromedp.CSS("#f-state")))
+		if h := value(t, ctx, "hash", chromedp.Evaluate[string]("location.hash")); h != "#/jobs?state=dead" {
+			t.Fatalf("Enter on the dead-jobs card went to %q", h)
+		}
 	})
 
 	t.Run("login link", func(t *testing.T) {
