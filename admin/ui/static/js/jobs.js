@@ -4,7 +4,7 @@ import { api, query } from './api.js';
 import { h, table, badge, time, problemBox, okBox } from './dom.js';
 
 const STATES = ['queued', 'claimed', 'succeeded', 'dead', 'cancelled'];
-const FILTERS = ['state', 'queue', 'kind', 'ordering_key', 'created_after', 'created_before'];
+const FILTERS = ['state', 'queue', 'kind', 'ordering_key', 'created_after', 'created_before', 'finalized_after', 'finalized_before'];
 const BULK = { requeue: ['dead', 'cancelled'], cancel: ['queued', 'claimed'], delete: ['succeeded', 'dead', 'cancelled'] };
 
 // flash is a bulk action's outcome, shown once by the re-rendered list.
@@ -64,8 +64,8 @@ function filterForm(f, ctx) {
   const state = h('select', { id: 'f-state', name: 'state' }, h('option', { value: '' }, 'any'),
     STATES.map((s) => h('option', { value: s, selected: f.state === s }, s)));
   const text = (k) => h('input', { id: `f-${k}`, name: k, value: f[k], type: 'search', autocomplete: 'off' });
-  const ca = h('input', { id: 'f-created_after', type: 'datetime-local', value: toLocal(f.created_after) });
-  const cb = h('input', { id: 'f-created_before', type: 'datetime-local', value: toLocal(f.created_before) });
+  const when = (k) => h('input', { id: `f-${k}`, type: 'datetime-local', value: toLocal(f[k]) });
+  const ca = when('created_after'), cb = when('created_before'), fa = when('finalized_after'), fb = when('finalized_before');
   const form = h('form', { class: 'filters', role: 'search', 'aria-label': 'Filter jobs' },
     field('f-state', 'State', state),
     field('f-queue', 'Queue', text('queue')),
@@ -73,13 +73,16 @@ function filterForm(f, ctx) {
     field('f-ordering_key', 'Ordering key', text('ordering_key')),
     field('f-created_after', 'Created from', ca),
     field('f-created_before', 'Created before', cb),
+    field('f-finalized_after', 'Finished from', fa),
+    field('f-finalized_before', 'Finished before', fb),
     h('div', {}, h('button', { type: 'submit', id: 'apply-filter' }, 'Apply')),
     h('div', {}, h('a', { href: '#/jobs', class: 'button secondary' }, 'Clear')));
   form.addEventListener('submit', (ev) => {
     ev.preventDefault();
     const v = (k) => form.querySelector(`#f-${k}`).value.trim();
     ctx.go('/jobs', { state: v('state'), queue: v('queue'), kind: v('kind'), ordering_key: v('ordering_key'),
-      created_after: fromLocal(ca.value), created_before: fromLocal(cb.value) });
+      created_after: fromLocal(ca.value), created_before: fromLocal(cb.value),
+      finalized_after: fromLocal(fa.value), finalized_before: fromLocal(fb.value) });
   });
   return form;
 }

@@ -17,7 +17,8 @@ export async function render(view, ctx) {
       api('GET', 'v1/outbox/blocked-keys?limit=100'),
     ]);
     if (ctx.stale()) return;
-    body.replaceChildren(...content(queues.items, blocked.items, ctx, note, load));
+    body.replaceChildren(...content(queues.items, blocked.items, ctx, note, load),
+      h('p', { class: 'muted small' }, `Updated ${new Date().toLocaleTimeString()}; refreshes every 10 s.`));
   };
   await load();
   const timer = setInterval(() => load().catch(() => {}), 10000);
