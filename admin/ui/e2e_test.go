@@ -2,14 +2,11 @@ package ui_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -22,6 +19,7 @@ import (
 	"github.com/relayq/relay/admin"
 	"github.com/relayq/relay/admin/ui"
 	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/browsertest"
 	"github.com/relayq/relay/internal/testdb"
 	"github.com/relayq/relay/outbox"
 	"github.com/relayq/relay/scheduler"
@@ -36,23 +34,6 @@ const (
 	audience = "relay-admin"
 	traceID  = "4bf92f3577b34da6a3ce929d0e0e4736"
 )
-
-// chromiumPath finds a Chromium: $RELAY_CHROMIUM, else chromium (Debian),
-// chromium-browser or google-chrome on PATH. The browser tests skip
-// without one.
-func chromiumPath(t *testing.T) string {
-	t.Helper()
-	if p := os.Getenv("RELAY_CHROMIUM"); p != "" {
-		return p
-	}
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	t.Skip("no Chromium found (set $RELAY_CHROMIUM or install Debian's chromium package; .ci/run does): skipping the dashboard's browser tests")
-	return ""
-}
 
 type receiptArgs struct {
 	To string `json:"to"`
@@ -239,87 +220,10 @@ func (f *fixture) state(id int64) string {
 	return string(j.State)
 }
 
-// browser starts a headless Chromium with a fresh profile; every tab made
-// from the returned context (tab) has its own session storage.
-func browser(t *testing.T) context.Context {
-	t.Helper()
-	opts := []chromedp.ExecAllocatorOption{
-		chromedp.ExecPath(chromiumPath(t)),
-		chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun, chromedp.NoDefaultBrowserCheck,
-		chromedp.Flag("disable-quic", true),
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.Flag("disable-extensions", true),
-		chromedp.Flag("disable-dev-shm-usage", true),
-		chromedp.UserDataDir(t.TempDir()),
-		chromedp.WindowSize(1280, 800),
-	}
-	actx, cancel := chromedp.NewExecAllocator(context.Background(), opts...)
-	t.Cleanup(cancel)
-	bctx, cancel2 := chromedp.NewContext(actx)
-	t.Cleanup(cancel2)
-	if err := chromedp.Do(bctx); err != nil { // start the browser (no timeout on this first call)
-		t.Fatalf("start chromium: %v", err)
-	}
-	return bctx
-}
-
-// tab opens a new tab of the browser.
-func tab(t *testing.T, bctx context.Context) context.Context {
-	t.Helper()
-	ctx, cancel := chromedp.NewContext(bctx)
-	t.Cleanup(cancel)
-	if err := chromedp.Do(ctx); err != nil { // open the tab (no timeout on this first call)
-		t.Fatalf("open a tab: %v", err)
-	}
-	return ctx
-}
-
-// run runs browser actions, each step bounded (generous: CI is loaded);
-// the waits are for elements, never fixed sleeps.
-func run(t *testing.T, ctx context.Context, what string, steps ...chromedp.Action[chromedp.Void]) {
-	t.Helper()
-	c, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
-	if err := chromedp.Do(c, steps...); err != nil {
-		if errors.Is(err, context.DeadlineExceeded) {
-			hc, hcancel := context.WithTimeout(ctx, 5*time.Second)
-			html, _ := chromedp.Run(hc, chromedp.OuterHTML(chromedp.CSS("main"))) //nolint:errcheck // best effort
-			hcancel()
-			t.Fatalf("%s: timed out; the page's main:\n%s", what, html)
-		}
-		t.Fatalf("%s: %v", what, err)
-	}
-}
-
-// value runs one action that reads a value, bounded like run.
-func value[T any](t *testing.T, ctx context.Context, what string, a chromedp.Action[T]) T {
-	t.Helper()
-	c, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
-	v, err := chromedp.Run(c, a)
-	if err != nil {
-		t.Fatalf("%s: %v", what, err)
-	}
-	return v
-}
-
-// shot saves a PNG of the viewport as name.png in the screenshot folder.
-func (f *fixture) shot(name string) chromedp.Action[chromedp.Void] {
-	return chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
-		buf, err := chromedp.CaptureScreenshot()(ctx, t)
-		if err != nil {
-			return err
-		}
-		return os.WriteFile(filepath.Join(f.shots, name+".png"), buf, 0o644)
-	})
-}
-
 // signIn opens the dashboard and pastes tok.
 func (f *fixture) signIn(t *testing.T, ctx context.Context, tok string) {
 	t.Helper()
-	run(t, ctx, "sign in",
+	browsertest.Run(t, ctx, "sign in",
 		chromedp.EmulateViewport(1280, 800),
 		chromedp.Navigate(f.url),
 		chromedp.WaitVisible(chromedp.CSS("#token")),
@@ -331,13 +235,13 @@ func (f *fixture) signIn(t *testing.T, ctx context.Context, tok string) {
 
 func count(t *testing.T, ctx context.Context, selector string) int {
 	t.Helper()
-	return value(t, ctx, "count "+selector, chromedp.Evaluate[int](fmt.Sprintf("document.querySelectorAll(%q).length", selector)))
+	return browsertest.Value(t, ctx, "count "+selector, chromedp.Evaluate[int](fmt.Sprintf("document.querySelectorAll(%q).length", selector)))
 }
 
 func text(t *testing.T, ctx context.Context, selector string) string {
 	t.Helper()
-	run(t, ctx, "wait for "+selector, chromedp.WaitVisible(chromedp.CSS(selector)))
-	return value(t, ctx, "read "+selector, chromedp.Text(chromedp.CSS(selector)))
+	browsertest.Run(t, ctx, "wait for "+selector, chromedp.WaitVisible(chromedp.CSS(selector)))
+	return browsertest.Value(t, ctx, "read "+selector, chromedp.Text(chromedp.CSS(selector)))
 }
 
 // TestDashboard drives the dashboard in headless Chromium: an operator
@@ -346,18 +250,17 @@ func text(t *testing.T, ctx context.Context, selector string) string {
 // problem of a refused write; a read-only token sees no write button; a
 // bad token is refused with the API's problem.
 func TestDashboard(t *testing.T) {
-	bin := chromiumPath(t)
-	t.Logf("chromium: %s", bin)
+	t.Logf("chromium: %s", browsertest.Chromium(t))
 	f := setup(t)
-	bctx := browser(t)
+	bctx := browsertest.New(t)
 
 	t.Run("operator", func(t *testing.T) {
-		ctx := tab(t, bctx)
+		ctx := browsertest.Tab(t, bctx)
 		f.signIn(t, ctx, f.rw)
 		// Overview: two dead jobs, queues listed, reports paused.
-		run(t, ctx, "overview",
+		browsertest.Run(t, ctx, "overview",
 			chromedp.WaitVisible(chromedp.CSS(`button[data-queue="billing"]`)),
-			f.shot("overview"))
+			browsertest.Screenshot(f.shots, "overview"))
 		if got := text(t, ctx, "#card-dead .n"); got != "2" {
 			t.Fatalf("dead jobs card says %q, want 2", got)
 		}
@@ -369,22 +272,22 @@ func TestDashboard(t *testing.T) {
 		}
 
 		// The outbox page: events, and the key blocked by a dead head, linked.
-		run(t, ctx, "outbox",
+		browsertest.Run(t, ctx, "outbox",
 			chromedp.Click(chromedp.CSS(`a[data-nav="outbox"]`)),
 			chromedp.WaitVisible(chromedp.CSS(`button[data-redispatch]`)),
 			chromedp.WaitVisible(chromedp.CSS(fmt.Sprintf(`a[data-blocked-head="%d"]`, f.dead2))),
-			f.shot("outbox"),
+			browsertest.Screenshot(f.shots, "outbox"),
 			chromedp.Click(chromedp.CSS(`a[data-nav="overview"]`)),
 			chromedp.WaitVisible(chromedp.CSS(`button[data-queue="billing"]`)))
 
 		// Pause and resume queue billing.
-		run(t, ctx, "pause billing",
+		browsertest.Run(t, ctx, "pause billing",
 			chromedp.Click(chromedp.CSS(`button[data-queue="billing"][data-queue-action="pause"]`)),
 			chromedp.WaitVisible(chromedp.CSS(`button[data-queue="billing"][data-queue-action="resume"]`)))
 		if s := f.queuePaused("billing"); !s {
 			t.Fatal("billing not paused in the database")
 		}
-		run(t, ctx, "resume billing",
+		browsertest.Run(t, ctx, "resume billing",
 			chromedp.Click(chromedp.CSS(`button[data-queue="billing"][data-queue-action="resume"]`)),
 			chromedp.WaitVisible(chromedp.CSS(`button[data-queue="billing"][data-queue-action="pause"]`)))
 		if s := f.queuePaused("billing"); s {
@@ -394,15 +297,15 @@ func TestDashboard(t *testing.T) {
 		// Keyset paging: pages of 5 of the 12 succeeded welcome jobs, each
 		// older than the last, then back to the first.
 		ids := func() string {
-			return value(t, ctx, "ids", chromedp.Evaluate[string](`[...document.querySelectorAll("a[data-job-id]")].map(a => a.dataset.jobId).join(",")`))
+			return browsertest.Value(t, ctx, "ids", chromedp.Evaluate[string](`[...document.querySelectorAll("a[data-job-id]")].map(a => a.dataset.jobId).join(",")`))
 		}
-		run(t, ctx, "first page",
+		browsertest.Run(t, ctx, "first page",
 			chromedp.Navigate(f.url+"#/jobs?kind=welcome.send&limit=5"),
 			chromedp.WaitVisible(chromedp.CSS("#next-page")))
 		first := ids()
-		run(t, ctx, "second page", chromedp.Click(chromedp.CSS("#next-page")), chromedp.WaitVisible(chromedp.CSS("#first-page")))
+		browsertest.Run(t, ctx, "second page", chromedp.Click(chromedp.CSS("#next-page")), chromedp.WaitVisible(chromedp.CSS("#first-page")))
 		second := ids()
-		run(t, ctx, "third page", chromedp.Click(chromedp.CSS("#next-page")), chromedp.WaitVisible(chromedp.CSS("#first-page")),
+		browsertest.Run(t, ctx, "third page", chromedp.Click(chromedp.CSS("#next-page")), chromedp.WaitVisible(chromedp.CSS("#first-page")),
 			chromedp.WaitNotPresent(chromedp.CSS("#next-page")))
 		third := ids()
 		if len(strings.Split(first, ",")) != 5 || len(strings.Split(second, ",")) != 5 || len(strings.Split(third, ",")) != 2 {
@@ -414,21 +317,21 @@ func TestDashboard(t *testing.T) {
 
 		// Jobs: filter dead jobs of queue mail; one row, the receipt job.
 		deadSel := fmt.Sprintf(`a[data-job-id="%d"]`, f.dead)
-		run(t, ctx, "filter jobs",
+		browsertest.Run(t, ctx, "filter jobs",
 			chromedp.Click(chromedp.CSS(`a[data-nav="jobs"]`)),
 			chromedp.WaitVisible(chromedp.CSS("#f-state")),
 			chromedp.SetValue(chromedp.CSS("#f-state"), "dead"),
 			chromedp.SendKeys(chromedp.CSS("#f-queue"), "mail"),
 			chromedp.Click(chromedp.CSS("#apply-filter")),
 			chromedp.WaitVisible(chromedp.CSS(deadSel)),
-			f.shot("jobs"))
+			browsertest.Screenshot(f.shots, "jobs"))
 		if n := count(t, ctx, "a[data-job-id]"); n != 1 {
 			t.Fatalf("%d jobs listed for state=dead queue=mail, want 1", n)
 		}
 
 		// The job page: three failed attempts, collapsed; the error; the
 		// trace link.
-		run(t, ctx, "open the dead job",
+		browsertest.Run(t, ctx, "open the dead job",
 			chromedp.Click(chromedp.CSS(deadSel)),
 			chromedp.WaitVisible(chromedp.CSS(`#job-state[data-job-state="dead"]`)),
 			chromedp.WaitVisible(chromedp.CSS("#job-requeue")))
@@ -441,34 +344,34 @@ func TestDashboard(t *testing.T) {
 		if e := text(t, ctx, "#last-error"); !strings.Contains(e, "550 mailbox unavailable") || !strings.Contains(e, "goroutine 42") {
 			t.Fatalf("error shown: %q", e)
 		}
-		href := value(t, ctx, "trace link", chromedp.AttributeValue(chromedp.CSS("#trace-link"), "href")).Value
+		href := browsertest.Value(t, ctx, "trace link", chromedp.AttributeValue(chromedp.CSS("#trace-link"), "href")).Value
 		if href != "http://tracing.invalid/trace/"+traceID {
 			t.Fatalf("trace link %q", href)
 		}
-		run(t, ctx, "open an attempt",
+		browsertest.Run(t, ctx, "open an attempt",
 			chromedp.Click(chromedp.CSS(`details.attempt[data-attempt="3"] summary`)),
 			chromedp.WaitVisible(chromedp.CSS(`details.attempt[data-attempt="3"] pre`)),
-			f.shot("job-dead"))
+			browsertest.Screenshot(f.shots, "job-dead"))
 
 		// Requeue it with the worker fixed: the page follows it to succeeded.
 		f.fixed.Store(true)
-		run(t, ctx, "requeue and see it succeed",
+		browsertest.Run(t, ctx, "requeue and see it succeed",
 			chromedp.Click(chromedp.CSS("#job-requeue")),
 			chromedp.WaitVisible(chromedp.CSS(`#job-state[data-job-state="succeeded"]`)),
-			f.shot("job-succeeded"))
+			browsertest.Screenshot(f.shots, "job-succeeded"))
 		if s := f.state(f.dead); s != "succeeded" {
 			t.Fatalf("job %d is %s in the database", f.dead, s)
 		}
 
 		// A refused write shows the API's problem: the other dead job's
 		// page, requeued behind its back, then Requeue clicked (409).
-		run(t, ctx, "open the second dead job",
+		browsertest.Run(t, ctx, "open the second dead job",
 			chromedp.Navigate(f.url+"#/jobs/"+strconv.FormatInt(f.dead2, 10)),
 			chromedp.WaitVisible(chromedp.CSS(`#job-state[data-job-state="dead"]`)))
 		if err := core.Requeue(f.ctx, f.pool, f.dead2); err != nil {
 			t.Fatal(err)
 		}
-		run(t, ctx, "refused requeue",
+		browsertest.Run(t, ctx, "refused requeue",
 			chromedp.Click(chromedp.CSS("#job-requeue")),
 			chromedp.WaitVisible(chromedp.CSS(`[role=alert][data-problem-status="409"]`)))
 		if d := text(t, ctx, "[role=alert] .problem-detail"); !strings.Contains(d, "jobs.requeue refused for job "+strconv.FormatInt(f.dead2, 10)) {
@@ -477,74 +380,74 @@ func TestDashboard(t *testing.T) {
 
 		// Bulk: the dry run's count first, then the change; a state the
 		// action does not apply to is refused (422) with its field error.
-		run(t, ctx, "bulk dry run",
+		browsertest.Run(t, ctx, "bulk dry run",
 			chromedp.Navigate(f.url+"#/jobs?state=cancelled"),
 			chromedp.WaitVisible(chromedp.CSS("#bulk-count")),
 			chromedp.SetValue(chromedp.CSS("#bulk-action"), "requeue"),
 			chromedp.Click(chromedp.CSS("#bulk-count")),
 			chromedp.WaitVisible(chromedp.CSS("#bulk-confirm")),
-			f.shot("bulk-confirm"))
+			browsertest.Screenshot(f.shots, "bulk-confirm"))
 		if q := text(t, ctx, "#bulk-q"); !strings.Contains(q, "1 job would be requeued") {
 			t.Fatalf("dry run says %q", q)
 		}
-		run(t, ctx, "bulk confirm",
+		browsertest.Run(t, ctx, "bulk confirm",
 			chromedp.Click(chromedp.CSS("#bulk-confirm")),
 			chromedp.WaitVisible(chromedp.CSS(`[role=status]`)))
 		if n := testdb.Count(t, f.pool, `SELECT count(*) FROM relay_jobs WHERE state = 'cancelled'`); n != 0 {
 			t.Fatalf("%d cancelled jobs left after the bulk requeue", n)
 		}
-		run(t, ctx, "bulk refused",
+		browsertest.Run(t, ctx, "bulk refused",
 			chromedp.Navigate(f.url+"#/jobs?state=succeeded"),
 			chromedp.WaitVisible(chromedp.CSS("#bulk-count")),
 			chromedp.SetValue(chromedp.CSS("#bulk-action"), "requeue"),
 			chromedp.Click(chromedp.CSS("#bulk-count")),
 			chromedp.WaitVisible(chromedp.CSS(`[role=alert][data-problem-status="422"]`)),
-			f.shot("problem"))
+			browsertest.Screenshot(f.shots, "problem"))
 		if p := text(t, ctx, "[role=alert]"); !strings.Contains(p, "requeue applies to jobs in states dead, cancelled") {
 			t.Fatalf("problem shown: %q", p)
 		}
 
 		// Schedules and outbox.
-		run(t, ctx, "schedules",
+		browsertest.Run(t, ctx, "schedules",
 			chromedp.Click(chromedp.CSS(`a[data-nav="schedules"]`)),
 			chromedp.WaitVisible(chromedp.CSS(`#sched-nightly-digest button[data-schedule-action="pause"]`)),
-			f.shot("schedules"))
+			browsertest.Screenshot(f.shots, "schedules"))
 		if n := count(t, ctx, "#sched-nightly-digest .next-fires li"); n != 5 {
 			t.Fatalf("%d next fires shown, want 5", n)
 		}
-		run(t, ctx, "pause the schedule",
+		browsertest.Run(t, ctx, "pause the schedule",
 			chromedp.Click(chromedp.CSS(`#sched-nightly-digest button[data-schedule-action="pause"]`)),
 			chromedp.WaitVisible(chromedp.CSS(`#sched-nightly-digest button[data-schedule-action="resume"]`)))
 
 		// Narrow window: the overview and a job still work.
-		run(t, ctx, "narrow",
+		browsertest.Run(t, ctx, "narrow",
 			chromedp.EmulateViewport(420, 860),
 			chromedp.Navigate(f.url+"#/"),
 			chromedp.WaitVisible(chromedp.CSS(`button[data-queue="billing"]`)),
-			f.shot("overview-narrow"),
+			browsertest.Screenshot(f.shots, "overview-narrow"),
 			chromedp.Navigate(f.url+"#/jobs/"+strconv.FormatInt(f.dead, 10)),
 			chromedp.WaitVisible(chromedp.CSS(`#job-state[data-job-state="succeeded"]`)),
-			f.shot("job-narrow"))
+			browsertest.Screenshot(f.shots, "job-narrow"))
 	})
 
 	t.Run("read-only", func(t *testing.T) {
-		ctx := tab(t, bctx)
+		ctx := browsertest.Tab(t, bctx)
 		f.signIn(t, ctx, f.ro)
-		run(t, ctx, "overview", chromedp.WaitVisible(chromedp.CSS("#card-dead")), chromedp.WaitVisible(chromedp.CSS("table")))
+		browsertest.Run(t, ctx, "overview", chromedp.WaitVisible(chromedp.CSS("#card-dead")), chromedp.WaitVisible(chromedp.CSS("table")))
 		if got := text(t, ctx, "#who-mode"); got != "read only" {
 			t.Fatalf("who mode %q", got)
 		}
 		check := func(page, ready string) {
 			t.Helper()
-			run(t, ctx, page, chromedp.Navigate(f.url+page), chromedp.WaitVisible(chromedp.CSS(ready)))
+			browsertest.Run(t, ctx, page, chromedp.Navigate(f.url+page), chromedp.WaitVisible(chromedp.CSS(ready)))
 			// The filter form's Apply is the one button a reader has.
 			if n := count(t, ctx, "main button:not(#apply-filter)"); n != 0 {
-				html := value(t, ctx, "html", chromedp.OuterHTML(chromedp.CSS("main")))
+				html := browsertest.Value(t, ctx, "html", chromedp.OuterHTML(chromedp.CSS("main")))
 				t.Fatalf("%s: %d buttons for a read-only token:\n%s", page, n, html)
 			}
 			// Accessible basics: every form control has a label, every
 			// button and link a name, one h1.
-			unnamed := value(t, ctx, "unnamed controls", chromedp.Evaluate[int](`
+			unnamed := browsertest.Value(t, ctx, "unnamed controls", chromedp.Evaluate[int](`
 				[...document.querySelectorAll("input, select, textarea")].filter(e => !e.labels.length && !e.getAttribute("aria-label")).length +
 				[...document.querySelectorAll("button, a")].filter(e => !e.textContent.trim() && !e.getAttribute("aria-label")).length +
 				(document.querySelectorAll("main h1").length === 1 ? 0 : 100)`))
@@ -562,8 +465,8 @@ func TestDashboard(t *testing.T) {
 	t.Run("keyboard", func(t *testing.T) {
 		// Sign in, reach the dead jobs and open one with the keyboard only;
 		// the focused element shows a focus ring.
-		ctx := tab(t, bctx)
-		run(t, ctx, "sign in by keyboard",
+		ctx := browsertest.Tab(t, bctx)
+		browsertest.Run(t, ctx, "sign in by keyboard",
 			chromedp.EmulateViewport(1280, 800),
 			chromedp.Navigate(f.url),
 			chromedp.WaitVisible(chromedp.CSS("#token:focus")),
@@ -574,54 +477,54 @@ func TestDashboard(t *testing.T) {
 			chromedp.WaitVisible(chromedp.CSS("#card-dead")),
 			chromedp.KeyEvent("\t"),
 			chromedp.WaitVisible(chromedp.CSS("#card-dead a:focus")))
-		outline := value(t, ctx, "focus ring", chromedp.Evaluate[string](
+		outline := browsertest.Value(t, ctx, "focus ring", chromedp.Evaluate[string](
 			`(s => s.outlineStyle + " " + s.outlineWidth)(getComputedStyle(document.activeElement))`))
 		if outline != "solid 3px" {
 			t.Fatalf("focused link's outline is %q, want solid 3px", outline)
 		}
-		run(t, ctx, "follow the link by keyboard",
+		browsertest.Run(t, ctx, "follow the link by keyboard",
 			chromedp.KeyEvent("\r"),
 			chromedp.WaitVisible(chromedp.CSS("#f-state")))
-		if h := value(t, ctx, "hash", chromedp.Evaluate[string]("location.hash")); h != "#/jobs?state=dead" {
+		if h := browsertest.Value(t, ctx, "hash", chromedp.Evaluate[string]("location.hash")); h != "#/jobs?state=dead" {
 			t.Fatalf("Enter on the dead-jobs card went to %q", h)
 		}
 	})
 
 	t.Run("login link", func(t *testing.T) {
-		ctx := tab(t, bctx)
+		ctx := browsertest.Tab(t, bctx)
 		code := f.login.NewCode(time.Minute)
-		run(t, ctx, "open the login link",
+		browsertest.Run(t, ctx, "open the login link",
 			chromedp.EmulateViewport(1280, 800),
 			chromedp.Navigate(f.url+"#login="+code),
 			chromedp.WaitVisible(chromedp.CSS("#card-dead")))
 		if who := text(t, ctx, "#who-name"); who != "dashboard-login" {
 			t.Fatalf("signed in as %q", who)
 		}
-		if loc := value(t, ctx, "location", chromedp.Evaluate[string]("location.href")); strings.Contains(loc, code) {
+		if loc := browsertest.Value(t, ctx, "location", chromedp.Evaluate[string]("location.href")); strings.Contains(loc, code) {
 			t.Fatalf("the code stayed in the address bar: %s", loc)
 		}
 		// The code is spent: a second use (another tab) is refused.
-		ctx2 := tab(t, bctx)
-		run(t, ctx2, "reuse the login link",
+		ctx2 := browsertest.Tab(t, bctx)
+		browsertest.Run(t, ctx2, "reuse the login link",
 			chromedp.Navigate(f.url+"#login="+code),
 			chromedp.WaitVisible(chromedp.CSS(`[role=alert][data-problem-status="403"]`)),
 			chromedp.WaitVisible(chromedp.CSS("#token")))
 	})
 
 	t.Run("bad token", func(t *testing.T) {
-		ctx := tab(t, bctx)
+		ctx := browsertest.Tab(t, bctx)
 		other, err := admin.MintToken([]byte("another-secret-another-secret-123"), admin.TokenOpts{Issuer: issuer, Audience: audience, Subject: "mallory"})
 		if err != nil {
 			t.Fatal(err)
 		}
-		run(t, ctx, "refused sign-in",
+		browsertest.Run(t, ctx, "refused sign-in",
 			chromedp.EmulateViewport(1280, 800),
 			chromedp.Navigate(f.url),
 			chromedp.WaitVisible(chromedp.CSS("#token")),
 			chromedp.SendKeys(chromedp.CSS("#token"), other),
 			chromedp.Click(chromedp.CSS("#signin")),
 			chromedp.WaitVisible(chromedp.CSS(`[role=alert][data-problem-status="401"]`)),
-			f.shot("signin-refused"))
+			browsertest.Screenshot(f.shots, "signin-refused"))
 		if d := text(t, ctx, "[role=alert] .problem-detail"); !strings.Contains(d, "invalid token") {
 			t.Fatalf("problem detail %q", d)
 		}
