@@ -295,19 +295,22 @@ func TestDashboard(t *testing.T) {
 		}
 
 		// Keyset paging: pages of 5 of the 12 succeeded welcome jobs, each
-		// older than the last, then back to the first.
-		ids := func() string {
-			return browsertest.Value(t, ctx, "ids", chromedp.Evaluate[string](`[...document.querySelectorAll("a[data-job-id]")].map(a => a.dataset.jobId).join(",")`))
+		// older than the last.
+		const idsJS = `[...document.querySelectorAll("a[data-job-id]")].map(a => a.dataset.jobId).join(",")`
+		nextPage := func(prev string) string { // click Next and wait for other rows
+			browsertest.Run(t, ctx, "next page", chromedp.Click(chromedp.CSS("#next-page")))
+			return browsertest.Value(t, ctx, "the next page's rows", chromedp.Poll[string](
+				fmt.Sprintf(`document.querySelector("main[data-route]") && (ids => ids !== %q && ids)(%s)`, prev, idsJS)))
 		}
 		browsertest.Run(t, ctx, "first page",
 			chromedp.Navigate(f.url+"#/jobs?kind=welcome.send&limit=5"),
-			chromedp.WaitVisible(chromedp.CSS("#next-page")))
-		first := ids()
-		browsertest.Run(t, ctx, "second page", chromedp.Click(chromedp.CSS("#next-page")), chromedp.WaitVisible(chromedp.CSS("#first-page")))
-		second := ids()
-		browsertest.Run(t, ctx, "third page", chromedp.Click(chromedp.CSS("#next-page")), chromedp.WaitVisible(chromedp.CSS("#first-page")),
-			chromedp.WaitNotPresent(chromedp.CSS("#next-page")))
-		third := ids()
+			at("#/jobs?kind=welcome.send&limit=5"))
+		first := browsertest.Value(t, ctx, "ids", chromedp.Evaluate[string](idsJS))
+		second := nextPage(first)
+		third := nextPage(second)
+		if n := count(t, ctx, "#next-page"); n != 0 {
+			t.Fatal("the last page has a Next link")
+		}
 		if len(strings.Split(first, ",")) != 5 || len(strings.Split(second, ",")) != 5 || len(strings.Split(third, ",")) != 2 {
 			t.Fatalf("pages %q %q %q, want 5, 5 and 2 jobs", first, second, third)
 		}
@@ -319,11 +322,11 @@ func TestDashboard(t *testing.T) {
 		deadSel := fmt.Sprintf(`a[data-job-id="%d"]`, f.dead)
 		browsertest.Run(t, ctx, "filter jobs",
 			chromedp.Click(chromedp.CSS(`a[data-nav="jobs"]`)),
-			chromedp.WaitVisible(chromedp.CSS("#f-state")),
+			at("#/jobs"),
 			chromedp.SetValue(chromedp.CSS("#f-state"), "dead"),
 			chromedp.SendKeys(chromedp.CSS("#f-queue"), "mail"),
 			chromedp.Click(chromedp.CSS("#apply-filter")),
-			chromedp.WaitVisible(chromedp.CSS(deadSel)),
+			at("#/jobs?state=dead&queue=mail"),
 			browsertest.Screenshot(f.shots, "jobs"))
 		if n := count(t, ctx, "a[data-job-id]"); n != 1 {
 			t.Fatalf("%d jobs listed for state=dead queue=mail, want 1", n)
@@ -382,7 +385,7 @@ func TestDashboard(t *testing.T) {
 		// action does not apply to is refused (422) with its field error.
 		browsertest.Run(t, ctx, "bulk dry run",
 			chromedp.Navigate(f.url+"#/jobs?state=cancelled"),
-			chromedp.WaitVisible(chromedp.CSS("#bulk-count")),
+			at("#/jobs?state=cancelled"),
 			chromedp.SetValue(chromedp.CSS("#bulk-action"), "requeue"),
 			chromedp.Click(chromedp.CSS("#bulk-count")),
 			chromedp.WaitVisible(chromedp.CSS("#bulk-confirm")),
@@ -398,7 +401,7 @@ func TestDashboard(t *testing.T) {
 		}
 		browsertest.Run(t, ctx, "bulk refused",
 			chromedp.Navigate(f.url+"#/jobs?state=succeeded"),
-			chromedp.WaitVisible(chromedp.CSS("#bulk-count")),
+			at("#/jobs?state=succeeded"),
 			chromedp.SetValue(chromedp.CSS("#bulk-action"), "requeue"),
 			chromedp.Click(chromedp.CSS("#bulk-count")),
 			chromedp.WaitVisible(chromedp.CSS(`[role=alert][data-problem-status="422"]`)),
@@ -439,7 +442,7 @@ func TestDashboard(t *testing.T) {
 		}
 		check := func(page, ready string) {
 			t.Helper()
-			browsertest.Run(t, ctx, page, chromedp.Navigate(f.url+page), chromedp.WaitVisible(chromedp.CSS(ready)))
+			browsertest.Run(t, ctx, page, chromedp.Navigate(f.url+page), at(page), chromedp.WaitVisible(chromedp.CSS(ready)))
 			// The filter form's Apply is the one button a reader has.
 			if n := count(t, ctx, "main button:not(#apply-filter)"); n != 0 {
 				html := browsertest.Value(t, ctx, "html", chromedp.OuterHTML(chromedp.CSS("main")))
@@ -534,6 +537,11 @@ func TestDashboard(t *testing.T) {
 func (f *fixture) queuePaused(name string) bool {
 	f.t.Helper()
 	return testdb.Count(f.t, f.pool, `SELECT count(*) FROM relay_queue_pauses WHERE queue = $1`, name) == 1
+}
+
+// at waits until the dashboard has rendered the page of the hash route.
+func at(hash string) chromedp.Action[chromedp.Void] {
+	return chromedp.WaitVisible(chromedp.CSS(fmt.Sprintf(`main[data-route=%q]`, hash)))
 }
 
 func firstID(ids string) int64 {

@@ -71,6 +71,7 @@ export const canWrite = () => !!who && who.scopes.includes('relay:write');
 
 async function route() {
   const gen = ++generation;
+  delete main.dataset.route;
   if (cleanup) { cleanup(); cleanup = null; }
   if (loginProblem) { const e = loginProblem; loginProblem = null; return login(e); }
   if (!who) {
@@ -105,7 +106,10 @@ async function route() {
     view.replaceChildren(e instanceof Problem ? problemBox(e, 'Could not load the page') : h('p', {}, String(e)));
     if (!(e instanceof Problem)) throw e;
   }
-  if (gen === generation && document.activeElement === document.body) main.focus({ preventScroll: true });
+  if (gen !== generation) return;
+  // The page is rendered: say which (tests and scripts wait for it).
+  main.dataset.route = location.hash || '#/';
+  if (document.activeElement === document.body) main.focus({ preventScroll: true });
 }
 
 // login asks for a token; err is why the last one was refused.
