@@ -528,6 +528,11 @@ func TestDashboard(t *testing.T) {
 			chromedp.Click(chromedp.CSS("#signin")),
 			chromedp.WaitVisible(chromedp.CSS(`[role=alert][data-problem-status="401"]`)),
 			browsertest.Screenshot(f.shots, "signin-refused"))
+		// Signed out, the header shows neither the session nor the sections.
+		if vis := browsertest.Value(t, ctx, "header", chromedp.Evaluate[string](
+			`["who", "nav"].map(id => getComputedStyle(document.getElementById(id)).display).join(" ")`)); vis != "none none" {
+			t.Fatalf("the signed-out header's session and navigation display as %q", vis)
+		}
 		if d := text(t, ctx, "[role=alert] .problem-detail"); !strings.Contains(d, "invalid token") {
 			t.Fatalf("problem detail %q", d)
 		}
