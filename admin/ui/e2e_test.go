@@ -421,6 +421,35 @@ func TestDashboard(t *testing.T) {
 		browsertest.Run(t, ctx, "pause the schedule",
 			chromedp.Click(chromedp.CSS(`#sched-nightly-digest button[data-schedule-action="pause"]`)),
 			chromedp.WaitVisible(chromedp.CSS(`#sched-nightly-digest button[data-schedule-action="resume"]`)))
+		if !f.schedulePaused("nightly-digest") {
+			t.Fatal("schedule not paused in the database")
+		}
+		browsertest.Run(t, ctx, "trigger the schedule",
+			chromedp.Click(chromedp.CSS(`#sched-nightly-digest button[data-schedule-action="trigger"]`)),
+			chromedp.WaitVisible(chromedp.CSS(`[role=status] a[href^="#/jobs/"]`)))
+		if n := testdb.Count(t, f.pool, `SELECT count(*) FROM relay_jobs WHERE kind = 'digest.build'`); n != 2 {
+			t.Fatalf("%d digest.build jobs after a trigger, want 2", n)
+		}
+
+		// Redispatch the dispatched outbox event.
+		browsertest.Run(t, ctx, "redispatch",
+			chromedp.Click(chromedp.CSS(`a[data-nav="outbox"]`)),
+			at("#/outbox"),
+			chromedp.Click(chromedp.CSS(`button[data-redispatch]`)),
+			chromedp.WaitVisible(chromedp.CSS(`[role=status]`)))
+		if n := testdb.Count(t, f.pool, `SELECT count(*) FROM relay_outbox WHERE dispatched_at IS NULL`); n != 3 {
+			t.Fatalf("%d pending events after the redispatch, want 3", n)
+		}
+
+		// Offline: everything this tab loaded came from the server itself.
+		foreign := browsertest.Value(t, ctx, "resources", chromedp.Evaluate[[]string](
+			`performance.getEntriesByType("resource").map(e => e.name).filter(u => !u.startsWith(location.origin + "/"))`))
+		if len(foreign) != 0 {
+			t.Fatalf("the dashboard loaded from other origins: %v", foreign)
+		}
+		if n := browsertest.Value(t, ctx, "resources", chromedp.Evaluate[int](`performance.getEntriesByType("resource").length`)); n < 10 {
+			t.Fatalf("only %d resources loaded: the check above saw too little", n)
+		}
 
 		// Narrow window: the overview and a job still work.
 		browsertest.Run(t, ctx, "narrow",
@@ -537,6 +566,11 @@ func TestDashboard(t *testing.T) {
 			t.Fatalf("problem detail %q", d)
 		}
 	})
+}
+
+func (f *fixture) schedulePaused(name string) bool {
+	f.t.Helper()
+	return testdb.Count(f.t, f.pool, `SELECT count(*) FROM relay_schedules WHERE name = $1 AND paused`, name) == 1
 }
 
 func (f *fixture) queuePaused(name string) bool {

@@ -4,6 +4,9 @@ import { api, query } from './api.js';
 import { h, badge, time, json, table } from './dom.js';
 import { action } from './app.js';
 
+// flash is an action's outcome, shown once by the re-rendered page.
+let flash = null;
+
 export async function render(view, ctx) {
   const state = ctx.params.get('state') || '';
   const cursor = ctx.params.get('cursor') || '';
@@ -12,7 +15,8 @@ export async function render(view, ctx) {
     api('GET', 'v1/outbox/events' + query({ state, cursor, limit: 50 })),
   ]);
   if (ctx.stale()) return;
-  const note = h('div', { 'aria-live': 'polite' });
+  const note = h('div', { 'aria-live': 'polite' }, flash);
+  flash = null;
 
   const keys = blocked.items.map((k) => [k.queue, h('code', {}, k.key), String(k.waiting),
     h('a', { href: `#/jobs/${k.head.id}`, 'data-blocked-head': k.head.id }, `job ${k.head.id}`), k.head.kind || '',
@@ -31,7 +35,7 @@ export async function render(view, ctx) {
       if (e.state === 'dispatched') {
         b = h('button', { type: 'button', class: 'secondary', 'data-redispatch': e.id }, 'Redispatch');
         b.addEventListener('click', () => action(b, note, `Event ${e.id} is pending again.`,
-          () => api('POST', `v1/outbox/events/${e.id}/redispatch`), () => ctx.go('/outbox', { state })));
+          () => api('POST', `v1/outbox/events/${e.id}/redispatch`), () => { flash = note.firstChild; ctx.go('/outbox', { state }); }));
       }
       cells.push(h('td', {}, b));
     }
