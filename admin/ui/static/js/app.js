@@ -97,7 +97,7 @@ async function route() {
   main.replaceChildren(view);
   try {
     cleanup = await page.render(view, {
-      params, id: m[1], canWrite: canWrite(), go,
+      params, id: m[1], canWrite: canWrite(), go, reload: route,
       stale: () => gen !== generation,
     }) || null;
   } catch (e) {

@@ -24,7 +24,7 @@ export async function render(view, ctx) {
     // Follow a job until it finishes: closely while it runs or is due,
     // loosely while it waits for a later run_at.
     const later = j.state === 'queued' && new Date(j.run_at) - Date.now() > 5000;
-    if (!FINAL.includes(j.state)) timer = setTimeout(() => load().catch(() => {}), later ? 10000 : 1500);
+    if (!FINAL.includes(j.state)) timer = setTimeout(() => load().catch((e) => { if (e.status === 401) ctx.reload(); }), later ? 10000 : 1500);
   };
   view.replaceChildren(
     h('p', { class: 'small' }, h('a', { href: '#/jobs' }, '« Jobs')),

@@ -21,7 +21,8 @@ export async function render(view, ctx) {
       h('p', { class: 'muted small' }, `Updated ${new Date().toLocaleTimeString()}; refreshes every 10 s.`));
   };
   await load();
-  const timer = setInterval(() => load().catch(() => {}), 10000);
+  // Refresh; a token that expired meanwhile sends the tab back to sign-in.
+  const timer = setInterval(() => load().catch((e) => { if (e.status === 401) ctx.reload(); }), 10000);
   return () => clearInterval(timer);
 }
 
@@ -33,8 +34,10 @@ function content(queues, blocked, ctx, note, reload) {
     card('Dead jobs', dead, '#/jobs?state=dead', dead > 0, 'card-dead'),
     card('Runnable', sum((q) => q.runnable), '#/jobs?state=queued'),
     card('Running', sum((q) => q.running), '#/jobs?state=claimed'),
-    card(`Succeeded (${WINDOW} min)`, sum((q) => q.succeeded), '#/jobs?state=succeeded'),
-    card(`Failed (${WINDOW} min)`, sum((q) => q.failed), '#/jobs?state=dead', sum((q) => q.failed) > 0),
+    card(`Succeeded (${WINDOW} min)`, sum((q) => q.succeeded),
+      '#/jobs?state=succeeded&finalized_after=' + encodeURIComponent(new Date(Date.now() - WINDOW * 60000).toISOString())),
+    card(`Failed (${WINDOW} min)`, sum((q) => q.failed),
+      '#/jobs?state=dead&finalized_after=' + encodeURIComponent(new Date(Date.now() - WINDOW * 60000).toISOString()), sum((q) => q.failed) > 0),
     card('Blocked ordering keys', blocked.length, '#/outbox', blocked.length > 0),
     paused ? card('Paused queues', paused, null, true) : null);
 
