@@ -62,6 +62,8 @@ func Handler(opts *Options) http.Handler {
 			return
 		}
 		switch {
+		case strings.HasSuffix(r.URL.Path, "/") && r.URL.Path != "/ui/": // no directory listings
+			problem(w, r, http.StatusNotFound, "no such page: "+r.URL.Path)
 		case strings.HasPrefix(r.URL.Path, "/ui/"):
 			files.ServeHTTP(w, r)
 		default:

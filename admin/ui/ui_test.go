@@ -79,6 +79,11 @@ func TestHandlerServesFiles(t *testing.T) {
 			t.Errorf("GET %s: CSP %q", path, csp)
 		}
 	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/ui/js/", nil))
+	if rec.Code != http.StatusNotFound {
+		t.Errorf("GET /ui/js/: %d, want 404 (no directory listing)", rec.Code)
+	}
 	// No file fetches anything from another origin.
 	for _, path := range []string{"/ui/", "/ui/app.css", "/ui/js/app.js", "/ui/js/dom.js"} {
 		rec := httptest.NewRecorder()
