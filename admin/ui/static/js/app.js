@@ -88,6 +88,7 @@ async function route() {
   const r = routes.find(([re]) => re.test(path));
   if (!r) {
     main.replaceChildren(h('h1', {}, 'Not found'), h('p', {}, 'No such page. ', h('a', { href: '#/' }, 'Overview')));
+    main.dataset.route = location.hash;
     return;
   }
   const [re, page, section] = r;
@@ -96,10 +97,13 @@ async function route() {
   const view = h('div', {});
   main.replaceChildren(view);
   try {
-    cleanup = await page.render(view, {
+    const stop = await page.render(view, {
       params, id: m[1], canWrite: canWrite(), go, reload: route,
       stale: () => gen !== generation,
-    }) || null;
+    });
+    // A page left before it finished rendering stops its timers at once.
+    if (gen !== generation) { if (stop) stop(); return; }
+    cleanup = stop || null;
   } catch (e) {
     if (e instanceof Problem && e.status === 401) { who = null; return login(e); }
     if (gen !== generation) return;
