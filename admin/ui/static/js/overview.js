@@ -100,6 +100,8 @@ function chart(q) {
     if (hf > 0) svg.append(s('rect', { class: 'f', x, y: (H - 1 - hs - hf).toFixed(1), width: w, height: hf.toFixed(1) }));
   });
   svg.append(s('line', { class: 'base', x1: 0, y1: H - 0.5, x2: W, y2: H - 0.5 }));
-  return h('div', {}, svg, h('span', { class: 'small muted' }, `${q.succeeded} ok · ${q.failed} failed`));
+  const rate = (n, v) => (n > 0 ? `${n} (${v >= 10 ? v.toFixed(0) : Number(v.toPrecision(2))}/s)` : '0');
+  return h('div', {}, svg, h('span', { class: 'small muted' },
+    `${rate(q.succeeded, q.succeeded_per_second)} ok · ${rate(q.failed, q.failed_per_second)} failed`));
 }
 
