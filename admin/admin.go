@@ -32,6 +32,7 @@ import (
 	"github.com/danielgtaylor/huma/v2/adapters/humago"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/relayq/relay/admin/ui"
 	"github.com/relayq/relay/outbox"
 )
 
@@ -68,6 +69,9 @@ type Config struct {
 	TraceURL string
 	// Logger receives unexpected errors. Default slog.Default().
 	Logger *slog.Logger
+	// DashboardLogin, when set, lets the dashboard exchange one-time login
+	// codes for tokens (relay serve's login link on loopback).
+	DashboardLogin *ui.OneTimeLogin
 }
 
 // Version is the API's version in its OpenAPI document.
@@ -151,6 +155,7 @@ func newAPI(pool *pgxpool.Pool, cfg *Config) (http.Handler, huma.API, error) {
 	s.registerAudit(api)
 	s.registerWhoami(api)
 	s.registerWorkflows(api)
+	mountUI(mux, &ui.Options{Login: c.DashboardLogin})
 	return problemRouter{mux: mux}, api, nil
 }
 
@@ -191,4 +196,24 @@ func (s *server) internalError(what string, err error) error {
 	}
 	s.log.Error("admin: "+what, "err", err)
 	return huma.Error500InternalServerError(fmt.Sprintf("%s failed; see the server log", what))
+}
+
+// mountUI serves the dashboard (package ui) under /ui/, and sends / and /ui
+// there. The dashboard's files are public; its pages call the API with the
+// operator's token like any other client. The redirects are relative, so
+// they work when the handler is mounted under a prefix.
+func mountUI(mux *http.ServeMux, o *ui.Options) {
+	h := ui.Handler(o)
+	mux.Handle("GET /ui/", h)
+	if o.Login != nil {
+		mux.Handle("POST /ui/login", h)
+	}
+	to := func(loc string) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Location", loc)
+			w.WriteHeader(http.StatusFound)
+		})
+	}
+	mux.Handle("GET /ui", to("ui/"))
+	mux.Handle("GET /{$}", to("ui/"))
 }

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/relayq/relay/admin"
+	"github.com/relayq/relay/admin/ui"
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/telemetry"
 )
@@ -30,6 +31,7 @@ func runServe(ctx context.Context, args []string) error {
 	jwks := fs.String("jwks-file", "", "JWKS file of RS256/ES256 public keys (instead of $"+secretEnv+")")
 	noAuth := fs.Bool("no-auth", false, "serve without authentication (loopback addresses only)")
 	traceURL := fs.String("trace-url", "", "link each traced job to its trace: a URL with {trace_id}, e.g. http://localhost:16686/trace/{trace_id}")
+	noLoginLink := fs.Bool("no-login-link", false, "do not print the dashboard's one-time login link (printed on loopback with $"+secretEnv+")")
 	demoWorkers := fs.Bool("demo-workers", false, "also run workers for the demo's jobs, with demo.doomed fixed (the README walkthrough)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -54,6 +56,17 @@ func runServe(ctx context.Context, args []string) error {
 	}
 	if cfg.NoAuth && !loopbackOnly(ctx, *listen, net.DefaultResolver.LookupIPAddr) {
 		return fmt.Errorf("serve: refusing to listen on %s without authentication (only loopback addresses may use --no-auth)", *listen)
+	}
+
+	// On loopback with an HS256 secret, the dashboard can be opened by a
+	// one-time login link: a short-lived code, exchanged once for a token.
+	var login *ui.OneTimeLogin
+	if secret != "" && cfg.Auth != nil && cfg.Auth.HS256Secret != nil && loopbackOnly(ctx, *listen, net.DefaultResolver.LookupIPAddr) && !*noLoginLink {
+		login = ui.NewOneTimeLogin(func() (string, error) {
+			return admin.MintToken([]byte(secret), admin.TokenOpts{Issuer: *issuer, Audience: *audience,
+				Subject: "dashboard-login", TTL: 8 * time.Hour})
+		})
+		cfg.DashboardLogin = login
 	}
 
 	pool, err := pgxpool.New(ctx, *url)
@@ -108,6 +121,10 @@ func runServe(ctx context.Context, args []string) error {
 		auth = "NO AUTHENTICATION (loopback only)"
 	}
 	fmt.Printf("relay serve: admin API on http://%s (auth: %s); /openapi.json, /metrics, /healthz, /readyz\n", ln.Addr(), auth)
+	fmt.Printf("relay serve: dashboard on http://%s/ui/\n", ln.Addr())
+	if login != nil {
+		fmt.Printf("relay serve: one-time dashboard login link (valid 10 minutes, once): http://%s/ui/#login=%s\n", ln.Addr(), login.NewCode(10*time.Minute))
+	}
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

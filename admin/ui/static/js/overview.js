@@ -1,0 +1,107 @@
+// Overview: every queue's backlog, running jobs, oldest wait, and its
+// finishes per minute over the last 15 minutes; paused queues marked; the
+// dead jobs to look at.
+import { api } from './api.js';
+import { h, s, table, duration } from './dom.js';
+import { action } from './app.js';
+
+const WINDOW = 15;
+
+export async function render(view, ctx) {
+  const note = h('div', { 'aria-live': 'polite' });
+  const body = h('div', {});
+  view.replaceChildren(h('h1', {}, 'Overview'), note, body);
+  const load = async () => {
+    const [queues, blocked] = await Promise.all([
+      api('GET', `v1/queues?window_minutes=${WINDOW}`),
+      api('GET', 'v1/outbox/blocked-keys?limit=100'),
+    ]);
+    if (ctx.stale()) return;
+    body.replaceChildren(...content(queues.items, blocked.items, ctx, note, load),
+      h('p', { class: 'muted small' }, `Updated ${new Date().toLocaleTimeString()}; refreshes every 10 s.`));
+  };
+  await load();
+  // Refresh; a token that expired meanwhile sends the tab back to sign-in.
+  const timer = setInterval(() => load().catch((e) => { if (e.status === 401) ctx.reload(); }), 10000);
+  return () => clearInterval(timer);
+}
+
+function content(queues, blocked, ctx, note, reload) {
+  const sum = (f) => queues.reduce((n, q) => n + f(q), 0);
+  const dead = sum((q) => q.dead);
+  const paused = queues.filter((q) => q.paused).length;
+  const cards = h('div', { class: 'cards' },
+    card('Dead jobs', dead, '#/jobs?state=dead', dead > 0, 'card-dead'),
+    card('Runnable', sum((q) => q.runnable), '#/jobs?state=queued'),
+    card('Running', sum((q) => q.running), '#/jobs?state=claimed'),
+    card(`Succeeded (${WINDOW} min)`, sum((q) => q.succeeded),
+      '#/jobs?state=succeeded&finalized_after=' + encodeURIComponent(new Date(Date.now() - WINDOW * 60000).toISOString())),
+    card(`Failed (${WINDOW} min)`, sum((q) => q.failed),
+      '#/jobs?state=dead&finalized_after=' + encodeURIComponent(new Date(Date.now() - WINDOW * 60000).toISOString()), sum((q) => q.failed) > 0),
+    card('Blocked ordering keys', blocked.length, '#/outbox', blocked.length > 0),
+    paused ? card('Paused queues', paused, null, true) : null);
+
+  const rows = queues.map((q) => {
+    const cells = [
+      h('td', {}, h('a', { href: `#/jobs?queue=${encodeURIComponent(q.name)}` }, q.name), ' ',
+        q.paused ? h('span', { class: 'badge paused', title: `paused by ${q.paused_by || '?'} at ${q.paused_at}` }, 'paused') : null),
+      q.runnable, q.scheduled, q.running,
+      q.oldest_runnable_age_seconds > 0 ? duration(q.oldest_runnable_age_seconds) : '—',
+      h('td', {}, chart(q)),
+      h('td', { class: 'num' }, q.dead > 0 ? h('a', { href: `#/jobs?state=dead&queue=${encodeURIComponent(q.name)}` }, String(q.dead)) : '0'),
+    ];
+    if (ctx.canWrite) {
+      const b = h('button', { type: 'button', class: 'secondary', 'data-queue-action': q.paused ? 'resume' : 'pause', 'data-queue': q.name },
+        q.paused ? 'Resume' : 'Pause');
+      b.addEventListener('click', () => action(b, note,
+        `Queue ${q.name} ${q.paused ? 'resumed' : 'paused'}.`,
+        () => api('POST', `v1/queues/${encodeURIComponent(q.name)}/${q.paused ? 'resume' : 'pause'}`), reload));
+      cells.push(h('td', {}, b));
+    }
+    return cells;
+  });
+  const head = ['Queue', 'Runnable#', 'Scheduled#', 'Running#', 'Oldest runnable#', `Finished per minute, last ${WINDOW} min`, 'Dead#'];
+  if (ctx.canWrite) head.push('Actions');
+  return [
+    cards,
+    h('h2', {}, 'Queues'),
+    h('p', { class: 'legend' }, 'Chart: one bar per minute, oldest left;', h('span', { class: 'sw s' }), 'succeeded', h('span', { class: 'sw f' }), 'failed (dead).'),
+    table('Queues', head, rows, 'No queue has jobs, recent finishes or a pause.'),
+    h('p', { class: 'muted small' }, 'Workflow runs have no pages yet: they arrive with the workflow endpoints of the admin API.'),
+  ];
+}
+
+function card(label, n, href, alert, id) {
+  const num = h('span', { class: 'n' }, String(n));
+  return h('div', { class: 'card' + (alert ? ' alert' : ''), id },
+    href ? h('a', { href }, num, label) : [num, label]);
+}
+
+// chart is an inline SVG of finishes per minute: succeeded bars stacked
+// under failed ones, one per minute of the window (minutes without
+// finishes are absent from the API's list and drawn empty).
+function chart(q) {
+  const W = 150, H = 34, n = q.window_minutes || WINDOW;
+  const bw = W / n;
+  const now = Math.floor(Date.now() / 60000);
+  const per = new Array(n).fill(null).map(() => ({ s: 0, f: 0 }));
+  for (const m of q.minutes) {
+    const i = n - 1 - (now - Math.floor(new Date(m.minute).getTime() / 60000));
+    if (i >= 0 && i < n) { per[i].s += m.succeeded; per[i].f += m.failed; }
+  }
+  const max = Math.max(1, ...per.map((p) => p.s + p.f));
+  const label = `${q.name}: ${q.succeeded} succeeded, ${q.failed} failed in the last ${n} minutes (peak ${max} per minute)`;
+  const svg = s('svg', { class: 'spark', width: W, height: H, viewBox: `0 0 ${W} ${H}`, role: 'img', 'aria-label': label },
+    s('title', {}, label));
+  per.forEach((p, i) => {
+    const hs = (p.s / max) * (H - 2), hf = (p.f / max) * (H - 2);
+    const x = (i * bw + 0.5).toFixed(1), w = Math.max(1, bw - 1.5).toFixed(1);
+    if (hs > 0) svg.append(s('rect', { class: 's', x, y: (H - 1 - hs).toFixed(1), width: w, height: hs.toFixed(1) }));
+    if (hf > 0) svg.append(s('rect', { class: 'f', x, y: (H - 1 - hs - hf).toFixed(1), width: w, height: hf.toFixed(1) }));
+  });
+  svg.append(s('line', { class: 'base', x1: 0, y1: H - 0.5, x2: W, y2: H - 0.5 }));
+  const rate = (n, v) => (n > 0 ? `${n} (${v >= 10 ? v.toFixed(0) : Number(v.toPrecision(2))}/s)` : '0');
+  return h('div', {}, svg, h('span', { class: 'small muted' },
+    `${rate(q.succeeded, q.succeeded_per_second)} ok · ${rate(q.failed, q.failed_per_second)} failed`));
+}
+
