@@ -170,7 +170,7 @@ func (s *limitState) apply(ctx context.Context, c *Client, queue string) bool {
 		return s.applies
 	}
 	var applies bool
-	if err := c.pool.QueryRow(ctx, sqlLimitsApply, queue).Scan(&applies); err != nil {
+	if err := c.own.QueryRow(ctx, sqlLimitsApply, queue).Scan(&applies); err != nil {
 		// Keep the last answer; the next claim asks again. With none yet,
 		// assume limits: the limited claim then fails the same way (the
 		// database is unreachable, say) rather than run unlimited.
@@ -216,7 +216,7 @@ func (l *limitRow) remaining() int {
 func (q *queue) claimLimited(ctx context.Context, limit int) ([]*JobRow, error) {
 	c := q.client
 	var out []*JobRow
-	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, c.own, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, sqlLockLimits, q.name)
 		if err != nil {
 			return err

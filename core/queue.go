@@ -352,7 +352,7 @@ func (q *queue) executeOne(r *running) {
 			c.stats.succeeded.Add(1)
 			c.metrics.succeeded.Add(context.Background(), 1, attrs)
 			if row.OrderingKey != "" {
-				c.notifyQueues(c.pool, []string{row.Queue})
+				c.notifyQueues(c.own, []string{row.Queue})
 			}
 		} else {
 			// Even after a lost lease: the fence tells whether it still

@@ -25,7 +25,7 @@ func TestSnoozeWakeHoldProbeThePrimaryKey(t *testing.T) {
 	var id int64
 	var token [16]byte
 	if err := pool.QueryRow(ctx, sqlClaim, "default", 5000, 30000, "w", [16]byte(uuid.New())).Scan(
-		&id, new(string), new(string), new(int16), new(int), new(int), new(any), new(any), new(any), new([]byte), new([]byte), &token, new(string)); err != nil {
+		&id, new(string), new(string), new(int16), new(int), new(int), new(any), new(any), new(any), new([]byte), new([]byte), &token, new(string), new([]string)); err != nil {
 		t.Fatal(err)
 	}
 	for name, st := range map[string]struct {
