@@ -109,4 +109,3 @@ func (c *comparison) wfLatency(ctx context.Context) error {
 	}
 	return nil
 }
-
