@@ -345,6 +345,8 @@ func (q *queue) executeOne(r *running) {
 	case errors.Is(cause, ErrShutdown):
 		c.release([]*JobRow{row})
 		endAttemptSpan(span, fmt.Errorf("%w: %w", ErrShutdown, err), StateQueued, 0)
+	case isSnooze(err):
+		q.snoozed(row, span, err)
 	default:
 		if ctx.Err() != nil && cause != nil && !errors.Is(err, cause) {
 			err = fmt.Errorf("%w (%v)", err, cause)

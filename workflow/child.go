@@ -1,0 +1,120 @@
+package workflow
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ChildOpts tune a child run. The zero value (or nil) runs the child on its
+// parent's queue.
+type ChildOpts struct {
+	// Queue runs the child's executions on another queue (its own workers
+	// and concurrency), e.g. "email" while the parent runs on "payments".
+	Queue string
+	// Priority orders the child's executions in their queue.
+	Priority int
+	// MaxAttempts bounds the child's crashed or failed executions.
+	MaxAttempts int
+}
+
+// Future is a child run started by Child. Get waits for its outcome.
+type Future[Out any] struct {
+	x   *execution
+	pos int
+	// RunID is the child run's id: "<parent id>/<key>" (with the parent's
+	// generation after a ContinueAsNew).
+	RunID string
+}
+
+// Child starts a run of wf with input in as a child of this run, under
+// key: the child is started once (the start is checkpointed with the
+// parent's step), runs on its own (on opts.Queue if set), and its
+// completion wakes the parent in the transaction that records it. Start
+// several children before calling Get on any for fan-out/fan-in.
+//
+// A cancelled parent cancels its unfinished children.
+func Child[In, Out any](wctx Context, key string, wf *Workflow[In, Out], in In, opts *ChildOpts) *Future[Out] {
+	x := wctx.x
+	pos, h := x.next("child", key)
+	if h != nil {
+		return &Future[Out]{x: x, pos: pos, RunID: h.childID}
+	}
+	x.checkCancel()
+	input, err := encode("input of child "+key, in)
+	if err != nil {
+		x.fatal(fmt.Errorf("workflow: run %s: child %q: %w", x.runID, key, err))
+	}
+	id := x.runID + "/" + key
+	if x.run.generation > 0 {
+		id = x.runID + "/" + strconv.Itoa(x.run.generation) + "/" + key
+	}
+	so := &StartOpts{ID: id, Queue: x.run.queue}
+	if opts != nil {
+		if opts.Queue != "" {
+			so.Queue = opts.Queue
+		}
+		so.Priority, so.MaxAttempts = opts.Priority, opts.MaxAttempts
+	}
+	x.fenced(func(ctx context.Context, tx pgx.Tx) error {
+		ctx, span := x.stepSpan("child", key, 1)
+		defer span.End()
+		if _, _, err := startRun(ctx, tx, x.r.tracer, wf.name, input, so, &parentLink{runID: x.runID, position: pos}); err != nil {
+			return err
+		}
+		_, err := x.upsert(ctx, tx, &stepRow{position: pos, key: key, kind: "child", state: stepWaiting, childID: id}, 0, nil, -1)
+		return err
+	})
+	return &Future[Out]{x: x, pos: pos, RunID: id}
+}
+
+// Get returns the child's output, suspending the parent until the child
+// finishes. A child that failed, was compensated or cancelled returns a
+// *ChildError. The outcome is checkpointed in the parent: replays return
+// it without reading the child again.
+func (f *Future[Out]) Get(wctx Context) (Out, error) {
+	x := f.x
+	var zero Out
+	h := x.hist[f.pos]
+	decode := func(s *stepRow) (Out, error) {
+		if s.errMsg != "" {
+			var ce ChildError
+			if json.Unmarshal([]byte(s.errMsg), &ce) == nil && ce.RunID != "" {
+				return zero, &ce
+			}
+			return zero, &ChildError{RunID: f.RunID, State: StateFailed, Message: s.errMsg}
+		}
+		var out Out
+		if err := json.Unmarshal([]byte(s.output), &out); err != nil {
+			return zero, fmt.Errorf("workflow: run %s: decode output of child %s into %T: %w", x.runID, f.RunID, out, err)
+		}
+		return out, nil
+	}
+	if h != nil && h.state == stepCompleted {
+		return decode(h)
+	}
+	var state, output, msg string
+	var final bool
+	if err := x.r.pool.QueryRow(x.ctx, sqlChildOutcome, f.RunID).Scan(&state, &output, &msg, &final); err != nil {
+		x.stop(&unwind{kind: unwindAbort, err: fmt.Errorf("workflow: run %s: read child %s: %w", x.runID, f.RunID, err)})
+	}
+	if !final {
+		x.checkCancel()
+		x.suspend(maxSuspend) // the child's completion wakes this run
+	}
+	s := &stepRow{position: f.pos, key: h.key, kind: "child", state: stepCompleted, childID: f.RunID}
+	if RunState(state) == StateCompleted {
+		s.output = output
+	} else {
+		b, _ := json.Marshal(ChildError{RunID: f.RunID, State: RunState(state), Message: msg})
+		s.errMsg = string(b)
+	}
+	x.fenced(func(ctx context.Context, tx pgx.Tx) error {
+		_, err := x.upsert(ctx, tx, s, 1, nil, -1)
+		return err
+	})
+	return decode(s)
+}

@@ -1,0 +1,127 @@
+package workflow_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/workflow"
+)
+
+// Children run in parallel on another queue; the parent suspends in Get
+// and is woken by their completion; a failed child is a ChildError.
+func TestChildrenFanOutOnAnotherQueue(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	email := workflow.MustRegister(b.reg, "email", func(wctx workflow.Context, to string) (string, error) {
+		return workflow.Step(wctx, "send", func(ctx context.Context) (string, error) { return "sent to " + to, nil }, nil)
+	})
+	broken := workflow.MustRegister(b.reg, "broken", func(wctx workflow.Context, _ string) (string, error) {
+		return "", errors.New("report generator down")
+	})
+	parent := workflow.MustRegister(b.reg, "parent", func(wctx workflow.Context, _ int) ([]string, error) {
+		a := workflow.Child(wctx, "a", email, "ann", &workflow.ChildOpts{Queue: "email"})
+		c := workflow.Child(wctx, "c", email, "cid", &workflow.ChildOpts{Queue: "email"})
+		r := workflow.Child(wctx, "r", broken, "", nil)
+		ra, err := a.Get(wctx)
+		if err != nil {
+			return nil, err
+		}
+		rc, err := c.Get(wctx)
+		if err != nil {
+			return nil, err
+		}
+		_, err = r.Get(wctx)
+		var ce *workflow.ChildError
+		if !errors.As(err, &ce) || ce.State != workflow.StateFailed || !strings.Contains(ce.Message, "generator down") {
+			return nil, errors.New("want ChildError, got " + errString(err))
+		}
+		return []string{ra, rc}, nil
+	})
+	b.start(core.DefaultQueue, "email")
+	h, _ := workflow.Start(ctx, b.pool, parent, 0, &workflow.StartOpts{ID: "p"})
+	out, err := result[[]string](t, b.pool, h.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out) != 2 || out[0] != "sent to ann" || out[1] != "sent to cid" {
+		t.Fatalf("out %v", out)
+	}
+	if n := b.count(`SELECT count(*) FROM relay_workflow_runs WHERE parent_id = 'p'`); n != 3 {
+		t.Fatalf("%d children", n)
+	}
+	if n := b.count(`SELECT count(*) FROM relay_jobs j JOIN relay_workflow_runs r ON r.job_id = j.id WHERE r.id IN ('p/a', 'p/c') AND j.queue = 'email'`); n != 2 {
+		t.Fatal("children did not run on the email queue")
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "nil"
+	}
+	return err.Error()
+}
+
+// The saga: a failure after two completed steps runs their compensations
+// newest first, each once, and the run ends compensated.
+func TestCompensation(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	createPayments(t, b)
+	ctx := context.Background()
+	var mu sync.Mutex
+	var order []string
+	note := func(s string) { mu.Lock(); order = append(order, s); mu.Unlock() }
+	var failures atomic.Int32
+	wf := workflow.MustRegister(b.reg, "saga", func(wctx workflow.Context, amount int) (string, error) {
+		if _, err := workflow.StepTx(wctx, "charge", func(ctx context.Context, tx pgx.Tx) (int, error) {
+			_, err := tx.Exec(ctx, `INSERT INTO payments VALUES ($1, $2)`, wctx.RunID(), amount)
+			return 0, err
+		}, nil); err != nil {
+			return "", err
+		}
+		workflow.Compensate(wctx, "refund", func(ctx context.Context) error {
+			note("refund")
+			_, err := b.pool.Exec(ctx, `INSERT INTO payments VALUES ($1, $2)`, wctx.RunID(), -amount)
+			return err
+		})
+		if _, err := workflow.Step(wctx, "reserve", func(ctx context.Context) (int, error) { return 1, nil }, nil); err != nil {
+			return "", err
+		}
+		workflow.Compensate(wctx, "release", func(ctx context.Context) error {
+			if failures.Add(1) == 1 {
+				return errors.New("stock service busy") // retried
+			}
+			note("release")
+			return nil
+		})
+		_, err := workflow.Step(wctx, "ship", func(ctx context.Context) (int, error) {
+			return 0, core.Permanent(errors.New("no courier"))
+		}, nil)
+		return "", err
+	})
+	b.start()
+	h, _ := workflow.Start(ctx, b.pool, wf, 50, nil)
+	_, err := result[string](t, b.pool, h.ID)
+	if !errors.Is(err, workflow.ErrRunCompensated) || !strings.Contains(err.Error(), "no courier") {
+		t.Fatalf("want compensated, got %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(order) != 2 || order[0] != "release" || order[1] != "refund" {
+		t.Fatalf("compensation order %v", order)
+	}
+	if n := b.count(`SELECT coalesce(sum(amount), 99) FROM payments`); n != 0 {
+		t.Fatalf("payments sum %d after refund", n)
+	}
+	if n := b.count(`SELECT count(*) FROM relay_workflow_steps WHERE run_id = $1 AND key LIKE 'compensate:%' AND state = 'completed'`, h.ID); n != 2 {
+		t.Fatalf("%d compensation checkpoints", n)
+	}
+}

@@ -1,0 +1,115 @@
+package workflow_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/workflow"
+)
+
+// A run whose executions keep dying (here: losing their lease mid-step,
+// as a worker killed by the step would) ends failed when its attempts are
+// used up, instead of crash-looping.
+func TestCrashingRunEndsFailed(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var calls atomic.Int32
+	wf := workflow.MustRegister(b.reg, "killer", func(wctx workflow.Context, _ int) (int, error) {
+		return workflow.Step(wctx, "explode", func(ctx context.Context) (int, error) {
+			calls.Add(1)
+			b.rescueNow(wctx.RunID())
+			return 0, nil
+		}, nil)
+	})
+	b.startWith(&core.Config{RescueInterval: 50 * time.Millisecond})
+	h, _ := workflow.Start(context.Background(), b.pool, wf, 0, &workflow.StartOpts{MaxAttempts: 3})
+	_, err := result[int](t, b.pool, h.ID)
+	if !errors.Is(err, workflow.ErrRunFailed) || !strings.Contains(err.Error(), "crashed") {
+		t.Fatalf("want a failed run, got %v", err)
+	}
+	if calls.Load() != 2 {
+		t.Fatalf("step ran %d times, want 2 (the third attempt fails the run)", calls.Load())
+	}
+}
+
+// A worker dying right after a checkpoint commits, on a queue with one
+// worker: the rescued run resumes after that checkpoint (DBOS Python #805)
+// and is not stuck between two completed steps.
+func TestResumeAfterCheckpointOnSingleWorkerQueue(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var a, c atomic.Int32
+	wf := workflow.MustRegister(b.reg, "resume", func(wctx workflow.Context, _ int) (int, error) {
+		x, err := workflow.Step(wctx, "a", func(ctx context.Context) (int, error) { return int(a.Add(1)), nil }, nil)
+		if err != nil {
+			return 0, err
+		}
+		y, err := workflow.Step(wctx, "b", func(ctx context.Context) (int, error) {
+			if c.Add(1) == 1 {
+				b.rescueNow(wctx.RunID()) // "a" is committed; the worker dies now
+				return 0, errors.New("killed")
+			}
+			return 10, nil
+		}, nil)
+		return x + y, err
+	})
+	b.startWith(&core.Config{RescueInterval: 50 * time.Millisecond,
+		Queues: map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: 1}}})
+	h, _ := workflow.Start(context.Background(), b.pool, wf, 0, nil)
+	if out, err := result[int](t, b.pool, h.ID); err != nil || out != 11 {
+		t.Fatal(out, err)
+	}
+	if a.Load() != 1 || c.Load() != 2 {
+		t.Fatalf("a ran %d times (want 1), b %d (want 2)", a.Load(), c.Load())
+	}
+}
+
+// A run with 10,000 checkpoints resumes from one history query: every step
+// replays without running. The time is logged (go test -v -run
+// TestLongHistoryReplay), not asserted.
+func TestLongHistoryReplay(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("long history")
+	}
+	b := setup(t)
+	const n = 10000
+	var ran atomic.Int32
+	wf := workflow.MustRegister(b.reg, "long", func(wctx workflow.Context, _ int) (int, error) {
+		sum := 0
+		for i := 0; i < n; i++ {
+			v, err := workflow.Step(wctx, "s"+itoa(i), func(ctx context.Context) (int, error) { ran.Add(1); return 1, nil }, nil)
+			if err != nil {
+				return 0, err
+			}
+			sum += v
+		}
+		return sum, nil
+	})
+	ctx := context.Background()
+	h, _ := workflow.Start(ctx, b.pool, wf, 0, nil)
+	// The history of a run that did all its steps and then crashed.
+	if _, err := b.pool.Exec(ctx, `
+		INSERT INTO relay_workflow_steps (run_id, position, key, kind, state, output, attempts, finished_at)
+		SELECT $1, i, 's' || i, 'step', 'completed', '1', 1, now() FROM generate_series(0, $2 - 1) AS i`, h.ID, n); err != nil {
+		t.Fatal(err)
+	}
+	b.start()
+	began := time.Now()
+	out, err := result[int](t, b.pool, h.ID)
+	if err != nil || out != n {
+		t.Fatal(out, err)
+	}
+	t.Logf("replayed %d checkpoints and finished in %s", n, time.Since(began))
+	if ran.Load() != 0 {
+		t.Fatalf("%d steps ran again", ran.Load())
+	}
+	if st := b.reg.Stats(); st.Replayed != n || st.Executions != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}

@@ -1,0 +1,107 @@
+package workflow
+
+import (
+	"errors"
+	"fmt"
+)
+
+var (
+	// ErrUnregistered: no workflow of that name is registered.
+	ErrUnregistered = errors.New("workflow: workflow not registered")
+	// ErrRunNotFound: no run has that id.
+	ErrRunNotFound = errors.New("workflow: run not found")
+	// ErrRunFinished: the run has finished; it takes no signal or cancel.
+	ErrRunFinished = errors.New("workflow: run already finished")
+	// ErrIDInUse: a run with the id asked for exists for another workflow.
+	ErrIDInUse = errors.New("workflow: run id in use by another workflow")
+	// ErrRunFailed, ErrRunCompensated and ErrRunCancelled are matched by a
+	// *RunError (errors.Is) for each way a run can end without an output.
+	ErrRunFailed      = errors.New("workflow: run failed")
+	ErrRunCompensated = errors.New("workflow: run failed and was compensated")
+	ErrRunCancelled   = errors.New("workflow: run cancelled")
+	// ErrDuplicateKey: a run used the same step key twice.
+	ErrDuplicateKey = errors.New("workflow: duplicate step key")
+	// ErrTooLarge: an input, output or payload exceeds MaxPayloadBytes.
+	ErrTooLarge = errors.New("workflow: payload too large")
+	// ErrNotRetryable: Retry was asked of a run that is not failed.
+	ErrNotRetryable = errors.New("workflow: only a failed run can be retried")
+	// ErrTimeout is the error of a WaitSignal that timed out.
+	ErrTimeout = errors.New("workflow: wait timed out")
+)
+
+// MaxPayloadBytes bounds a run's input and output, a step's output, a
+// signal's payload and an event's value, encoded as JSON (1 MiB). Larger
+// values are refused with ErrTooLarge before anything is written: keep
+// large data in your own tables and pass its key.
+const MaxPayloadBytes = 1 << 20
+
+// NonDeterminismError reports a replay that reached, at some position of
+// the run's history, a step other than the one recorded there: the code
+// changed under a run in flight (without Patch), or branched on something
+// not recorded (time, randomness, a map's order, data read outside a step).
+// The run fails rather than diverge from its history.
+type NonDeterminismError struct {
+	RunID      string
+	Position   int
+	HistoryKey string // the key recorded at Position ("kind:key")
+	CodeKey    string // the key the code asked for at Position ("kind:key")
+}
+
+func (e *NonDeterminismError) Error() string {
+	return fmt.Sprintf("workflow: non-determinism in run %s at step position %d: history holds %q, code asked for %q (did the code change under a run in flight? use Patch)",
+		e.RunID, e.Position, e.HistoryKey, e.CodeKey)
+}
+
+// StepError is the error of a step that failed for good: permanently
+// (core.Permanent) or with its attempts used up. Replays return it from the
+// stored message; Err (the original error) is set only in the execution
+// that ran the step, so branch on StepError's fields, not on Err.
+type StepError struct {
+	RunID    string
+	Key      string
+	Attempts int
+	Message  string
+	Err      error
+}
+
+func (e *StepError) Error() string {
+	return fmt.Sprintf("workflow: step %q of run %s failed after %d attempt(s): %s", e.Key, e.RunID, e.Attempts, e.Message)
+}
+func (e *StepError) Unwrap() error { return e.Err }
+
+// RunError is a run's outcome when it did not complete: Result returns it.
+type RunError struct {
+	RunID    string
+	Workflow string
+	State    RunState
+	Message  string
+}
+
+func (e *RunError) Error() string {
+	return fmt.Sprintf("workflow: run %s (%s) %s: %s", e.RunID, e.Workflow, e.State, e.Message)
+}
+
+// Is matches ErrRunFailed, ErrRunCompensated or ErrRunCancelled by State.
+func (e *RunError) Is(target error) bool {
+	switch target {
+	case ErrRunFailed:
+		return e.State == StateFailed
+	case ErrRunCompensated:
+		return e.State == StateCompensated
+	case ErrRunCancelled:
+		return e.State == StateCancelled
+	}
+	return false
+}
+
+// ChildError is a child run's outcome when it did not complete, returned by
+// its Future's Get.
+type ChildError struct {
+	RunID   string
+	State   RunState
+	Message string
+}
+
+func (e *ChildError) Error() string {
+	return fmt.Sprintf("workflow: child run %s %s: %s", e.RunID, e.State, e.Message)
+}

@@ -1,0 +1,132 @@
+package workflow_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/workflow"
+)
+
+// rescueNow simulates what the rescuer does to a stalled execution: the
+// run job's lease moves on (a new token, expired), so the rescuer requeues
+// it and the old attempt no longer holds the run.
+func (b *bundle) rescueNow(runID string) {
+	b.t.Helper()
+	if _, err := b.pool.Exec(context.Background(), `
+		UPDATE relay_jobs SET lease_token = gen_random_uuid(), lease_expires_at = now() - interval '1 second'
+		WHERE id = (SELECT job_id FROM relay_workflow_runs WHERE id = $1) AND state = 'claimed'`, runID); err != nil {
+		b.t.Fatal(err)
+	}
+}
+
+func createPayments(t *testing.T, b *bundle) {
+	t.Helper()
+	if _, err := b.pool.Exec(context.Background(), `CREATE TABLE payments (run_id text, amount int)`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// An execution that lost the run's lease (rescued while it ran) cannot
+// record its step: the checkpoint is refused and counted, and the rescued
+// run's next execution does the step again; the StepTx before it, already
+// checkpointed with its payment row, is not repeated.
+func TestLateCheckpointRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	createPayments(t, b)
+	var confirms atomic.Int32
+	wf := workflow.MustRegister(b.reg, "pay", func(wctx workflow.Context, amount int) (string, error) {
+		if _, err := workflow.StepTx(wctx, "charge", func(ctx context.Context, tx pgx.Tx) (int, error) {
+			_, err := tx.Exec(ctx, `INSERT INTO payments VALUES ($1, $2)`, wctx.RunID(), amount)
+			return amount, err
+		}, nil); err != nil {
+			return "", err
+		}
+		return workflow.Step(wctx, "confirm", func(ctx context.Context) (string, error) {
+			if confirms.Add(1) == 1 {
+				b.rescueNow(wctx.RunID()) // the lease moves on while the step runs
+				return "late", nil
+			}
+			return "on time", nil
+		}, nil)
+	})
+	b.startWith(&core.Config{RescueInterval: 50 * time.Millisecond})
+	h, _ := workflow.Start(context.Background(), b.pool, wf, 42, nil)
+	out, err := result[string](t, b.pool, h.ID)
+	if err != nil || out != "on time" {
+		t.Fatalf("output %q, %v", out, err)
+	}
+	if got := b.reg.Stats().LateCheckpointsRefused; got != 1 {
+		t.Fatalf("late checkpoints refused %d, want 1", got)
+	}
+	if n := b.count(`SELECT count(*) FROM payments`); n != 1 {
+		t.Fatalf("%d payments, want exactly 1", n)
+	}
+	if n := b.count(`SELECT count(*) FROM relay_workflow_steps WHERE run_id = $1 AND key = 'confirm' AND output = '"on time"'`, h.ID); n != 1 {
+		t.Fatal("confirm's checkpoint is not the rescued execution's")
+	}
+}
+
+// A paused executor (SIGSTOP-like: it holds a step while its run is
+// rescued and finished by another execution) cannot fork the run when it
+// resumes: its checkpoint is refused, the run's outcome and steps stay the
+// rescuer's, and it never reaches the steps after.
+func TestPausedExecutorCannotFork(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	createPayments(t, b)
+	paused := make(chan struct{})
+	resume := make(chan struct{})
+	var slowCalls atomic.Int32
+	wf := workflow.MustRegister(b.reg, "fork", func(wctx workflow.Context, _ int) (string, error) {
+		who, err := workflow.Step(wctx, "slow", func(ctx context.Context) (string, error) {
+			if slowCalls.Add(1) == 1 {
+				close(paused)
+				<-resume // ignores ctx, as a stopped process would
+				return "A", nil
+			}
+			return "B", nil
+		}, nil)
+		if err != nil {
+			return "", err
+		}
+		if _, err := workflow.StepTx(wctx, "after", func(ctx context.Context, tx pgx.Tx) (int, error) {
+			_, err := tx.Exec(ctx, `INSERT INTO payments VALUES ($1, 1)`, who)
+			return 0, err
+		}, nil); err != nil {
+			return "", err
+		}
+		return who, nil
+	})
+	b.startWith(&core.Config{RescueInterval: 50 * time.Millisecond})
+	h, _ := workflow.Start(context.Background(), b.pool, wf, 0, nil)
+	select {
+	case <-paused:
+	case <-time.After(30 * time.Second):
+		t.Fatal("first execution never started")
+	}
+	b.rescueNow(h.ID)
+	out, err := result[string](t, b.pool, h.ID)
+	if err != nil || out != "B" {
+		t.Fatalf("output %q, %v", out, err)
+	}
+	close(resume)
+	b.waitFor("the paused execution's refused checkpoint", func() bool { return b.reg.Stats().LateCheckpointsRefused == 1 })
+	if n := b.count(`SELECT count(*) FROM payments`); n != 1 {
+		t.Fatalf("%d effects, want 1", n)
+	}
+	if n := b.count(`SELECT count(*) FROM payments WHERE run_id = 'B'`); n != 1 {
+		t.Fatal("the effect is not the rescuing execution's")
+	}
+	if n := b.count(`SELECT count(*) FROM relay_workflow_steps WHERE run_id = $1 AND key = 'slow' AND output = '"B"'`, h.ID); n != 1 {
+		t.Fatal("slow's checkpoint was overwritten by the paused execution")
+	}
+	if n := b.count(`SELECT count(*) FROM relay_workflow_runs WHERE id = $1 AND state = 'completed' AND output = '"B"'`, h.ID); n != 1 {
+		t.Fatal("run outcome changed")
+	}
+}

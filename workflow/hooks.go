@@ -1,0 +1,76 @@
+package workflow
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/relayq/relay/core"
+)
+
+// StartKind is the core job kind that starts a run: the hook by which the
+// scheduler (a schedule whose Args are StartArgs) and the outbox (a
+// subscription of Kind StartKind with StartMetadata) start workflows.
+const StartKind = "relay.workflow.start"
+
+// MetaWorkflow is the job metadata key naming the workflow a StartKind job
+// starts when its args do not (an outbox delivery).
+const MetaWorkflow = "relay.workflow"
+
+// StartArgs are the args of a StartKind job. The run's id is ID, or
+// "<workflow>-job-<job id>" so that the job's retries start one run.
+//
+// An outbox delivery enqueued as a StartKind job carries no Workflow: the
+// workflow is named by the job's metadata (StartMetadata), its input is the
+// event's payload and the run's id "<workflow>-event-<event id>".
+type StartArgs struct {
+	Workflow string          `json:"workflow,omitempty"`
+	Input    json.RawMessage `json:"input,omitempty"`
+	ID       string          `json:"id,omitempty"`
+	Queue    string          `json:"queue,omitempty"`
+	// The outbox's delivery fields (outbox.Delivery).
+	EventID int64           `json:"event_id,omitempty"`
+	Payload json.RawMessage `json:"payload,omitempty"`
+}
+
+// Kind implements core.JobArgs.
+func (StartArgs) Kind() string { return StartKind }
+
+// StartMetadata is the job metadata that makes a StartKind job without a
+// workflow in its args (an outbox subscription's) start workflow name.
+func StartMetadata(name string) map[string]any { return map[string]any{MetaWorkflow: name} }
+
+// startWorker starts runs from StartKind jobs, in the job's completion
+// transaction: the run exists exactly once whatever the job's retries.
+type startWorker struct{ r *Registry }
+
+func (w startWorker) Work(ctx context.Context, job *core.Job[StartArgs]) error {
+	a := job.Args
+	name, input, id := a.Workflow, a.Input, a.ID
+	if name == "" {
+		var meta map[string]any
+		json.Unmarshal(job.Metadata, &meta) //nolint:errcheck // checked below
+		name, _ = meta[MetaWorkflow].(string)
+		input = a.Payload
+		if id == "" && a.EventID != 0 {
+			id = name + "-event-" + strconv.FormatInt(a.EventID, 10)
+		}
+	}
+	if name == "" {
+		return core.Permanent(fmt.Errorf("workflow: start job %d names no workflow (args or metadata %q)", job.ID, MetaWorkflow))
+	}
+	if !w.r.Registered(name) {
+		return core.Permanent(fmt.Errorf("%w: %q (start job %d)", ErrUnregistered, name, job.ID))
+	}
+	id = cmp.Or(id, name+"-job-"+strconv.FormatInt(job.ID, 10))
+	return pgx.BeginFunc(ctx, w.r.pool, func(tx pgx.Tx) error {
+		if _, _, err := StartNamed(ctx, tx, w.r, name, input, &StartOpts{ID: id, Queue: a.Queue}); err != nil {
+			return err
+		}
+		return core.CompleteTx(ctx, tx, job)
+	})
+}

@@ -1,0 +1,70 @@
+package workflow_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+
+	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/outbox"
+	"github.com/relayq/relay/workflow"
+)
+
+type settlement struct {
+	Month string `json:"month"`
+}
+
+// The start hook: a StartKind job (what a schedule's fire enqueues) starts
+// one run, named after the job, whatever its retries; an outbox
+// subscription of StartKind starts one run per event, with the event's
+// payload as input.
+func TestStartHooks(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	workflow.MustRegister(b.reg, "settle", func(wctx workflow.Context, s settlement) (string, error) {
+		return workflow.Step(wctx, "close-books", func(ctx context.Context) (string, error) { return "settled " + s.Month, nil }, nil)
+	})
+	b.start()
+
+	// A schedule's job (scheduler.Schedule{Args: workflow.StartArgs{...}}).
+	res, err := core.Enqueue(ctx, b.pool, workflow.StartArgs{Workflow: "settle", Input: json.RawMessage(`{"month":"2026-11"}`)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := "settle-job-" + itoa(int(res.ID))
+	b.waitFor("the scheduled run", func() bool { return b.count(`SELECT count(*) FROM relay_workflow_runs WHERE id = $1`, id) == 1 })
+	if out, err := result[string](t, b.pool, id); err != nil || out != "settled 2026-11" {
+		t.Fatal(out, err)
+	}
+
+	// An outbox subscription.
+	d, err := outbox.NewDispatcher(b.pool, &outbox.Config{Subscriptions: []outbox.Subscription{{
+		Topic: "month.closed", Kind: workflow.StartKind, Opts: &core.EnqueueOpts{Metadata: workflow.StartMetadata("settle")},
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, err := outbox.Publish(ctx, b.pool, outbox.Event{Topic: "month.closed", Payload: settlement{Month: "2026-12"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.DispatchOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	id = "settle-event-" + itoa(int(ev))
+	b.waitFor("the event's run", func() bool { return b.count(`SELECT count(*) FROM relay_workflow_runs WHERE id = $1`, id) == 1 })
+	if out, err := result[string](t, b.pool, id); err != nil || out != "settled 2026-12" {
+		t.Fatal(out, err)
+	}
+
+	// An unregistered workflow: the start job dies at once, nothing started.
+	bad, _ := core.Enqueue(ctx, b.pool, workflow.StartArgs{Workflow: "nope"}, nil)
+	b.waitFor("the bad start job to die", func() bool {
+		j, err := core.JobGet(ctx, b.pool, bad.ID)
+		return err == nil && j.State == core.StateDead
+	})
+	if n := b.count(`SELECT count(*) FROM relay_workflow_runs WHERE workflow = 'nope'`); n != 0 {
+		t.Fatal("an unregistered workflow started")
+	}
+}

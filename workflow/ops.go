@@ -1,0 +1,265 @@
+package workflow
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/dbx"
+)
+
+// Cancel asks run id, and its unfinished child runs, to cancel, through db
+// (joining its transaction). Each is woken: a sleeping or waiting run
+// stops waiting, a running one stops at its next step; its registered
+// compensations run, newest first, and it ends cancelled. Cancelling a
+// finished run is ErrRunFinished.
+func Cancel(ctx context.Context, db core.DB, id string) error {
+	err := inTx(ctx, db, func(tx core.DB) error {
+		ex, err := dbx.For(tx)
+		if err != nil {
+			return err
+		}
+		var jobs []int64
+		if err := ex.Query(ctx, sqlRequestCancel, []any{id}, func(r dbx.Scanner) error {
+			var j int64
+			if err := r.Scan(&j); err != nil {
+				return err
+			}
+			jobs = append(jobs, j)
+			return nil
+		}); err != nil {
+			return err
+		}
+		if len(jobs) == 0 {
+			return runMissing(ctx, ex, id)
+		}
+		for _, j := range jobs {
+			if j != 0 {
+				if err := core.Wake(ctx, tx, j); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("workflow: cancel run %s: %w", id, err)
+	}
+	return nil
+}
+
+// Retry runs a failed run again from its failed step: the checkpoints
+// before it are kept (their steps are not repeated), the failed step and
+// any after it are dropped, and a new execution job is queued. A run that
+// is not failed is ErrNotRetryable.
+func Retry(ctx context.Context, db core.DB, id string) error {
+	err := inTx(ctx, db, func(tx core.DB) error {
+		ex, err := dbx.For(tx)
+		if err != nil {
+			return err
+		}
+		var job int64
+		found := false
+		if err := ex.Query(ctx, sqlRetryRun, []any{id}, func(r dbx.Scanner) error { found = true; return r.Scan(&job) }); err != nil {
+			return err
+		}
+		if !found {
+			if err := runMissing(ctx, ex, id); err == ErrRunNotFound {
+				return err
+			}
+			return ErrNotRetryable
+		}
+		if _, err := ex.Exec(ctx, sqlRetryDropSteps, id); err != nil {
+			return err
+		}
+		run, err := getRun(ctx, ex, id)
+		if err != nil {
+			return err
+		}
+		var meta map[string]any
+		json.Unmarshal([]byte(run.traceJSON), &meta) //nolint:errcheck // best effort: a retry without trace context is still a retry
+		res, err := core.Enqueue(ctx, tx, runArgs{RunID: id}, &core.EnqueueOpts{Queue: run.Queue, Metadata: meta, MaxAttempts: DefaultMaxAttempts})
+		if err != nil {
+			return err
+		}
+		_, err = ex.Exec(ctx, sqlSetRunJob, id, res.ID)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("workflow: retry run %s: %w", id, err)
+	}
+	return nil
+}
+
+// Run is a run as stored, for inspection.
+type Run struct {
+	ID              string
+	Workflow        string
+	State           RunState
+	Input           json.RawMessage
+	Output          json.RawMessage // nil unless completed
+	Error           string
+	Queue           string
+	JobID           int64 // the core job executing the run
+	ParentID        string
+	CancelRequested bool
+	Generation      int // ContinueAsNew count
+	Executions      int // executions that wrote something
+	CreatedAt       time.Time
+	StartedAt       *time.Time
+	FinishedAt      *time.Time
+	// TraceParent is the run's root trace context (W3C), "" if untraced.
+	TraceParent string
+	// Steps is the run's timeline, by position (Get only).
+	Steps []StepInfo
+
+	traceJSON string
+}
+
+// StepInfo is one checkpoint of a run's timeline.
+type StepInfo struct {
+	Position   int
+	Key        string
+	Kind       string // step, tx, sleep, signal, child, value, patch, event
+	State      string // completed, failed, retrying, waiting
+	Output     json.RawMessage
+	Error      string
+	Attempts   int
+	WakeAt     *time.Time
+	ChildID    string
+	StartedAt  time.Time
+	FinishedAt *time.Time
+}
+
+func scanRun(r dbx.Scanner) (*Run, error) {
+	run := &Run{}
+	var input, output, state string
+	if err := r.Scan(&run.ID, &run.Workflow, &state, &input, &output, &run.Error, &run.Queue, &run.JobID,
+		&run.ParentID, &run.traceJSON, &run.CancelRequested, &run.Generation, &run.Executions,
+		&run.CreatedAt, &run.StartedAt, &run.FinishedAt); err != nil {
+		return nil, err
+	}
+	run.State = RunState(state)
+	run.Input = json.RawMessage(input)
+	if output != "" {
+		run.Output = json.RawMessage(output)
+	}
+	var tc map[string]string
+	if json.Unmarshal([]byte(run.traceJSON), &tc) == nil {
+		run.TraceParent = tc["traceparent"]
+	}
+	return run, nil
+}
+
+func getRun(ctx context.Context, ex dbx.Execer, id string) (*Run, error) {
+	var run *Run
+	err := ex.Query(ctx, sqlGetRun, []any{id}, func(r dbx.Scanner) error {
+		var err error
+		run, err = scanRun(r)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if run == nil {
+		return nil, ErrRunNotFound
+	}
+	return run, nil
+}
+
+// Get reads run id with its step timeline.
+func Get(ctx context.Context, db core.DB, id string) (*Run, error) {
+	ex, err := dbx.For(db)
+	if err != nil {
+		return nil, fmt.Errorf("workflow: get run %s: %w", id, err)
+	}
+	run, err := getRun(ctx, ex, id)
+	if err != nil {
+		return nil, fmt.Errorf("workflow: get run %s: %w", id, err)
+	}
+	err = ex.Query(ctx, sqlStepTimeline, []any{id}, func(r dbx.Scanner) error {
+		var s StepInfo
+		var output string
+		if err := r.Scan(&s.Position, &s.Key, &s.Kind, &s.State, &output, &s.Error, &s.Attempts,
+			&s.WakeAt, &s.ChildID, &s.StartedAt, &s.FinishedAt); err != nil {
+			return err
+		}
+		if output != "" {
+			s.Output = json.RawMessage(output)
+		}
+		run.Steps = append(run.Steps, s)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("workflow: get run %s: steps: %w", id, err)
+	}
+	return run, nil
+}
+
+// ListOpts filter and page List. The zero value lists the newest 100 runs.
+type ListOpts struct {
+	Workflow string
+	State    RunState
+	// Limit is at most 1000. Default 100.
+	Limit int
+	// After continues a listing after this run (the last of a page).
+	After *Run
+}
+
+// List lists runs, newest first, without their steps.
+func List(ctx context.Context, db core.DB, opts *ListOpts) ([]*Run, error) {
+	var o ListOpts
+	if opts != nil {
+		o = *opts
+	}
+	if o.Limit <= 0 {
+		o.Limit = 100
+	}
+	o.Limit = min(o.Limit, 1000)
+	ex, err := dbx.For(db)
+	if err != nil {
+		return nil, fmt.Errorf("workflow: list runs: %w", err)
+	}
+	var afterAt *time.Time
+	afterID := ""
+	if o.After != nil {
+		afterAt, afterID = &o.After.CreatedAt, o.After.ID
+	}
+	var runs []*Run
+	err = ex.Query(ctx, sqlListRuns, []any{o.Workflow, string(o.State), afterAt, afterID, o.Limit}, func(r dbx.Scanner) error {
+		run, err := scanRun(r)
+		if err != nil {
+			return err
+		}
+		runs = append(runs, run)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("workflow: list runs: %w", err)
+	}
+	return runs, nil
+}
+
+// Delete deletes a finished run with its steps, signals and events, in one
+// statement (retention). Its id may then be used by a new run, which starts
+// with an empty history. Deleting an unfinished run is ErrRunFinished's
+// opposite: it is refused (cancel it first).
+func Delete(ctx context.Context, db core.DB, id string) error {
+	ex, err := dbx.For(db)
+	if err != nil {
+		return fmt.Errorf("workflow: delete run %s: %w", id, err)
+	}
+	n, err := ex.Exec(ctx, sqlDeleteRun, id)
+	if err != nil {
+		return fmt.Errorf("workflow: delete run %s: %w", id, err)
+	}
+	if n == 0 {
+		if err := runMissing(ctx, ex, id); err == ErrRunNotFound {
+			return fmt.Errorf("workflow: delete run %s: %w", id, err)
+		}
+		return fmt.Errorf("workflow: delete run %s: the run has not finished", id)
+	}
+	return nil
+}

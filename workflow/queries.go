@@ -1,0 +1,202 @@
+package workflow
+
+// All of the workflow layer's SQL. Every write an execution makes (a
+// checkpoint, a consumed signal, a child started, the run's outcome) runs in
+// a transaction that ends with core.HoldLease on the run's job: it commits
+// only while the execution's attempt still holds the run, so a late
+// execution can record nothing (see fence in execution.go).
+
+// sqlInsertRun creates a run unless its id exists. RETURNING is empty for
+// an existing id; sqlRunIdentity then says which workflow holds it.
+const sqlInsertRun = `
+INSERT INTO relay_workflow_runs (id, workflow, input, queue, parent_id, parent_position, trace)
+VALUES ($1, $2, $3::jsonb, $4, nullif($5, ''), $6, $7::jsonb)
+ON CONFLICT (id) DO NOTHING
+RETURNING id`
+
+const sqlRunIdentity = `SELECT workflow FROM relay_workflow_runs WHERE id = $1`
+
+// sqlSetRunJob records the job that executes run $1.
+const sqlSetRunJob = `UPDATE relay_workflow_runs SET job_id = $2 WHERE id = $1`
+
+// sqlLoadRun reads what an execution needs of its run, and the database's
+// clock (every due check of the execution compares with it).
+const sqlLoadRun = `
+SELECT workflow, state, input::text, queue, coalesce(parent_id, ''), trace::text,
+       cancel_requested, generation, now()
+FROM relay_workflow_runs
+WHERE id = $1`
+
+// sqlLoadSteps reads a run's whole history in one statement, whatever its
+// length: a replay costs one query however many steps it passes.
+const sqlLoadSteps = `
+SELECT position, key, kind, state, coalesce(output::text, ''), coalesce(error, ''), attempts,
+       wake_at, coalesce(child_id, '')
+FROM relay_workflow_steps
+WHERE run_id = $1
+ORDER BY position`
+
+// sqlTouchRun marks the run started by its first checkpoint of each
+// execution, in that checkpoint's transaction (no write of its own), and
+// returns whether a cancel has been asked for meanwhile.
+const sqlTouchRun = `
+UPDATE relay_workflow_runs
+SET state       = CASE WHEN state = 'pending' THEN 'running' ELSE state END,
+    started_at  = coalesce(started_at, now()),
+    executions  = executions + 1
+WHERE id = $1
+RETURNING cancel_requested`
+
+// sqlCancelRequested reads the cancel flag (checkpoints after the first).
+const sqlCancelRequested = `SELECT cancel_requested FROM relay_workflow_runs WHERE id = $1`
+
+// sqlUpsertStep writes the checkpoint at ($1 run, $2 position). A position
+// is rewritten only by the run's later executions (a retried step, a sleep
+// or a wait that ends); attempts accumulate ($8 is this write's share).
+// wake_at is absolute ($9) or database now() plus $10 microseconds.
+const sqlUpsertStep = `
+INSERT INTO relay_workflow_steps (run_id, position, key, kind, state, output, error, attempts, wake_at, child_id, finished_at)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb, nullif($7, ''), $8,
+        coalesce($9::timestamptz, now() + $10::bigint * interval '1 microsecond'),
+        nullif($11, ''),
+        CASE WHEN $5 IN ('completed', 'failed') THEN now() END)
+ON CONFLICT (run_id, position) DO UPDATE
+SET state       = excluded.state,
+    output      = excluded.output,
+    error       = excluded.error,
+    attempts    = relay_workflow_steps.attempts + excluded.attempts,
+    wake_at     = excluded.wake_at,
+    child_id    = coalesce(excluded.child_id, relay_workflow_steps.child_id),
+    finished_at = excluded.finished_at
+RETURNING wake_at`
+
+// sqlCompleteWaits marks due sleeps completed (positions $2), lazily, in
+// the next transaction the execution writes anyway.
+const sqlCompleteWaits = `
+UPDATE relay_workflow_steps
+SET state = 'completed', finished_at = coalesce(wake_at, now())
+WHERE run_id = $1 AND position = ANY($2::int[]) AND state = 'waiting'`
+
+// sqlFinishRun records a run's outcome and returns its parent's job (0 for
+// none), which the same transaction wakes.
+const sqlFinishRun = `
+UPDATE relay_workflow_runs AS r
+SET state = $2, output = $3::jsonb, error = nullif($4, ''), finished_at = now()
+WHERE r.id = $1 AND r.state IN ('pending', 'running', 'compensating')
+RETURNING coalesce((SELECT p.job_id FROM relay_workflow_runs AS p WHERE p.id = r.parent_id AND p.finished_at IS NULL), 0)`
+
+// sqlSetRunState moves a run to $2 (running → compensating).
+const sqlSetRunState = `UPDATE relay_workflow_runs SET state = $2 WHERE id = $1 AND state <> $2`
+
+// sqlNotifyDone wakes Result callers waiting on run $1. Delivered at commit.
+const sqlNotifyDone = `SELECT pg_notify('relay_workflow', $1::text)`
+
+// sqlRunOutcome reads a run's state and outcome (Result).
+const sqlRunOutcome = `
+SELECT workflow, state, coalesce(output::text, ''), coalesce(error, '')
+FROM relay_workflow_runs WHERE id = $1`
+
+// sqlConsumeSignal takes the oldest unconsumed signal $2 of run $1 for the
+// wait at position $3. It runs in the wait's checkpoint transaction, so a
+// signal is consumed exactly when the wait is recorded: a refused
+// checkpoint leaves it in the mailbox.
+const sqlConsumeSignal = `
+UPDATE relay_workflow_signals
+SET consumed_at = now(), consumed_by = $3
+WHERE id = (
+    SELECT id FROM relay_workflow_signals
+    WHERE run_id = $1 AND name = $2 AND consumed_at IS NULL
+    ORDER BY id
+    LIMIT 1
+    FOR UPDATE)
+RETURNING payload::text`
+
+// sqlInsertSignal puts signal $2 in run $1's mailbox, if the run is not
+// finished, and returns the run's job to wake.
+const sqlInsertSignal = `
+INSERT INTO relay_workflow_signals (run_id, name, payload)
+SELECT id, $2, $3::jsonb FROM relay_workflow_runs
+WHERE id = $1 AND finished_at IS NULL
+RETURNING (SELECT coalesce(job_id, 0) FROM relay_workflow_runs WHERE id = $1)`
+
+// sqlRunExists tells a missing run from a finished one.
+const sqlRunState = `SELECT state FROM relay_workflow_runs WHERE id = $1`
+
+// sqlChildOutcome reads a child run's outcome for its parent.
+const sqlChildOutcome = `
+SELECT state, coalesce(output::text, ''), coalesce(error, ''), finished_at IS NOT NULL
+FROM relay_workflow_runs WHERE id = $1`
+
+// sqlRequestCancel asks run $1 and its unfinished descendants to cancel
+// and returns their jobs to wake.
+const sqlRequestCancel = `
+WITH RECURSIVE tree AS (
+    SELECT id FROM relay_workflow_runs WHERE id = $1
+    UNION
+    SELECT c.id FROM relay_workflow_runs AS c JOIN tree ON c.parent_id = tree.id
+)
+UPDATE relay_workflow_runs AS r
+SET cancel_requested = true
+FROM tree
+WHERE r.id = tree.id AND r.finished_at IS NULL
+RETURNING coalesce(r.job_id, 0)`
+
+// sqlRetryRun puts failed run $1 back to pending, keeping the checkpoints
+// before its failed step: the failed step and everything after it go.
+const sqlRetryRun = `
+UPDATE relay_workflow_runs
+SET state = 'pending', finished_at = NULL, error = NULL, output = NULL, cancel_requested = false
+WHERE id = $1 AND state = 'failed'
+RETURNING coalesce(job_id, 0)`
+
+const sqlRetryDropSteps = `
+DELETE FROM relay_workflow_steps
+WHERE run_id = $1 AND position >= coalesce(
+    (SELECT min(position) FROM relay_workflow_steps WHERE run_id = $1 AND state = 'failed'),
+    (SELECT coalesce(max(position), -1) + 1 FROM relay_workflow_steps WHERE run_id = $1))`
+
+// sqlContinueAsNew restarts run $1 with input $2 and an empty history.
+const sqlContinueAsNew = `
+UPDATE relay_workflow_runs
+SET input = $2::jsonb, generation = generation + 1
+WHERE id = $1`
+
+const sqlDropHistory = `DELETE FROM relay_workflow_steps WHERE run_id = $1`
+
+// sqlSetEvent publishes value $3 under key $2 of run $1.
+const sqlSetEvent = `
+INSERT INTO relay_workflow_events (run_id, key, value) VALUES ($1, $2, $3::jsonb)
+ON CONFLICT (run_id, key) DO UPDATE SET value = excluded.value, updated_at = now()`
+
+const sqlGetEvent = `SELECT value::text FROM relay_workflow_events WHERE run_id = $1 AND key = $2`
+
+// sqlGetRun reads one run for inspection.
+const sqlGetRun = `
+SELECT id, workflow, state, input::text, coalesce(output::text, ''), coalesce(error, ''), queue,
+       coalesce(job_id, 0), coalesce(parent_id, ''), trace::text, cancel_requested, generation,
+       executions, created_at, started_at, finished_at
+FROM relay_workflow_runs WHERE id = $1`
+
+// sqlListRuns lists runs newest first, after a keyset cursor ($3 created_at,
+// $4 id; NULL from the start), optionally of one workflow ($1) and state ($2).
+const sqlListRuns = `
+SELECT id, workflow, state, input::text, coalesce(output::text, ''), coalesce(error, ''), queue,
+       coalesce(job_id, 0), coalesce(parent_id, ''), trace::text, cancel_requested, generation,
+       executions, created_at, started_at, finished_at
+FROM relay_workflow_runs
+WHERE ($1 = '' OR workflow = $1) AND ($2 = '' OR state = $2)
+  AND ($3::timestamptz IS NULL OR (created_at, id) < ($3::timestamptz, $4))
+ORDER BY created_at DESC, id DESC
+LIMIT $5`
+
+// sqlStepTimeline reads a run's steps for inspection.
+const sqlStepTimeline = `
+SELECT position, key, kind, state, coalesce(output::text, ''), coalesce(error, ''), attempts,
+       wake_at, coalesce(child_id, ''), started_at, finished_at
+FROM relay_workflow_steps
+WHERE run_id = $1
+ORDER BY position`
+
+// sqlDeleteRun deletes a finished run; its steps, signals and events go in
+// the same statement (ON DELETE CASCADE).
+const sqlDeleteRun = `DELETE FROM relay_workflow_runs WHERE id = $1 AND finished_at IS NOT NULL`

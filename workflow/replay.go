@@ -1,0 +1,415 @@
+package workflow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/dbx"
+)
+
+// Context is what a workflow function receives: a context.Context (for
+// the function's own calls; cancelled when the execution loses its lease)
+// and the run's replay state, which Step, Sleep, WaitSignal and the other
+// primitives of this package use. Pass it on; do not keep it beyond the
+// function's return, and do not use it from other goroutines.
+type Context struct {
+	context.Context
+	x *execution
+}
+
+// RunID is the id of the run being executed.
+func (c Context) RunID() string { return c.x.runID }
+
+// Workflow is the name of the run's workflow.
+func (c Context) Workflow() string { return c.x.run.workflow }
+
+// maxSuspend bounds a suspension with no deadline (a wait for a child or a
+// signal without timeout): the wake-up normally comes first, and this poll
+// only covers a lost one.
+const maxSuspend = time.Hour
+
+// stepRow is one checkpoint of a run's history.
+type stepRow struct {
+	position int
+	key      string
+	kind     string
+	state    string
+	output   string
+	errMsg   string
+	attempts int
+	wakeAt   *time.Time
+	childID  string
+}
+
+// Step states.
+const (
+	stepCompleted = "completed"
+	stepFailed    = "failed"
+	stepRetrying  = "retrying"
+	stepWaiting   = "waiting"
+)
+
+// runInfo is what an execution reads of its run.
+type runInfo struct {
+	workflow, state, input, queue, parentID, trace string
+	cancelRequested                                bool
+	generation                                     int
+}
+
+// execution is one execution of a run: the function called from the top,
+// replaying its history.
+type execution struct {
+	r     *Registry
+	job   *core.Job[runArgs]
+	runID string
+	run   runInfo
+	def   *definition
+	now   time.Time // the database's clock when the execution began
+	hist  map[int]*stepRow
+	pos   int
+	keys  map[string]int
+	comps []compensation
+	// cancelling: a cancel was asked for; new steps unwind to the
+	// compensations. compensating: they are running (steps may run).
+	cancelling, compensating bool
+	// touched: this execution's first write has marked the run started.
+	touched bool
+	// dueWaits are sleeps found due, marked completed by the next write.
+	dueWaits  []int
+	setState  RunState
+	waitSeq   map[string]int
+	eventSeq  map[string]int
+	ctx       context.Context
+	unwinding *unwind
+}
+
+// unwind ends a workflow function early, carried by a panic from the
+// primitive that decided it to execute.
+type unwind struct {
+	kind  unwindKind
+	delay time.Duration
+	err   error
+}
+
+type unwindKind int
+
+const (
+	unwindSuspend unwindKind = iota // come back after delay (core.Snooze)
+	unwindAbort                     // the execution failed (database error): core retries it
+	unwindLost                      // the lease is gone: record nothing more
+	unwindFatal                     // the run fails, without compensation
+	unwindCancel                    // a cancel was asked for: compensate
+)
+
+// fatalError fails a run at once, without compensation (non-determinism,
+// a duplicate key, an output that does not encode).
+type fatalError struct{ err error }
+
+func (e *fatalError) Error() string { return e.err.Error() }
+func (e *fatalError) Unwrap() error { return e.err }
+
+func (x *execution) stop(u *unwind) {
+	x.unwinding = u
+	panic(u)
+}
+
+func (x *execution) suspend(d time.Duration) {
+	x.stop(&unwind{kind: unwindSuspend, delay: max(d, 0)})
+}
+
+func (x *execution) fatal(err error) { x.stop(&unwind{kind: unwindFatal, err: err}) }
+
+// checkCancel unwinds to the compensations when a cancel was asked for and
+// the run is about to do something new.
+func (x *execution) checkCancel() {
+	if x.cancelling && !x.compensating {
+		x.stop(&unwind{kind: unwindCancel})
+	}
+}
+
+// next places the step kind:key at the next position of the run, and
+// returns what history holds there (nil when it is new). A key used twice
+// in a run and a key other than history's are fatal.
+func (x *execution) next(kind, key string) (int, *stepRow) {
+	if key == "" {
+		x.fatal(fmt.Errorf("workflow: run %s: empty %s key", x.runID, kind))
+	}
+	if prev, dup := x.keys[key]; dup {
+		x.fatal(fmt.Errorf("%w: %q in run %s at positions %d and %d", ErrDuplicateKey, key, x.runID, prev, x.pos))
+	}
+	pos := x.pos
+	x.pos++
+	x.keys[key] = pos
+	h := x.hist[pos]
+	if h != nil && (h.key != key || h.kind != kind) {
+		x.fatal(&NonDeterminismError{RunID: x.runID, Position: pos, HistoryKey: h.kind + ":" + h.key, CodeKey: kind + ":" + key})
+	}
+	if h != nil {
+		x.r.stats.replayed.Add(1)
+	}
+	return pos, h
+}
+
+// write runs fn in a transaction that commits only while the execution's
+// attempt holds the run's lease. The first write of an execution also marks
+// the run started and learns of a cancel; due sleeps are marked completed.
+func (x *execution) write(fn func(ctx context.Context, tx pgx.Tx) error) error {
+	return x.writeTx(fn, true)
+}
+
+// writeTx is write; hold false leaves the fence to fn (which completes the
+// job with core.CompleteTx, itself fenced by the lease token).
+func (x *execution) writeTx(fn func(ctx context.Context, tx pgx.Tx) error, hold bool) error {
+	ctx := x.ctx
+	cancel := false
+	err := pgx.BeginFunc(context.WithoutCancel(ctx), x.r.pool, func(tx pgx.Tx) error {
+		q := sqlCancelRequested
+		if !x.touched {
+			q = sqlTouchRun
+		}
+		if err := tx.QueryRow(ctx, q, x.runID).Scan(&cancel); err != nil {
+			return fmt.Errorf("touch run: %w", err)
+		}
+		if len(x.dueWaits) > 0 {
+			if _, err := tx.Exec(ctx, sqlCompleteWaits, x.runID, x.dueWaits); err != nil {
+				return fmt.Errorf("complete sleeps: %w", err)
+			}
+		}
+		if x.setState != "" {
+			if _, err := tx.Exec(ctx, sqlSetRunState, x.runID, string(x.setState)); err != nil {
+				return fmt.Errorf("set run state: %w", err)
+			}
+		}
+		if err := fn(ctx, tx); err != nil {
+			return err
+		}
+		if !hold {
+			return nil
+		}
+		// Last, so the job row is locked only for the commit.
+		return core.HoldLease(ctx, tx, x.job.JobRow)
+	})
+	if err != nil {
+		if errors.Is(err, core.ErrLeaseLost) {
+			x.r.stats.refused.Add(1)
+			x.r.logger.Warn("relay: workflow checkpoint refused: the execution lost the run's lease", "run_id", x.runID, "job_id", x.job.ID)
+		}
+		return err
+	}
+	x.touched, x.dueWaits, x.setState = true, nil, ""
+	x.cancelling = x.cancelling || cancel
+	x.r.stats.checkpoints.Add(1)
+	return nil
+}
+
+// fenced is write for the execution's own bookkeeping: any failure ends
+// the execution (a lost lease records nothing more).
+func (x *execution) fenced(fn func(ctx context.Context, tx pgx.Tx) error) {
+	if err := x.write(fn); err != nil {
+		if errors.Is(err, core.ErrLeaseLost) {
+			x.stop(&unwind{kind: unwindLost, err: err})
+		}
+		x.stop(&unwind{kind: unwindAbort, err: fmt.Errorf("workflow: run %s: checkpoint: %w", x.runID, err)})
+	}
+}
+
+// upsert writes the checkpoint s in tx and returns its wake_at.
+func (x *execution) upsert(ctx context.Context, tx pgx.Tx, s *stepRow, attempts int, wakeAt *time.Time, delay time.Duration) (*time.Time, error) {
+	var out any
+	if s.output != "" {
+		out = s.output
+	}
+	var at *time.Time
+	var delayUS *int64
+	if wakeAt == nil && (s.state == stepWaiting || s.state == stepRetrying) && delay >= 0 {
+		us := delay.Microseconds()
+		delayUS = &us
+	}
+	err := tx.QueryRow(ctx, sqlUpsertStep, x.runID, s.position, s.key, s.kind, s.state, out, s.errMsg,
+		attempts, wakeAt, delayUS, s.childID).Scan(&at)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint %s %q at %d: %w", s.kind, s.key, s.position, err)
+	}
+	s.wakeAt = at
+	s.attempts += attempts
+	x.hist[s.position] = s
+	return at, nil
+}
+
+// load reads the run and its whole history (one query for the history).
+func (x *execution) load(ctx context.Context) error {
+	ex := dbx.PGX{Q: x.r.pool}
+	found := false
+	err := ex.Query(ctx, sqlLoadRun, []any{x.runID}, func(r dbx.Scanner) error {
+		found = true
+		i := &x.run
+		return r.Scan(&i.workflow, &i.state, &i.input, &i.queue, &i.parentID, &i.trace, &i.cancelRequested, &i.generation, &x.now)
+	})
+	if err != nil {
+		return fmt.Errorf("workflow: load run %s: %w", x.runID, err)
+	}
+	if !found {
+		return ErrRunNotFound
+	}
+	x.hist = map[int]*stepRow{}
+	return ex.Query(ctx, sqlLoadSteps, []any{x.runID}, func(r dbx.Scanner) error {
+		s := &stepRow{}
+		if err := r.Scan(&s.position, &s.key, &s.kind, &s.state, &s.output, &s.errMsg, &s.attempts, &s.wakeAt, &s.childID); err != nil {
+			return fmt.Errorf("workflow: load steps of run %s: %w", x.runID, err)
+		}
+		x.hist[s.position] = s
+		return nil
+	})
+}
+
+// execute runs one execution of a run: the core job's handler.
+func (r *Registry) execute(ctx context.Context, job *core.Job[runArgs]) error {
+	r.stats.executions.Add(1)
+	x := &execution{r: r, job: job, runID: job.Args.RunID, keys: map[string]int{}, waitSeq: map[string]int{}, eventSeq: map[string]int{}}
+	if err := x.load(ctx); err != nil {
+		if errors.Is(err, ErrRunNotFound) {
+			r.logger.Warn("relay: workflow run not found; its job ends", "run_id", x.runID, "job_id", job.ID)
+			return nil
+		}
+		return err
+	}
+	if RunState(x.run.state).Final() {
+		return nil
+	}
+	x.cancelling = x.run.cancelRequested
+	ctx = rootContext(ctx, x.run.trace)
+	ctx, span := r.tracer.Start(ctx, "workflow.execute "+x.run.workflow, trace.WithAttributes(
+		attribute.String("relay.workflow.name", x.run.workflow),
+		attribute.String("relay.workflow.run_id", x.runID),
+		attribute.Int("relay.workflow.generation", x.run.generation),
+		attribute.Int("relay.job.attempt", job.Attempt)))
+	x.ctx = ctx
+	err := x.main()
+	switch {
+	case err == nil:
+		endSpan(span, nil, attribute.String("relay.workflow.outcome", "finished"))
+	case errors.Is(err, errSuspended):
+		endSpan(span, nil, attribute.String("relay.workflow.outcome", "suspended"))
+	default:
+		endSpan(span, err, attribute.String("relay.workflow.outcome", "failed"))
+	}
+	return err
+}
+
+// errSuspended marks the Snooze an execution returns when it suspends.
+var errSuspended = errors.New("workflow: run suspended")
+
+type suspendedError struct{ snooze error }
+
+func (e *suspendedError) Error() string   { return e.snooze.Error() }
+func (e *suspendedError) Unwrap() []error { return []error{e.snooze, errSuspended} }
+
+// main calls the function and records what came of it.
+func (x *execution) main() error {
+	job := x.job
+	if job.Attempt > 1 && job.Attempt >= job.MaxAttempts {
+		// Every earlier attempt of this job crashed or failed (suspensions
+		// are not attempts): stop here rather than crash-loop.
+		return x.finish(StateFailed, nil, fmt.Sprintf("workflow: run %s: %d executions crashed or failed (last: %s)", x.runID, job.Attempt-1, job.LastError))
+	}
+	x.def = x.r.byName[x.run.workflow]
+	if x.def == nil {
+		return fmt.Errorf("%w in this process: %q (run %s)", ErrUnregistered, x.run.workflow, x.runID)
+	}
+	out, err, u := x.call()
+	if u == nil {
+		u = x.unwinding // the function recovered our panic: it still ends here
+	}
+	if u != nil {
+		return x.unwound(u, err)
+	}
+	var fe *fatalError
+	switch {
+	case err == nil:
+		return x.finish(StateCompleted, out, "")
+	case errors.As(err, &fe):
+		return x.finish(StateFailed, nil, err.Error())
+	}
+	return x.compensate(StateFailed, err.Error())
+}
+
+func (x *execution) unwound(u *unwind, err error) error {
+	switch u.kind {
+	case unwindSuspend:
+		x.r.stats.suspended.Add(1)
+		return &suspendedError{core.Snooze(u.delay)}
+	case unwindLost:
+		return fmt.Errorf("workflow: run %s: %w", x.runID, u.err)
+	case unwindFatal:
+		return x.finish(StateFailed, nil, u.err.Error())
+	case unwindCancel:
+		return x.compensate(StateCancelled, "cancelled")
+	}
+	return u.err
+}
+
+// call runs the workflow function, catching the unwinds of the primitives
+// and turning a panic of its own into an error.
+func (x *execution) call() (out []byte, err error, u *unwind) {
+	defer func() {
+		if p := recover(); p != nil {
+			if uw, ok := p.(*unwind); ok {
+				u = uw
+				return
+			}
+			err = fmt.Errorf("workflow: %s run %s panicked: %v\n%s", x.run.workflow, x.runID, p, debug.Stack())
+		}
+	}()
+	out, err = x.def.call(Context{Context: x.ctx, x: x}, []byte(x.run.input))
+	return out, err, nil
+}
+
+// finish records the run's outcome, wakes its parent and the callers
+// waiting on Result, and completes the run's job: one transaction, fenced
+// by the job's lease (core.CompleteTx).
+func (x *execution) finish(state RunState, output []byte, msg string) error {
+	var out any
+	if output != nil {
+		out = string(output)
+	}
+	err := x.writeTx(func(ctx context.Context, tx pgx.Tx) error {
+		var parentJob int64
+		if err := tx.QueryRow(ctx, sqlFinishRun, x.runID, string(state), out, msg).Scan(&parentJob); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("finish run: %w", err)
+		}
+		if parentJob != 0 {
+			if err := core.Wake(ctx, tx, parentJob); err != nil {
+				return err
+			}
+		}
+		if _, err := tx.Exec(ctx, sqlNotifyDone, x.runID); err != nil {
+			return err
+		}
+		return core.CompleteTx(ctx, tx, x.job)
+	}, false)
+	if err != nil {
+		return fmt.Errorf("workflow: run %s: record outcome %s: %w", x.runID, state, err)
+	}
+	x.r.stats.finished.Add(1)
+	return nil
+}
+
+// stepSpan starts the span of one attempt of a step, under the execution's.
+func (x *execution) stepSpan(kind, key string, attempt int) (context.Context, trace.Span) {
+	return x.r.tracer.Start(x.ctx, "workflow."+kind+" "+key, trace.WithAttributes(
+		attribute.String("relay.workflow.run_id", x.runID),
+		attribute.String("relay.workflow.step", key),
+		attribute.Int("relay.workflow.position", x.pos-1),
+		attribute.Int("relay.workflow.step.attempt", attempt)))
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }

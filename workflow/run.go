@@ -1,0 +1,280 @@
+package workflow
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/uptrace/bun"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/dbx"
+)
+
+// StartOpts tune one Start. The zero value (or nil) means: a random run id,
+// queue "default", priority 0, DefaultMaxAttempts.
+type StartOpts struct {
+	// ID is the run's id, chosen by the caller (an order number, an
+	// idempotency key). Starting an id that exists starts nothing and
+	// returns that run (Handle.Existing); for another workflow it is
+	// ErrIDInUse. Empty means a random UUID. At most 255 bytes.
+	ID string
+	// Queue is the queue of the run's executions: the core.Client serving
+	// it executes the run. Default "default".
+	Queue string
+	// Priority orders the run's executions in their queue (0 first).
+	Priority int
+	// MaxAttempts bounds the executions that may crash or fail (not those
+	// that suspend): the run fails when its executions used them all.
+	// Default DefaultMaxAttempts.
+	MaxAttempts int
+}
+
+// DefaultMaxAttempts is how many executions of a run may crash or fail
+// (counting the last) before the run fails.
+const DefaultMaxAttempts = 10
+
+// Handle names a started run; its Result waits for the typed output.
+type Handle[Out any] struct {
+	ID string
+	// Existing reports that the run already existed (StartOpts.ID) and
+	// nothing was started.
+	Existing bool
+}
+
+// Result waits for the run to finish and returns its output (see Result).
+func (h Handle[Out]) Result(ctx context.Context, db core.DB) (Out, error) {
+	return Result[Out](ctx, db, h.ID)
+}
+
+// Start starts a run of wf with input in, through db. Given a transaction
+// (pgx, bun or database/sql, as core.Enqueue), the run exists only if and
+// when that transaction commits; given a pool, Start commits its own. Input
+// that does not encode, or exceeds MaxPayloadBytes, is an error and nothing
+// is written.
+func Start[In, Out any](ctx context.Context, db core.DB, wf *Workflow[In, Out], in In, opts *StartOpts) (Handle[Out], error) {
+	if wf == nil {
+		return Handle[Out]{}, errors.New("workflow: start: nil workflow")
+	}
+	input, err := encode("input of "+wf.name, in)
+	if err != nil {
+		return Handle[Out]{}, fmt.Errorf("workflow: start %s: %w", wf.name, err)
+	}
+	id, existing, err := startRun(ctx, db, wf.reg.tracer, wf.name, input, opts, nil)
+	return Handle[Out]{ID: id, Existing: existing}, err
+}
+
+// StartNamed starts a run of the workflow registered under name in reg,
+// with input already encoded as JSON: for callers that know the workflow by
+// name only (a job, an admin call). An unregistered name is ErrUnregistered.
+func StartNamed(ctx context.Context, db core.DB, reg *Registry, name string, input json.RawMessage, opts *StartOpts) (id string, existing bool, err error) {
+	if reg == nil || !reg.Registered(name) {
+		return "", false, fmt.Errorf("%w: %q", ErrUnregistered, name)
+	}
+	if len(input) == 0 {
+		input = json.RawMessage("null")
+	}
+	if !json.Valid(input) {
+		return "", false, fmt.Errorf("workflow: start %s: input is not valid JSON", name)
+	}
+	if len(input) > MaxPayloadBytes {
+		return "", false, fmt.Errorf("workflow: start %s: %w: input is %d bytes", name, ErrTooLarge, len(input))
+	}
+	return startRun(ctx, db, reg.tracer, name, input, opts, nil)
+}
+
+// parentLink places a child run under its parent.
+type parentLink struct {
+	runID    string
+	position int
+}
+
+// startRun writes the run and its job in one transaction (the caller's, or
+// one of its own).
+func startRun(ctx context.Context, db core.DB, tracer trace.Tracer, name string, input []byte, opts *StartOpts, parent *parentLink) (string, bool, error) {
+	var o StartOpts
+	if opts != nil {
+		o = *opts
+	}
+	if o.ID == "" {
+		o.ID = uuid.NewString()
+	}
+	if len(o.ID) > 255 {
+		return "", false, fmt.Errorf("workflow: start %s: run id longer than 255 bytes", name)
+	}
+	if o.Queue == "" {
+		o.Queue = core.DefaultQueue
+	}
+	if o.MaxAttempts == 0 {
+		o.MaxAttempts = DefaultMaxAttempts
+	}
+	if o.MaxAttempts < 0 || o.Priority < 0 || o.Priority > core.MaxPriority {
+		return "", false, fmt.Errorf("workflow: start %s: MaxAttempts %d or Priority %d out of range", name, o.MaxAttempts, o.Priority)
+	}
+	// The run's root span: every execution, step and child joins its trace.
+	ctx, span := tracer.Start(ctx, "workflow "+name, trace.WithAttributes(
+		attribute.String("relay.workflow.name", name), attribute.String("relay.workflow.run_id", o.ID)))
+	defer span.End()
+	carrier := propagation.MapCarrier{}
+	traceContext.Inject(ctx, carrier)
+	traceJSON, _ := json.Marshal(carrier)
+	var meta map[string]any
+	if len(carrier) > 0 {
+		meta = map[string]any{}
+		for k, v := range carrier {
+			meta[k] = v
+		}
+	}
+	var parentID string
+	var parentPos *int
+	if parent != nil {
+		parentID, parentPos = parent.runID, &parent.position
+	}
+	existing := false
+	err := inTx(ctx, db, func(tx core.DB) error {
+		ex, err := dbx.For(tx)
+		if err != nil {
+			return err
+		}
+		inserted := false
+		if err := ex.Query(ctx, sqlInsertRun, []any{o.ID, name, string(input), o.Queue, parentID, parentPos, string(traceJSON)},
+			func(dbx.Scanner) error { inserted = true; return nil }); err != nil {
+			return err
+		}
+		if !inserted {
+			var holder string
+			if err := ex.Query(ctx, sqlRunIdentity, []any{o.ID}, func(r dbx.Scanner) error { return r.Scan(&holder) }); err != nil {
+				return err
+			}
+			if holder != name {
+				return fmt.Errorf("%w: run %s is a run of %q", ErrIDInUse, o.ID, holder)
+			}
+			existing = true
+			return nil
+		}
+		res, err := core.Enqueue(ctx, tx, runArgs{RunID: o.ID}, &core.EnqueueOpts{
+			Queue: o.Queue, Priority: o.Priority, MaxAttempts: o.MaxAttempts, Metadata: meta,
+		})
+		if err != nil {
+			return err
+		}
+		_, err = ex.Exec(ctx, sqlSetRunJob, o.ID, res.ID)
+		return err
+	})
+	if err != nil {
+		return "", false, fmt.Errorf("workflow: start %s: %w", name, err)
+	}
+	return o.ID, existing, nil
+}
+
+// inTx runs fn in db's transaction when db is one, else in a transaction
+// begun on db (a pool or connection), committed when fn returns nil.
+func inTx(ctx context.Context, db core.DB, fn func(tx core.DB) error) error {
+	switch v := db.(type) {
+	case pgx.Tx, bun.Tx, *bun.Tx, *sql.Tx:
+		return fn(db)
+	case *bun.DB:
+		return v.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error { return fn(tx) })
+	case *sql.DB:
+		tx, err := v.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		if err := fn(tx); err != nil {
+			tx.Rollback() //nolint:errcheck
+			return err
+		}
+		return tx.Commit()
+	case interface {
+		Begin(context.Context) (pgx.Tx, error)
+	}:
+		return pgx.BeginFunc(ctx, v, func(tx pgx.Tx) error { return fn(tx) })
+	}
+	return fn(db)
+}
+
+// Result waits for run id to finish, and returns its output decoded into T,
+// or a *RunError when it failed, was compensated or was cancelled. It waits
+// on a LISTEN when db is a *pgxpool.Pool, polling otherwise (and as a
+// fallback); ctx bounds the wait.
+func Result[T any](ctx context.Context, db core.DB, id string) (T, error) {
+	var zero T
+	ex, err := dbx.For(db)
+	if err != nil {
+		return zero, fmt.Errorf("workflow: result of %s: %w", id, err)
+	}
+	var wait func(time.Duration) error
+	if pool, ok := db.(*pgxpool.Pool); ok {
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			return zero, fmt.Errorf("workflow: result of %s: %w", id, err)
+		}
+		defer conn.Release()
+		if _, err := conn.Exec(ctx, "LISTEN relay_workflow"); err != nil {
+			return zero, fmt.Errorf("workflow: result of %s: listen: %w", id, err)
+		}
+		defer conn.Exec(context.WithoutCancel(ctx), "UNLISTEN relay_workflow") //nolint:errcheck
+		wait = func(d time.Duration) error {
+			wctx, cancel := context.WithTimeout(ctx, d)
+			defer cancel()
+			for {
+				n, err := conn.Conn().WaitForNotification(wctx)
+				if err != nil {
+					if ctx.Err() != nil {
+						return ctx.Err()
+					}
+					return nil // the poll's turn
+				}
+				if n.Payload == id {
+					return nil
+				}
+			}
+		}
+	} else {
+		wait = func(d time.Duration) error {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(d):
+				return nil
+			}
+		}
+	}
+	delay := 10 * time.Millisecond
+	for {
+		found := false
+		var name, state, output, msg string
+		if err := ex.Query(ctx, sqlRunOutcome, []any{id}, func(r dbx.Scanner) error {
+			found = true
+			return r.Scan(&name, &state, &output, &msg)
+		}); err != nil {
+			return zero, fmt.Errorf("workflow: result of %s: %w", id, err)
+		}
+		if !found {
+			return zero, fmt.Errorf("workflow: result of %s: %w", id, ErrRunNotFound)
+		}
+		switch s := RunState(state); {
+		case s == StateCompleted:
+			var out T
+			if err := json.Unmarshal([]byte(output), &out); err != nil {
+				return zero, fmt.Errorf("workflow: result of %s: decode output into %T: %w", id, out, err)
+			}
+			return out, nil
+		case s.Final():
+			return zero, &RunError{RunID: id, Workflow: name, State: s, Message: msg}
+		}
+		if err := wait(delay); err != nil {
+			return zero, fmt.Errorf("workflow: result of %s: %w", id, err)
+		}
+		delay = min(delay*2, time.Second)
+	}
+}

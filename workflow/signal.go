@@ -1,0 +1,137 @@
+package workflow
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/dbx"
+)
+
+// Signal puts payload (encoded as JSON) in run id's mailbox under name, and
+// wakes the run, through db: given a transaction (pgx, bun or database/sql),
+// the signal exists and the run wakes only if that transaction commits.
+// A signal sent before the run waits for it is kept until a WaitSignal of
+// that name consumes it; each signal is consumed by exactly one wait, in
+// the order sent. Signalling a finished run is ErrRunFinished; an unknown
+// one ErrRunNotFound.
+//
+// The wake-up locks the run's job row until db's transaction ends: keep
+// that transaction short.
+func Signal(ctx context.Context, db core.DB, id, name string, payload any) error {
+	enc, err := encode("signal "+name, payload)
+	if err != nil {
+		return fmt.Errorf("workflow: signal %s to run %s: %w", name, id, err)
+	}
+	err = inTx(ctx, db, func(tx core.DB) error {
+		ex, err := dbx.For(tx)
+		if err != nil {
+			return err
+		}
+		var job int64
+		found := false
+		if err := ex.Query(ctx, sqlInsertSignal, []any{id, name, string(enc)}, func(r dbx.Scanner) error {
+			found = true
+			return r.Scan(&job)
+		}); err != nil {
+			return err
+		}
+		if !found {
+			return runMissing(ctx, ex, id)
+		}
+		if job == 0 {
+			return nil
+		}
+		return core.Wake(ctx, tx, job)
+	})
+	if err != nil {
+		return fmt.Errorf("workflow: signal %s to run %s: %w", name, id, err)
+	}
+	return nil
+}
+
+// runMissing says why a write found no unfinished run id.
+func runMissing(ctx context.Context, ex dbx.Execer, id string) error {
+	found := false
+	if err := ex.Query(ctx, sqlRunState, []any{id}, func(dbx.Scanner) error { found = true; return nil }); err != nil {
+		return err
+	}
+	if found {
+		return ErrRunFinished
+	}
+	return ErrRunNotFound
+}
+
+// WaitSignal waits for the next signal called name sent to the run, and
+// returns its payload decoded into T. The run suspends (no goroutine or
+// connection held) until a signal arrives or timeout passes (0 waits
+// without limit); then ok is false and err nil. The signal is consumed in
+// the transaction that checkpoints the wait, so exactly one wait receives
+// it even when two executions race. Successive waits for one name are
+// distinct steps ("signal:<name>#<n>").
+func WaitSignal[T any](wctx Context, name string, timeout time.Duration) (payload T, ok bool, err error) {
+	x := wctx.x
+	x.waitSeq[name]++
+	key := fmt.Sprintf("signal:%s#%d", name, x.waitSeq[name])
+	pos, h := x.next("signal", key)
+	decode := func(s *stepRow) (T, bool, error) {
+		var v T
+		if s.output == "" {
+			return v, false, nil // timed out
+		}
+		if err := json.Unmarshal([]byte(s.output), &v); err != nil {
+			return v, true, fmt.Errorf("workflow: run %s: decode signal %s into %T: %w", x.runID, name, v, err)
+		}
+		return v, true, nil
+	}
+	if h != nil && h.state == stepCompleted {
+		return decode(h)
+	}
+	x.checkCancel()
+	var wakeAt *time.Time
+	if h != nil {
+		wakeAt = h.wakeAt
+	}
+	var got *stepRow
+	x.fenced(func(ctx context.Context, tx pgx.Tx) error {
+		var p string
+		err := tx.QueryRow(ctx, sqlConsumeSignal, x.runID, name, pos).Scan(&p)
+		switch {
+		case err == nil:
+			got = &stepRow{position: pos, key: key, kind: "signal", state: stepCompleted, output: p}
+			_, err = x.upsert(ctx, tx, got, 1, nil, 0)
+			return err
+		case !errors.Is(err, pgx.ErrNoRows):
+			return err
+		}
+		if h == nil {
+			s := &stepRow{position: pos, key: key, kind: "signal", state: stepWaiting}
+			var d time.Duration = -1
+			if timeout > 0 {
+				d = timeout
+			}
+			wakeAt, err = x.upsert(ctx, tx, s, 0, nil, d)
+			return err
+		}
+		if wakeAt != nil && !wakeAt.After(x.now) {
+			got = &stepRow{position: pos, key: key, kind: "signal", state: stepCompleted, errMsg: "timed out"}
+			_, err = x.upsert(ctx, tx, got, 1, wakeAt, 0)
+			return err
+		}
+		return nil
+	})
+	if got != nil {
+		return decode(got)
+	}
+	d := maxSuspend
+	if wakeAt != nil {
+		d = min(d, wakeAt.Sub(x.now))
+	}
+	x.suspend(d)
+	return payload, false, nil
+}

@@ -1,0 +1,58 @@
+package workflow
+
+// RunState is a run's place in its state machine (docs/workflow.md).
+type RunState string
+
+const (
+	// StatePending runs wait for their first execution (or, after Retry,
+	// their next one).
+	StatePending RunState = "pending"
+	// StateRunning runs are executing, or suspended between executions
+	// (sleeping, waiting for a signal or a child, or a step's retry delay).
+	StateRunning RunState = "running"
+	// StateCompensating runs failed or were cancelled and are running their
+	// compensations, newest first.
+	StateCompensating RunState = "compensating"
+	// StateCompleted runs returned an output.
+	StateCompleted RunState = "completed"
+	// StateFailed runs returned an error (with nothing to compensate, or a
+	// compensation failed), broke determinism, or crashed their executions
+	// too often. Retry brings one back.
+	StateFailed RunState = "failed"
+	// StateCompensated runs failed and their compensations all ran.
+	StateCompensated RunState = "compensated"
+	// StateCancelled runs were cancelled (their compensations, if any, ran).
+	StateCancelled RunState = "cancelled"
+)
+
+// Final reports whether a run in this state is finished.
+func (s RunState) Final() bool {
+	return s == StateCompleted || s == StateFailed || s == StateCompensated || s == StateCancelled
+}
+
+// transitions mirrors the trigger relay_workflow_runs_check and the table
+// of docs/workflow.md; TestRunStateMachine holds the three together.
+var transitions = map[RunState][]RunState{
+	StatePending:      {StateRunning, StateFailed, StateCancelled},
+	StateRunning:      {StateCompleted, StateFailed, StateCompensating, StateCancelled},
+	StateCompensating: {StateCompensated, StateCancelled, StateFailed},
+	StateFailed:       {StatePending},
+	StateCompleted:    nil,
+	StateCompensated:  nil,
+	StateCancelled:    nil,
+}
+
+// CanTransition reports whether a run may move from → to.
+func CanTransition(from, to RunState) bool {
+	for _, s := range transitions[from] {
+		if s == to {
+			return true
+		}
+	}
+	return false
+}
+
+// RunStates lists every run state.
+func RunStates() []RunState {
+	return []RunState{StatePending, StateRunning, StateCompensating, StateCompleted, StateFailed, StateCompensated, StateCancelled}
+}

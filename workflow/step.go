@@ -1,0 +1,191 @@
+package workflow
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/relayq/relay/core"
+)
+
+// StepOpts tune a step. The zero value (or nil) means: 3 attempts, backoff
+// from 1s doubling to 5m, no timeout.
+type StepOpts struct {
+	// MaxAttempts is how many times the step may run before its error is
+	// returned to the workflow. 1 means no retry. Default 3.
+	MaxAttempts int
+	// Retry picks the delay before the next attempt. Default
+	// core.Backoff{Base: time.Second, Max: 5 * time.Minute}. An error
+	// wrapped by core.Permanent is not retried; core.RetryIn picks its delay.
+	Retry core.RetryPolicy
+	// Timeout bounds each attempt (its context's deadline). 0 is none.
+	Timeout time.Duration
+}
+
+const defaultStepAttempts = 3
+
+var defaultStepRetry = core.Backoff{Base: time.Second, Max: 5 * time.Minute}
+
+// Step runs fn as the step key of the run, once: its output is
+// checkpointed (as JSON), and replays of the run return the stored output
+// without calling fn again. fn runs inline in the execution, at least once:
+// if the process dies after fn and before the checkpoint commits, fn runs
+// again, so its outside effects should be idempotent (pass it a key; use
+// StepTx for database writes).
+//
+// A failed attempt with attempts left ends the execution and the run comes
+// back after the retry delay (no attempt of the run is spent); the step's
+// attempts and last error are kept in its row. When the attempts are used
+// up, or for core.Permanent, Step returns a *StepError, on this execution
+// and every replay.
+//
+// key identifies the step in the run's history: unique within the run and
+// the same on every replay (see docs/workflow.md, determinism).
+func Step[T any](wctx Context, key string, fn func(ctx context.Context) (T, error), opts *StepOpts) (T, error) {
+	return runStep(wctx, "step", key, opts, func(ctx context.Context) (T, []byte, error, bool) {
+		out, err := callStep(ctx, fn)
+		if err != nil {
+			return out, nil, err, false
+		}
+		enc, err := encode("output of step "+key, out)
+		if err != nil {
+			return out, nil, core.Permanent(err), false
+		}
+		return out, enc, nil, false
+	})
+}
+
+// StepTx runs fn as the step key in a transaction that also commits the
+// step's checkpoint, fenced by the run's lease: fn's database writes in tx
+// happen exactly once, even across crashes, pauses and rescues (the twin of
+// core.CompleteTx). If fn fails, tx rolls back and the step is retried as
+// Step's. fn must not commit or roll back tx.
+func StepTx[T any](wctx Context, key string, fn func(ctx context.Context, tx pgx.Tx) (T, error), opts *StepOpts) (T, error) {
+	x := wctx.x
+	return runStep(wctx, "tx", key, opts, func(ctx context.Context) (T, []byte, error, bool) {
+		var out T
+		var userErr error
+		pos := x.pos - 1
+		err := x.write(func(_ context.Context, tx pgx.Tx) error {
+			var err error
+			out, err = callStep(ctx, func(ctx context.Context) (T, error) { return fn(ctx, tx) })
+			if err != nil {
+				userErr = err
+				return err
+			}
+			enc, err := encode("output of step "+key, out)
+			if err != nil {
+				userErr = core.Permanent(err)
+				return userErr
+			}
+			_, err = x.upsert(ctx, tx, &stepRow{position: pos, key: key, kind: "tx", state: stepCompleted, output: string(enc)}, 1, nil, 0)
+			return err
+		})
+		switch {
+		case err == nil:
+			return out, nil, nil, true
+		case userErr != nil:
+			return out, nil, userErr, false
+		case errors.Is(err, core.ErrLeaseLost):
+			x.stop(&unwind{kind: unwindLost, err: err})
+		}
+		x.stop(&unwind{kind: unwindAbort, err: fmt.Errorf("workflow: run %s: step %q: %w", x.runID, key, err)})
+		return out, nil, nil, false
+	})
+}
+
+// runStep is the replay and retry logic shared by Step and StepTx. attempt
+// runs the step once and returns its output, its encoding (to checkpoint)
+// or its error, and whether it checkpointed itself.
+func runStep[T any](wctx Context, kind, key string, opts *StepOpts, attempt func(ctx context.Context) (T, []byte, error, bool)) (T, error) {
+	x := wctx.x
+	var zero T
+	pos, h := x.next(kind, key)
+	prev := 0
+	if h != nil {
+		switch h.state {
+		case stepCompleted:
+			var out T
+			if err := json.Unmarshal([]byte(h.output), &out); err != nil {
+				x.fatal(fmt.Errorf("workflow: run %s: decode stored output of step %q into %T: %w", x.runID, key, out, err))
+			}
+			return out, nil
+		case stepFailed:
+			return zero, &StepError{RunID: x.runID, Key: key, Attempts: h.attempts, Message: h.errMsg}
+		case stepRetrying:
+			if h.wakeAt != nil && h.wakeAt.After(x.now) {
+				x.checkCancel()
+				x.suspend(h.wakeAt.Sub(x.now))
+			}
+		}
+		prev = h.attempts
+	}
+	x.checkCancel()
+	maxAttempts, policy, timeout := defaultStepAttempts, core.RetryPolicy(defaultStepRetry), time.Duration(0)
+	if opts != nil {
+		if opts.MaxAttempts > 0 {
+			maxAttempts = opts.MaxAttempts
+		}
+		if opts.Retry != nil {
+			policy = opts.Retry
+		}
+		timeout = opts.Timeout
+	}
+	n := prev + 1
+	ctx, span := x.stepSpan(kind, key, n)
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	out, enc, err, recorded := attempt(ctx)
+	endSpan(span, err)
+	if err == nil {
+		if !recorded {
+			x.fenced(func(ctx context.Context, tx pgx.Tx) error {
+				_, err := x.upsert(ctx, tx, &stepRow{position: pos, key: key, kind: kind, state: stepCompleted, output: string(enc)}, 1, nil, 0)
+				return err
+			})
+		}
+		return out, nil
+	}
+	msg := err.Error()
+	if len(msg) > 8<<10 {
+		msg = msg[:8<<10] + "…(truncated)"
+	}
+	delay, retryIn := core.RetryInDelay(err)
+	if !retryIn {
+		delay = policy.RetryDelay(n, err)
+	}
+	if core.IsPermanent(err) || n >= maxAttempts {
+		x.fenced(func(ctx context.Context, tx pgx.Tx) error {
+			_, err := x.upsert(ctx, tx, &stepRow{position: pos, key: key, kind: kind, state: stepFailed, errMsg: msg}, 1, nil, 0)
+			return err
+		})
+		return zero, &StepError{RunID: x.runID, Key: key, Attempts: n, Message: msg, Err: err}
+	}
+	x.fenced(func(ctx context.Context, tx pgx.Tx) error {
+		_, err := x.upsert(ctx, tx, &stepRow{position: pos, key: key, kind: kind, state: stepRetrying, errMsg: msg}, 1, nil, delay)
+		return err
+	})
+	x.suspend(delay)
+	return zero, nil // not reached
+}
+
+// callStep calls fn, turning a panic into an error.
+func callStep[T any](ctx context.Context, fn func(context.Context) (T, error)) (out T, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			if u, ok := p.(*unwind); ok {
+				panic(u) // a primitive called inside a step: not ours to catch
+			}
+			err = fmt.Errorf("step panicked: %v\n%s", p, debug.Stack())
+		}
+	}()
+	return fn(ctx)
+}
