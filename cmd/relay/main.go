@@ -60,6 +60,8 @@ func main() {
 		err = runProveIdemWorker(ctx, os.Args[2:])
 	case "prove-scheduler":
 		err = runProveSchedulerProcess(ctx, os.Args[2:])
+	case "prove-workflow-worker":
+		err = runProveWorkflowWorker(ctx, os.Args[2:])
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 		return

@@ -58,8 +58,11 @@ func runProve(ctx context.Context, args []string) error {
 	if len(args) > 0 && args[0] == "outbox" {
 		return runProveOutbox(ctx, args[1:])
 	}
+	if len(args) > 0 && args[0] == "workflow" {
+		return runProveWorkflow(ctx, args[1:])
+	}
 	if len(args) == 0 || args[0] != "queue" {
-		return errors.New("prove: usage: relay prove queue|scheduler|idempotency|outbox [flags]")
+		return errors.New("prove: usage: relay prove queue|scheduler|idempotency|outbox|workflow [flags]")
 	}
 	fs := flag.NewFlagSet("prove queue", flag.ContinueOnError)
 	var c proveConfig
