@@ -119,10 +119,15 @@ func HoldLease(ctx context.Context, tx DB, row *JobRow) error {
 // is due at once; a claimed one gets a run_at later than its claim, which a
 // Snooze of the running attempt honours. clock_timestamp, not now(): a wake
 // whose transaction began before the attempt's claim still lands after it.
+// A queued job already due is written too (run_at unchanged): the row lock
+// makes claims (SKIP LOCKED) step over it until the waker's transaction
+// ends, so no execution starts without the waker's writes in sight (a
+// child's outcome; without it a parent claimed in that window suspended
+// again and missed its wake-up: TestWakeHoldsADueJobUntilCommit).
 const sqlWake = `
 UPDATE relay_jobs
-SET run_at = clock_timestamp()
-WHERE id = $1 AND (state = 'claimed' OR (state = 'queued' AND run_at > now()))
+SET run_at = CASE WHEN state = 'claimed' OR run_at > clock_timestamp() THEN clock_timestamp() ELSE run_at END
+WHERE id = $1 AND state IN ('claimed', 'queued')
 RETURNING queue, state`
 
 // Wake makes a job that waits (queued with a later run_at, or snoozing)

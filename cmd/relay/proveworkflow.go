@@ -165,6 +165,9 @@ func runProveWorkflow(ctx context.Context, args []string) error {
 		}
 		res[name] = n
 	}
+	if res["stalled"] > 0 {
+		describeStalled(ctx, pool)
+	}
 	fmt.Printf("prove: %d executions; %d sink calls (%d sends reached the sink with two tokens); %d signals sent before their run waited\n",
 		res["executions"], res["sink_calls"], res["sends_with_two_tokens"], res["early_signals"])
 	fmt.Printf("proof: workflow runs=%d completed=%d compensated=%d lost=%d stalled=%d duplicate_tx_effects=%d forked_runs=%d late_checkpoints_refused=%d order_violations=%d kills=%d pauses=%d elapsed=%s\n",
@@ -305,5 +308,33 @@ func superviseWorkflowProof(ctx context.Context, pool *pgxpool.Pool, fleet *work
 			return kills, pauses, fmt.Errorf("prove workflow: gave up: %w", ctx.Err())
 		case <-time.After(50 * time.Millisecond):
 		}
+	}
+}
+
+// describeStalled prints what a few stalled runs (and their children)
+// were waiting for: the run, its job, its steps.
+func describeStalled(ctx context.Context, pool *pgxpool.Pool) {
+	rows, err := pool.Query(ctx, `
+		SELECT r.id, r.workflow, r.state, r.executions, coalesce(j.state, '?'), coalesce(j.run_at::text, ''), coalesce(j.attempt, 0),
+		       coalesce(j.attempted_by, ''), coalesce(j.lease_expires_at::text, ''),
+		       coalesce((SELECT string_agg(format('%s:%s:%s:%s wake=%s child=%s', s.position, s.key, s.kind, s.state, s.wake_at, s.child_id), '; ' ORDER BY s.position)
+		                 FROM relay_workflow_steps s WHERE s.run_id = r.id), '')
+		FROM relay_workflow_runs r LEFT JOIN relay_jobs j ON j.id = r.job_id
+		WHERE r.state NOT IN ('completed', 'failed', 'compensated', 'cancelled')
+		ORDER BY r.id LIMIT 10`)
+	if err != nil {
+		fmt.Println("prove: describe stalled runs:", err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id, wf, state, jstate, runAt, by, lease, steps string
+		var execs, attempt int
+		if err := rows.Scan(&id, &wf, &state, &execs, &jstate, &runAt, &attempt, &by, &lease, &steps); err != nil {
+			fmt.Println("prove: describe stalled runs:", err)
+			return
+		}
+		fmt.Printf("prove: stalled %s (%s) state=%s executions=%d job: state=%s run_at=%s attempt=%d by=%s lease_expires=%s\n  steps: %s\n",
+			id, wf, state, execs, jstate, runAt, attempt, by, lease, steps)
 	}
 }
