@@ -1,14 +1,12 @@
 package workflow
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 )
 
 // record returns the value checkpointed at key, or computes it with fn and
@@ -29,10 +27,7 @@ func record[T any](wctx Context, kind, key string, fn func() T) T {
 	if err != nil {
 		x.fatal(fmt.Errorf("workflow: run %s: %w", x.runID, err))
 	}
-	x.fenced(func(ctx context.Context, tx pgx.Tx) error {
-		_, err := x.upsert(ctx, tx, &stepRow{position: pos, key: key, kind: kind, state: stepCompleted, output: string(enc)}, 1, nil, 0)
-		return err
-	})
+	x.later(&stepRow{position: pos, key: key, kind: kind, state: stepCompleted, output: string(enc)})
 	return v
 }
 
@@ -78,9 +73,6 @@ func Patch(wctx Context, name string) bool {
 		return true
 	}
 	x.checkCancel()
-	x.fenced(func(ctx context.Context, tx pgx.Tx) error {
-		_, err := x.upsert(ctx, tx, &stepRow{position: pos, key: key, kind: "patch", state: stepCompleted, output: "true"}, 1, nil, 0)
-		return err
-	})
+	x.later(&stepRow{position: pos, key: key, kind: "patch", state: stepCompleted, output: "true"})
 	return true
 }

@@ -244,8 +244,8 @@ func List(ctx context.Context, db core.DB, opts *ListOpts) ([]*Run, error) {
 
 // Delete deletes a finished run with its steps, signals and events, in one
 // statement (retention). Its id may then be used by a new run, which starts
-// with an empty history. Deleting an unfinished run is ErrRunFinished's
-// opposite: it is refused (cancel it first).
+// with an empty history. An unfinished run is not deleted (an error; cancel
+// it first). DeleteFinished deletes by age.
 func Delete(ctx context.Context, db core.DB, id string) error {
 	ex, err := dbx.For(db)
 	if err != nil {
@@ -262,4 +262,23 @@ func Delete(ctx context.Context, db core.DB, id string) error {
 		return fmt.Errorf("workflow: delete run %s: the run has not finished", id)
 	}
 	return nil
+}
+
+// DeleteFinished deletes up to limit runs (default 1000) that finished
+// more than age ago, with their steps, signals and events, and returns how
+// many it deleted: call it periodically for retention. Children of runs
+// still in flight are kept.
+func DeleteFinished(ctx context.Context, db core.DB, age time.Duration, limit int) (int64, error) {
+	if limit <= 0 {
+		limit = 1000
+	}
+	ex, err := dbx.For(db)
+	if err != nil {
+		return 0, fmt.Errorf("workflow: delete finished runs: %w", err)
+	}
+	n, err := ex.Exec(ctx, sqlDeleteFinished, max(age, 0).Microseconds(), limit)
+	if err != nil {
+		return 0, fmt.Errorf("workflow: delete finished runs: %w", err)
+	}
+	return n, nil
 }

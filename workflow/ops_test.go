@@ -185,6 +185,17 @@ func TestDeletedRunIDReused(t *testing.T) {
 	if calls.Load() != 2 {
 		t.Fatalf("step ran %d times, want 2", calls.Load())
 	}
+	// Retention by age deletes it, and only finished runs.
+	if err := workflow.Delete(ctx, b.pool, "nope"); !errors.Is(err, workflow.ErrRunNotFound) {
+		t.Fatal(err)
+	}
+	n, err := workflow.DeleteFinished(ctx, b.pool, 0, 0)
+	if err != nil || n != 1 {
+		t.Fatal(n, err)
+	}
+	if c := b.count(`SELECT count(*) FROM relay_workflow_runs`); c != 0 {
+		t.Fatalf("%d runs left", c)
+	}
 }
 
 // The run state machine: the trigger, the Go table and docs/workflow.md

@@ -200,3 +200,16 @@ ORDER BY position`
 // sqlDeleteRun deletes a finished run; its steps, signals and events go in
 // the same statement (ON DELETE CASCADE).
 const sqlDeleteRun = `DELETE FROM relay_workflow_runs WHERE id = $1 AND finished_at IS NOT NULL`
+
+// sqlDeleteFinished deletes up to $2 runs finished more than $1
+// microseconds ago, with their steps, signals and events. A child whose
+// parent is still running is kept: the parent reads its outcome.
+const sqlDeleteFinished = `
+DELETE FROM relay_workflow_runs
+WHERE id IN (
+    SELECT r.id FROM relay_workflow_runs AS r
+    WHERE r.finished_at < now() - $1 * interval '1 microsecond'
+      AND NOT EXISTS (SELECT 1 FROM relay_workflow_runs AS p WHERE p.id = r.parent_id AND p.finished_at IS NULL)
+    ORDER BY r.finished_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED)`

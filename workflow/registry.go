@@ -39,6 +39,7 @@ type Registry struct {
 	tracer trace.Tracer
 	byName map[string]*definition
 	stats  stats
+	waiter waiter
 }
 
 // Stats counts what a registry's executions did since it was made.
@@ -75,9 +76,11 @@ type Workflow[In, Out any] struct {
 // Name is the name the workflow was registered under.
 func (w *Workflow[In, Out]) Name() string { return w.name }
 
-// NewRegistry returns an empty registry whose executions write through pool.
+// NewRegistry returns an empty registry whose executions write through pool
+// (which must not be nil to execute runs).
 func NewRegistry(pool *pgxpool.Pool, cfg *Config) *Registry {
 	r := &Registry{pool: pool, byName: map[string]*definition{}}
+	r.waiter.r = r
 	if cfg != nil {
 		r.cfg = *cfg
 	}
@@ -179,6 +182,9 @@ func (w runWorker) RetryDelay(attempt int, err error) time.Duration {
 // scheduler's and the outbox's hook). A core.Client with ws then executes
 // runs on the queues it serves; start runs on those queues (StartOpts.Queue).
 func (r *Registry) AddWorkers(ws *core.Workers) error {
+	if r.pool == nil {
+		return errors.New("workflow: add workers: the registry has no pool (NewRegistry(nil, ...))")
+	}
 	if err := core.AddWorker[runArgs](ws, runWorker{r}); err != nil {
 		return fmt.Errorf("workflow: add workers: %w", err)
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -83,6 +82,8 @@ type execution struct {
 	cancelling, compensating bool
 	// touched: this execution's first write has marked the run started.
 	touched bool
+	// pending holds completed checkpoints not yet written (see later).
+	pending []*stepRow
 	// dueWaits are sleeps found due, marked completed by the next write.
 	dueWaits  []int
 	setState  RunState
@@ -168,26 +169,42 @@ func (x *execution) write(fn func(ctx context.Context, tx pgx.Tx) error) error {
 
 // writeTx is write; hold false leaves the fence to fn (which completes the
 // job with core.CompleteTx, itself fenced by the lease token).
+//
+// The execution's own bookkeeping goes first, in one round trip (a batch):
+// the run's touch or cancel check, due sleeps, a state change, and the
+// deferred checkpoints (see later).
 func (x *execution) writeTx(fn func(ctx context.Context, tx pgx.Tx) error, hold bool) error {
 	ctx := x.ctx
 	cancel := false
 	err := pgx.BeginFunc(context.WithoutCancel(ctx), x.r.pool, func(tx pgx.Tx) error {
+		b := &pgx.Batch{}
 		q := sqlCancelRequested
 		if !x.touched {
 			q = sqlTouchRun
 		}
-		if err := tx.QueryRow(ctx, q, x.runID).Scan(&cancel); err != nil {
-			return fmt.Errorf("touch run: %w", err)
-		}
+		b.Queue(q, x.runID)
 		if len(x.dueWaits) > 0 {
-			if _, err := tx.Exec(ctx, sqlCompleteWaits, x.runID, x.dueWaits); err != nil {
-				return fmt.Errorf("complete sleeps: %w", err)
-			}
+			b.Queue(sqlCompleteWaits, x.runID, x.dueWaits)
 		}
 		if x.setState != "" {
-			if _, err := tx.Exec(ctx, sqlSetRunState, x.runID, string(x.setState)); err != nil {
-				return fmt.Errorf("set run state: %w", err)
+			b.Queue(sqlSetRunState, x.runID, string(x.setState))
+		}
+		for _, s := range x.pending {
+			b.Queue(sqlUpsertStep, x.runID, s.position, s.key, s.kind, s.state, s.output, s.errMsg, 1, nil, nil, s.childID)
+		}
+		br := tx.SendBatch(ctx, b)
+		if err := br.QueryRow().Scan(&cancel); err != nil {
+			br.Close()
+			return fmt.Errorf("touch run: %w", err)
+		}
+		for i := 1; i < b.Len(); i++ {
+			if _, err := br.Exec(); err != nil {
+				br.Close()
+				return fmt.Errorf("write deferred checkpoints: %w", err)
 			}
+		}
+		if err := br.Close(); err != nil {
+			return err
 		}
 		if err := fn(ctx, tx); err != nil {
 			return err
@@ -205,10 +222,32 @@ func (x *execution) writeTx(fn func(ctx context.Context, tx pgx.Tx) error, hold 
 		}
 		return err
 	}
-	x.touched, x.dueWaits, x.setState = true, nil, ""
+	x.touched, x.dueWaits, x.setState, x.pending = true, nil, "", nil
 	x.cancelling = x.cancelling || cancel
 	x.r.stats.checkpoints.Add(1)
 	return nil
+}
+
+// later defers the checkpoint of a completed step (or recorded value) to
+// the execution's next write: nothing outside the function has seen its
+// output before then, because that write comes before the next step's fn
+// runs (flush), with the next StepTx, child start, wait or suspension, or
+// with the run's outcome. A run of n inline steps thus commits n-1
+// checkpoints plus its outcome, not n plus its outcome. If the execution
+// dies first, the step runs again, as any step whose checkpoint did not
+// commit.
+func (x *execution) later(s *stepRow) {
+	s.attempts++
+	x.hist[s.position] = s
+	x.pending = append(x.pending, s)
+}
+
+// flush commits the deferred checkpoints now: before a step's fn runs,
+// since its effects may depend on their outputs.
+func (x *execution) flush() {
+	if len(x.pending) > 0 {
+		x.fenced(func(context.Context, pgx.Tx) error { return nil })
+	}
 }
 
 // fenced is write for the execution's own bookkeeping: any failure ends
@@ -345,6 +384,11 @@ func (x *execution) main() error {
 func (x *execution) unwound(u *unwind, err error) error {
 	switch u.kind {
 	case unwindSuspend:
+		if len(x.pending) > 0 {
+			if err := x.write(func(context.Context, pgx.Tx) error { return nil }); err != nil {
+				return fmt.Errorf("workflow: run %s: checkpoint before suspending: %w", x.runID, err)
+			}
+		}
 		x.r.stats.suspended.Add(1)
 		return &suspendedError{core.Snooze(u.delay)}
 	case unwindLost:
@@ -411,5 +455,3 @@ func (x *execution) stepSpan(kind, key string, attempt int) (context.Context, tr
 		attribute.Int("relay.workflow.position", x.pos-1),
 		attribute.Int("relay.workflow.step.attempt", attempt)))
 }
-
-func itoa(i int) string { return strconv.Itoa(i) }

@@ -10,7 +10,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/uptrace/bun"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
@@ -49,11 +48,20 @@ type Handle[Out any] struct {
 	// Existing reports that the run already existed (StartOpts.ID) and
 	// nothing was started.
 	Existing bool
+
+	reg *Registry
 }
 
-// Result waits for the run to finish and returns its output (see Result).
+// Result waits for the run to finish and returns its output, or a
+// *RunError, reading the run through db. It waits on the registry's one
+// shared LISTEN connection (no pool connection is held while waiting),
+// polling as a fallback; ctx bounds the wait.
 func (h Handle[Out]) Result(ctx context.Context, db core.DB) (Out, error) {
-	return Result[Out](ctx, db, h.ID)
+	var w *waiter
+	if h.reg != nil {
+		w = &h.reg.waiter
+	}
+	return result[Out](ctx, db, h.ID, w)
 }
 
 // Start starts a run of wf with input in, through db. Given a transaction
@@ -70,7 +78,7 @@ func Start[In, Out any](ctx context.Context, db core.DB, wf *Workflow[In, Out], 
 		return Handle[Out]{}, fmt.Errorf("workflow: start %s: %w", wf.name, err)
 	}
 	id, existing, err := startRun(ctx, db, wf.reg.tracer, wf.name, input, opts, nil)
-	return Handle[Out]{ID: id, Existing: existing}, err
+	return Handle[Out]{ID: id, Existing: existing, reg: wf.reg}, err
 }
 
 // StartNamed starts a run of the workflow registered under name in reg,
@@ -203,78 +211,71 @@ func inTx(ctx context.Context, db core.DB, fn func(tx core.DB) error) error {
 }
 
 // Result waits for run id to finish, and returns its output decoded into T,
-// or a *RunError when it failed, was compensated or was cancelled. It waits
-// on a LISTEN when db is a *pgxpool.Pool, polling otherwise (and as a
-// fallback); ctx bounds the wait.
+// or a *RunError when it failed, was compensated or was cancelled. It polls
+// db (every few milliseconds at first, backing off to a second) and holds
+// no connection between polls; Handle.Result waits on a notification
+// instead. ctx bounds the wait.
 func Result[T any](ctx context.Context, db core.DB, id string) (T, error) {
+	return result[T](ctx, db, id, nil)
+}
+
+func result[T any](ctx context.Context, db core.DB, id string, w *waiter) (T, error) {
 	var zero T
 	ex, err := dbx.For(db)
 	if err != nil {
 		return zero, fmt.Errorf("workflow: result of %s: %w", id, err)
 	}
-	var wait func(time.Duration) error
-	if pool, ok := db.(*pgxpool.Pool); ok {
-		conn, err := pool.Acquire(ctx)
-		if err != nil {
-			return zero, fmt.Errorf("workflow: result of %s: %w", id, err)
-		}
-		defer conn.Release()
-		if _, err := conn.Exec(ctx, "LISTEN relay_workflow"); err != nil {
-			return zero, fmt.Errorf("workflow: result of %s: listen: %w", id, err)
-		}
-		defer conn.Exec(context.WithoutCancel(ctx), "UNLISTEN relay_workflow") //nolint:errcheck
-		wait = func(d time.Duration) error {
-			wctx, cancel := context.WithTimeout(ctx, d)
-			defer cancel()
-			for {
-				n, err := conn.Conn().WaitForNotification(wctx)
-				if err != nil {
-					if ctx.Err() != nil {
-						return ctx.Err()
-					}
-					return nil // the poll's turn
-				}
-				if n.Payload == id {
-					return nil
-				}
-			}
-		}
-	} else {
-		wait = func(d time.Duration) error {
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(d):
-				return nil
-			}
-		}
-	}
-	delay := 10 * time.Millisecond
+	delay := 2 * time.Millisecond
 	for {
+		var woken, connected <-chan struct{}
+		release := func() {}
+		if w != nil {
+			woken, connected, release = w.subscribe(id)
+			// Read the run only once the listener listens, or a
+			// notification could slip between the read and the LISTEN.
+			select {
+			case <-connected:
+			case <-time.After(5 * time.Second):
+			case <-ctx.Done():
+				release()
+				return zero, fmt.Errorf("workflow: result of %s: %w", id, ctx.Err())
+			}
+		}
 		found := false
 		var name, state, output, msg string
-		if err := ex.Query(ctx, sqlRunOutcome, []any{id}, func(r dbx.Scanner) error {
+		err := ex.Query(ctx, sqlRunOutcome, []any{id}, func(r dbx.Scanner) error {
 			found = true
 			return r.Scan(&name, &state, &output, &msg)
-		}); err != nil {
-			return zero, fmt.Errorf("workflow: result of %s: %w", id, err)
-		}
-		if !found {
-			return zero, fmt.Errorf("workflow: result of %s: %w", id, ErrRunNotFound)
-		}
+		})
 		switch s := RunState(state); {
+		case err != nil:
+			release()
+			return zero, fmt.Errorf("workflow: result of %s: %w", id, err)
+		case !found:
+			release()
+			return zero, fmt.Errorf("workflow: result of %s: %w", id, ErrRunNotFound)
 		case s == StateCompleted:
+			release()
 			var out T
 			if err := json.Unmarshal([]byte(output), &out); err != nil {
 				return zero, fmt.Errorf("workflow: result of %s: decode output into %T: %w", id, out, err)
 			}
 			return out, nil
 		case s.Final():
+			release()
 			return zero, &RunError{RunID: id, Workflow: name, State: s, Message: msg}
 		}
-		if err := wait(delay); err != nil {
-			return zero, fmt.Errorf("workflow: result of %s: %w", id, err)
+		if w != nil {
+			delay = time.Second // the notification comes first; this is the fallback
 		}
+		select {
+		case <-ctx.Done():
+			release()
+			return zero, fmt.Errorf("workflow: result of %s: %w", id, ctx.Err())
+		case <-woken:
+		case <-time.After(delay):
+		}
+		release()
 		delay = min(delay*2, time.Second)
 	}
 }

@@ -137,6 +137,9 @@ func runStep[T any](wctx Context, kind, key string, opts *StepOpts, attempt func
 		timeout = opts.Timeout
 	}
 	n := prev + 1
+	if kind != "tx" {
+		x.flush() // StepTx writes the deferred checkpoints in its own transaction
+	}
 	ctx, span := x.stepSpan(kind, key, n)
 	if timeout > 0 {
 		var cancel context.CancelFunc
@@ -147,10 +150,7 @@ func runStep[T any](wctx Context, kind, key string, opts *StepOpts, attempt func
 	endSpan(span, err)
 	if err == nil {
 		if !recorded {
-			x.fenced(func(ctx context.Context, tx pgx.Tx) error {
-				_, err := x.upsert(ctx, tx, &stepRow{position: pos, key: key, kind: kind, state: stepCompleted, output: string(enc)}, 1, nil, 0)
-				return err
-			})
+			x.later(&stepRow{position: pos, key: key, kind: kind, state: stepCompleted, output: string(enc)})
 		}
 		return out, nil
 	}

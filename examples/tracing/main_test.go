@@ -81,6 +81,124 @@ type otlpSpan struct {
 	} `json:"status"`
 }
 
+// startJaeger runs Jaeger and points OTLP export at it; it returns the
+// query API's base URL and Jaeger's logs.
+func startJaeger(t *testing.T) (string, *bytes.Buffer) {
+	bin := os.Getenv("RELAY_JAEGER_BIN")
+	if bin == "" {
+		t.Skip("RELAY_JAEGER_BIN not set (tools/jaeger/build.sh builds Jaeger; .ci/run sets it)")
+	}
+	queryHTTP, queryGRPC, otlpGRPC, otlpHTTP := freePort(t), freePort(t), freePort(t), freePort(t)
+	cfg := filepath.Join(t.TempDir(), "jaeger.yaml")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(jaegerConfig, queryHTTP, queryGRPC, otlpGRPC, otlpHTTP)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	logs := &bytes.Buffer{}
+	cmd := exec.Command(bin, "--config", cfg)
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	api := fmt.Sprintf("http://127.0.0.1:%d", queryHTTP)
+	testdb.WaitFor(t, "Jaeger's query API", func() bool {
+		resp, err := http.Get(api + "/api/services")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil && resp.StatusCode == 200
+	})
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", fmt.Sprintf("http://127.0.0.1:%d", otlpHTTP))
+	return api, logs
+}
+
+// traceSpans reads a trace's spans from Jaeger's query API, waiting until
+// complete says they are all there.
+func traceSpans(t *testing.T, api, traceID string, complete func([]otlpSpan) bool) []otlpSpan {
+	var spans []otlpSpan
+	testdb.WaitFor(t, "the trace in Jaeger", func() bool {
+		resp, err := http.Get(api + "/api/v3/traces/" + traceID)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		var body struct {
+			Result struct {
+				ResourceSpans []struct {
+					ScopeSpans []struct {
+						Spans []otlpSpan `json:"spans"`
+					} `json:"scopeSpans"`
+				} `json:"resourceSpans"`
+			} `json:"result"`
+		}
+		if resp.StatusCode != 200 || json.NewDecoder(resp.Body).Decode(&body) != nil {
+			return false
+		}
+		spans = spans[:0]
+		for _, rs := range body.Result.ResourceSpans {
+			for _, ss := range rs.ScopeSpans {
+				spans = append(spans, ss.Spans...)
+			}
+		}
+		return complete(spans)
+	})
+	return spans
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func isError(s otlpSpan) bool {
+	code := strings.Trim(string(s.Status.Code), `"`)
+	return code == "STATUS_CODE_ERROR" || code == "2"
+}
+
+// The workflow charge → (email ∥ report as children) → notify, whose email
+// step fails twice, is one trace in Jaeger: the run's root, its executions,
+// its children's roots and executions, and every step attempt, the two
+// failed ones marked as errors.
+func TestWorkflowTraceInJaeger(t *testing.T) {
+	api, logs := startJaeger(t)
+	var out bytes.Buffer
+	traceID, err := runWorkflow(context.Background(), testdb.URL(t), &out)
+	if err != nil || traceID == "" {
+		t.Fatalf("run: %q %v\n%s", traceID, err, out.String())
+	}
+	spans := traceSpans(t, api, traceID, func(spans []otlpSpan) bool {
+		sends, notified := 0, false
+		for _, s := range spans {
+			sends += btoi(s.Name == "workflow.step send")
+			notified = notified || s.Name == "workflow.step notify"
+		}
+		return sends >= 3 && notified
+	})
+	count := map[string]int{}
+	failed := 0
+	for _, s := range spans {
+		count[s.Name]++
+		if s.Name == "workflow.step send" && isError(s) {
+			failed++
+		}
+	}
+	for name, want := range map[string]int{"workflow payment": 1, "workflow email": 1, "workflow report": 1,
+		"workflow.step charge": 1, "workflow.step send": 3, "workflow.step write": 1, "workflow.step notify": 1,
+		"workflow.child email": 1, "workflow.child report": 1} {
+		if count[name] != want {
+			t.Errorf("trace %s: %d spans %q, want %d", traceID, count[name], name, want)
+		}
+	}
+	if count["workflow.execute payment"] < 2 || failed != 2 {
+		t.Errorf("trace %s: %d executions of the parent (want ≥ 2), %d failed send attempts (want 2)", traceID, count["workflow.execute payment"], failed)
+	}
+	if t.Failed() {
+		t.Logf("spans: %v\njaeger: %s", count, logs.String())
+	}
+}
+
 // The example's job, exported over OTLP to a real Jaeger and read back from
 // its query API: one trace holding the enqueue and three attempts, the
 // first two with error status. Needs the Jaeger binary: .ci/run builds it

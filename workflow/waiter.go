@@ -1,0 +1,111 @@
+package workflow
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/relayq/relay/internal/notifier"
+)
+
+// waiter is a registry's one LISTEN connection for Result callers: each
+// finished run's notification (channel relay_workflow, payload the run id)
+// wakes the callers waiting on that run. It runs while anyone waits, and
+// stops waiterIdle after the last one left, so an idle registry holds no
+// connection. It holds no pool slot (notifier connects on its own).
+type waiter struct {
+	r         *Registry
+	mu        sync.Mutex
+	waiting   map[string][]chan struct{}
+	n         int
+	cancel    context.CancelFunc // the listener's, nil when not running
+	connected chan struct{}      // closed once the listener listens
+	idle      *time.Timer
+}
+
+const waiterIdle = 10 * time.Second
+
+// subscribe registers interest in run id and returns a channel closed when
+// it may have finished, and the release to call when done waiting.
+func (w *waiter) subscribe(id string) (<-chan struct{}, <-chan struct{}, func()) {
+	ch := make(chan struct{})
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.waiting == nil {
+		w.waiting = map[string][]chan struct{}{}
+	}
+	w.waiting[id] = append(w.waiting[id], ch)
+	w.n++
+	if w.idle != nil {
+		w.idle.Stop()
+		w.idle = nil
+	}
+	if w.cancel == nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		w.cancel = cancel
+		connected := make(chan struct{})
+		w.connected = connected
+		var once sync.Once
+		go notifier.Run(ctx, notifier.Config{
+			Pool:      w.r.pool,
+			Channels:  []string{"relay_workflow"},
+			OnNotify:  func(_, payload string) { w.wake(payload) },
+			OnConnect: func() { once.Do(func() { close(connected) }); w.wakeAll() },
+			Logger:    w.r.logger,
+			AppName:   "relay-workflow-results",
+		})
+	}
+	connected := w.connected
+	release := func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		list := w.waiting[id]
+		for i, c := range list {
+			if c == ch {
+				list = append(list[:i], list[i+1:]...)
+				break
+			}
+		}
+		if len(list) == 0 {
+			delete(w.waiting, id)
+		} else {
+			w.waiting[id] = list
+		}
+		w.n--
+		if w.n == 0 && w.cancel != nil {
+			cancel := w.cancel
+			w.idle = time.AfterFunc(waiterIdle, func() {
+				w.mu.Lock()
+				defer w.mu.Unlock()
+				if w.n == 0 && w.cancel != nil {
+					cancel()
+					w.cancel = nil
+				}
+			})
+		}
+	}
+	return ch, connected, release
+}
+
+// wake closes the channels of the callers waiting on run id.
+func (w *waiter) wake(id string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, ch := range w.waiting[id] {
+		close(ch)
+	}
+	delete(w.waiting, id)
+}
+
+// wakeAll wakes every caller (after a reconnection: notifications may have
+// been missed), who then reads its run again.
+func (w *waiter) wakeAll() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for id, list := range w.waiting {
+		for _, ch := range list {
+			close(ch)
+		}
+		delete(w.waiting, id)
+	}
+}
