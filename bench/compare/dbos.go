@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/url"
 	"sync/atomic"
 	"time"
 
@@ -31,9 +30,9 @@ func (DBOS) Name() string { return "dbos" }
 
 func (DBOS) Describe(spec bench.WorkflowSpec) string {
 	if spec.Mode == "latency" {
-		return "v1.8.0, pgx pool of 20 (its default); RunWorkflow without a queue (runs in the caller's process) + GetResult; RunAsStep per step, Sleep(0) for sleeps, RunWorkflow+GetResult for child runs"
+		return "v1.8.0, pgx pool of 20 (its default size, made by the harness to count statements); RunWorkflow without a queue (runs in the caller's process) + GetResult; RunAsStep per step, Sleep(0) for sleeps, RunWorkflow+GetResult for child runs"
 	}
-	return fmt.Sprintf("v1.8.0, pgx pool of 20 (its default); dbos.Client.Enqueue to a queue with WorkerConcurrency %d, base polling interval %s; one launched context drains it",
+	return fmt.Sprintf("v1.8.0, pgx pool of 20 (its default size, made by the harness to count statements); dbos.Client.Enqueue to a queue with WorkerConcurrency %d, base polling interval %s; one launched context drains it",
 		spec.Workers, spec.Poll)
 }
 
@@ -47,6 +46,8 @@ type dbosEngine struct {
 	progress atomic.Int64
 	served   bool
 	queue    dbos.Queue
+	counter  bench.StatementCounter
+	sysPool  *pgxpool.Pool // DBOS's own, counting its statements
 }
 
 func (DBOS) Open(ctx context.Context, spec bench.WorkflowSpec) (bench.WorkflowEngine, error) {
@@ -64,14 +65,21 @@ func (DBOS) Open(ctx context.Context, spec bench.WorkflowSpec) (bench.WorkflowEn
 		return nil, err
 	}
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	// DBOS's system pool, as it makes its own (20 connections), but
+	// counting statements.
+	if e.sysPool, err = bench.CountingPool(ctx, spec.URL, 20, &e.counter); err != nil {
+		e.pool.Close()
+		return nil, err
+	}
 	e.dctx, err = dbos.NewContext(context.WithoutCancel(ctx), dbos.Config{
 		AppName:        "relay-bench",
-		DatabaseURL:    spec.URL,
+		SystemDBPool:   e.sysPool,
 		DatabaseSchema: spec.Schema,
 		Logger:         logger,
 	})
 	if err != nil {
 		e.pool.Close()
+		e.sysPool.Close()
 		return nil, err
 	}
 	dbos.RegisterWorkflow(e.dctx, e.child, dbos.WithWorkflowName("bench_child"))
@@ -164,6 +172,8 @@ func (e *dbosEngine) Call(ctx context.Context, shape bench.Shape) error {
 
 func (e *dbosEngine) Pool() *pgxpool.Pool { return e.pool }
 
+func (e *dbosEngine) Statements() int64 { return e.counter.Count() }
+
 func (e *dbosEngine) Close() error {
 	if e.client != nil {
 		dbos.Shutdown(e.client, 10*time.Second) //nolint:errcheck
@@ -175,17 +185,8 @@ func (e *dbosEngine) Close() error {
 	if e.pool != nil {
 		e.pool.Close()
 	}
-	return err
-}
-
-// schemaURL adds search_path=schema to a PostgreSQL URL.
-func schemaURL(dbURL, schema string) (string, error) {
-	u, err := url.Parse(dbURL)
-	if err != nil {
-		return "", err
+	if e.sysPool != nil {
+		e.sysPool.Close()
 	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	return u.String(), nil
+	return err
 }

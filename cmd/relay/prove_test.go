@@ -184,3 +184,38 @@ func TestProveWorkflow(t *testing.T) {
 		}
 	}
 }
+
+// relay bench --workflow drains queued runs and times callers' runs, each
+// measurement printing its summary line.
+func TestBenchWorkflow(t *testing.T) {
+	t.Parallel()
+	bin := buildRelay(t)
+	url := testdb.URL(t)
+	out, err := exec.Command(bin, "bench", "--workflow", "--database-url", url, "--runs", "300", "--workers", "20",
+		"--callers", "4", "--duration", "1s").CombinedOutput()
+	if err != nil {
+		t.Fatalf("relay bench --workflow: %v\n%s", err, out)
+	}
+	var lines []map[string]string
+	for _, l := range strings.Split(string(out), "\n") {
+		if !strings.HasPrefix(l, "bench: mode=workflow-") {
+			continue
+		}
+		fields := map[string]string{}
+		for _, m := range regexp.MustCompile(`(\w+)=(\S+)`).FindAllStringSubmatch(l, -1) {
+			fields[m[1]] = m[2]
+		}
+		lines = append(lines, fields)
+	}
+	if len(lines) != 2 || lines[0]["mode"] != "workflow-queued" || lines[0]["runs"] != "300" || lines[1]["mode"] != "workflow-latency" {
+		t.Fatalf("want a queued and a latency line:\n%s", out)
+	}
+	for _, f := range lines {
+		if r, _ := strconv.ParseFloat(f["runs_per_s"], 64); r <= 0 {
+			t.Errorf("runs_per_s=%s in %v", f["runs_per_s"], f)
+		}
+	}
+	if p, _ := strconv.ParseFloat(lines[1]["p50_ms"], 64); p <= 0 {
+		t.Errorf("latency run measured no p50: %v", lines[1])
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -97,6 +98,9 @@ type WorkflowEngine interface {
 	// Pool is a pool on the engine's database, for the harness's own
 	// queries (PostgreSQL CPU).
 	Pool() *pgxpool.Pool
+	// Statements counts the statements the engine's executions and callers
+	// have sent so far (BEGIN and COMMIT included), or -1.
+	Statements() int64
 	// Close stops everything the engine started.
 	Close() error
 }
@@ -117,6 +121,9 @@ type WorkflowResult struct {
 
 	Elapsed time.Duration `json:"elapsed"`
 	PGCPU   time.Duration `json:"pg_cpu"` // -1: unknown
+	// StatementsPerRun is the statements sent per run measured (-1:
+	// unknown): the round trips each run costs.
+	StatementsPerRun float64 `json:"statements_per_run"`
 }
 
 // Line is the machine-readable summary.
@@ -136,7 +143,7 @@ func (r WorkflowResult) Line() string {
 	if r.PGCPU >= 0 && r.Runs > 0 {
 		pg = ms(r.PGCPU * 1000 / time.Duration(r.Runs))
 	}
-	fmt.Fprintf(&b, " pg_cpu_ms_per_1k=%s elapsed=%s", pg, r.Elapsed.Round(time.Millisecond))
+	fmt.Fprintf(&b, " pg_cpu_ms_per_1k=%s statements_per_run=%.1f elapsed=%s", pg, r.StatementsPerRun, r.Elapsed.Round(time.Millisecond))
 	return b.String()
 }
 
@@ -194,6 +201,7 @@ func runQueued(ctx context.Context, eng WorkflowEngine, res WorkflowResult) (Wor
 	res.StartedPerSec = float64(spec.Runs) / time.Since(began).Seconds()
 
 	cpu0 := pgCPU(ctx, eng.Pool())
+	st0 := eng.Statements()
 	began = time.Now()
 	if err := eng.Serve(ctx); err != nil {
 		return res, fmt.Errorf("serve: %w", err)
@@ -224,6 +232,7 @@ func runQueued(ctx context.Context, eng WorkflowEngine, res WorkflowResult) (Wor
 	res.Elapsed = time.Since(began)
 	res.PGCPU = cpuSince(ctx, eng.Pool(), cpu0)
 	res.Runs = spec.Runs
+	res.StatementsPerRun = perRun(st0, eng.Statements(), spec.Runs)
 	res.RunsPerSec = float64(spec.Runs) / res.Elapsed.Seconds()
 	res.StepsPerSec = res.RunsPerSec * ChainSteps
 	return res, nil
@@ -269,6 +278,7 @@ func runLatency(ctx context.Context, eng WorkflowEngine, res WorkflowResult) (Wo
 		return res, err
 	}
 	cpu0 := pgCPU(ctx, eng.Pool())
+	st0 := eng.Statements()
 	recording.Store(true)
 	began := time.Now()
 	sleepCtx(ctx, spec.Duration) //nolint:errcheck
@@ -276,6 +286,7 @@ func runLatency(ctx context.Context, eng WorkflowEngine, res WorkflowResult) (Wo
 	stopped.Store(true)
 	res.Elapsed = time.Since(began)
 	n := hist.Count()
+	st1 := eng.Statements()
 	mu.Unlock()
 	res.PGCPU = cpuSince(ctx, eng.Pool(), cpu0)
 	wg.Wait()
@@ -283,6 +294,7 @@ func runLatency(ctx context.Context, eng WorkflowEngine, res WorkflowResult) (Wo
 		return res, fmt.Errorf("call: %w", firstErr)
 	}
 	res.Runs = int(n)
+	res.StatementsPerRun = perRun(st0, st1, int(n))
 	res.RunsPerSec = float64(n) / res.Elapsed.Seconds()
 	res.StepsPerSec = res.RunsPerSec * ChainSteps
 	res.P50, res.P95, res.P99 = hist.Quantile(0.5), hist.Quantile(0.95), hist.Quantile(0.99)
@@ -332,4 +344,47 @@ func ParseWorkflowResult(out string) (WorkflowResult, error) {
 		}
 	}
 	return res, fmt.Errorf("no result line in the output:\n%s", out)
+}
+
+func perRun(before, after int64, runs int) float64 {
+	if before < 0 || after < 0 || runs == 0 {
+		return -1
+	}
+	return float64(after-before) / float64(runs)
+}
+
+// StatementCounter is a pgx tracer that counts the statements sent through
+// the connections it is set on (ConnConfig.Tracer), batched ones included.
+type StatementCounter struct{ n atomic.Int64 }
+
+// Count is the statements sent so far.
+func (c *StatementCounter) Count() int64 { return c.n.Load() }
+
+func (c *StatementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+
+func (c *StatementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (c *StatementCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (c *StatementCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {
+	c.n.Add(1)
+}
+
+func (c *StatementCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// CountingPool opens a pool on url with at most maxConns connections whose
+// statements c counts.
+func CountingPool(ctx context.Context, url string, maxConns int, c *StatementCounter) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = int32(maxConns)
+	cfg.ConnConfig.Tracer = c
+	return pgxpool.NewWithConfig(ctx, cfg)
 }

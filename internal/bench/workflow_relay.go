@@ -41,6 +41,7 @@ type relayWFEngine struct {
 	chain    *workflow.Workflow[Shape, int]
 	progress atomic.Int64
 	drop     func()
+	counter  StatementCounter
 }
 
 var relayStepKeys = [ChainSteps]string{"s1", "s2", "s3"}
@@ -75,20 +76,17 @@ func (RelayWorkflow) Open(ctx context.Context, spec WorkflowSpec) (WorkflowEngin
 	q.Set("search_path", spec.Schema)
 	u.RawQuery = q.Encode()
 	e.url = u.String()
-	if e.pool, err = NewPool(ctx, e.url); err != nil {
+	// The callers' pool is the harness's (large enough that callers never
+	// queue for a connection); the workers' is sized as a bench worker
+	// process's. Both count their statements.
+	if e.pool, err = CountingPool(ctx, e.url, 48, &e.counter); err != nil {
 		return nil, err
 	}
 	if _, err := migrations.Migrate(ctx, e.pool); err != nil {
 		e.Close()
 		return nil, err
 	}
-	wcfg, err := pgxpool.ParseConfig(e.url)
-	if err != nil {
-		e.Close()
-		return nil, err
-	}
-	wcfg.MaxConns = int32(max(8, min(spec.Workers+4, 40)))
-	if e.wpool, err = pgxpool.NewWithConfig(ctx, wcfg); err != nil {
+	if e.wpool, err = CountingPool(ctx, e.url, max(8, min(spec.Workers+4, 40)), &e.counter); err != nil {
 		e.Close()
 		return nil, err
 	}
@@ -163,6 +161,8 @@ func (e *relayWFEngine) Call(ctx context.Context, shape Shape) error {
 }
 
 func (e *relayWFEngine) Pool() *pgxpool.Pool { return e.pool }
+
+func (e *relayWFEngine) Statements() int64 { return e.counter.Count() }
 
 func (e *relayWFEngine) Close() error {
 	var err error
