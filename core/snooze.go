@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
@@ -171,4 +172,23 @@ func (q *queue) snoozed(row *JobRow, span trace.Span, err error) {
 		q.rescan.Store(true)
 		q.notify()
 	}
+}
+
+// LeaseCheck is HoldLease as a statement, for a batch or pipeline sent in
+// one round trip (pgx.Batch runs in one implicit transaction): run with its
+// args, it locks the job's row FOR SHARE while row's attempt holds the
+// lease, and fails otherwise (IsLeaseLost reports that failure), aborting
+// the transaction so that nothing else of it commits.
+func LeaseCheck(row *JobRow) (sql string, args []any) {
+	return `SELECT relay_hold_lease($1, $2::uuid)`, []any{row.ID, row.LeaseToken.String()}
+}
+
+// IsLeaseLost reports whether err is ErrLeaseLost or the failure of a
+// LeaseCheck statement.
+func IsLeaseLost(err error) bool {
+	if errors.Is(err, ErrLeaseLost) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "RLY02"
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/internal/testdb"
@@ -113,5 +114,40 @@ func TestHoldLeaseFences(t *testing.T) {
 	waitFor(t, "refused snooze counted", func() bool { return c.Stats().LeaseLost == 1 })
 	if s := jobState(t, pool, res.ID); s != core.StateClaimed {
 		t.Fatalf("late snooze changed the job to %s", s)
+	}
+}
+
+// LeaseCheck in a batch: the batch commits while the attempt holds the
+// lease, and none of it commits once the lease moved on.
+func TestLeaseCheckInBatch(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	ws, started, release, _ := blocking(false)
+	startClient(t, pool, &core.Config{Workers: ws, LeaseDuration: time.Minute})
+	res, _ := core.Enqueue(ctx, pool, blockArgs{}, nil)
+	j := <-started
+	defer func() { release <- nil }()
+	if _, err := pool.Exec(ctx, `CREATE TABLE effects (n int)`); err != nil {
+		t.Fatal(err)
+	}
+	send := func(n int) error {
+		b := &pgx.Batch{}
+		b.Queue(`INSERT INTO effects VALUES ($1)`, n)
+		sql, args := core.LeaseCheck(j.JobRow)
+		b.Queue(sql, args...)
+		return pool.SendBatch(ctx, b).Close()
+	}
+	if err := send(1); err != nil {
+		t.Fatalf("holder's batch: %v", err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE relay_jobs SET lease_token = $2 WHERE id = $1`, res.ID, uuid.New()); err != nil {
+		t.Fatal(err)
+	}
+	if err := send(2); !core.IsLeaseLost(err) {
+		t.Fatalf("stale batch: %v, want a lost lease", err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM effects`); n != 1 {
+		t.Fatalf("%d effects, want 1 (the stale batch rolled back)", n)
 	}
 }

@@ -120,3 +120,20 @@ CREATE TRIGGER relay_workflow_runs_check
     BEFORE INSERT OR UPDATE OF state, finished_at ON relay_workflow_runs
     FOR EACH ROW
     EXECUTE FUNCTION relay_workflow_runs_check();
+
+-- relay_hold_lease is core.HoldLease as one statement that fails: it locks
+-- job job_id's row FOR SHARE while the attempt holding token still holds
+-- its lease, and raises RLY02 otherwise, aborting the transaction it runs
+-- in. A pipelined batch (one round trip, one implicit transaction) can end
+-- with it: every write of the batch commits only under the lease
+-- (core.LeaseCheck).
+CREATE FUNCTION relay_hold_lease(job_id bigint, token uuid) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM relay_jobs WHERE id = job_id AND lease_token = token FOR SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'relay: job %: the attempt no longer holds the lease', job_id
+            USING ERRCODE = 'RLY02';
+    END IF;
+END;
+$$;

@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // ChildOpts tune a child run. The zero value (or nil) runs the child on its
@@ -60,8 +61,11 @@ func Child[In, Out any](wctx Context, key string, wf *Workflow[In, Out], in In, 
 		so.Priority, so.MaxAttempts = opts.Priority, opts.MaxAttempts
 	}
 	x.fenced(func(ctx context.Context, tx pgx.Tx) error {
-		ctx, span := x.stepSpan("child", key, 1)
+		// The child's root span goes under this one, in the run's trace;
+		// the writes keep the write's own context.
+		_, span := x.stepSpan("child", key, 1)
 		defer span.End()
+		ctx = trace.ContextWithSpan(ctx, span)
 		if _, _, err := startRun(ctx, tx, x.r.tracer, wf.name, input, so, &parentLink{runID: x.runID, position: pos}); err != nil {
 			return err
 		}
@@ -93,7 +97,7 @@ func (f *Future[Out]) Get(wctx Context) (Out, error) {
 		}
 		return out, nil
 	}
-	if h != nil && h.state == stepCompleted {
+	if h != nil && (h.state == stepCompleted || h.state == stepFailed) {
 		return decode(h)
 	}
 	var state, output, msg string
@@ -109,8 +113,10 @@ func (f *Future[Out]) Get(wctx Context) (Out, error) {
 	if RunState(state) == StateCompleted {
 		s.output = output
 	} else {
+		// Failed: Retry of this run starts again here (Retry the child
+		// first to have it run again).
 		b, _ := json.Marshal(ChildError{RunID: f.RunID, State: RunState(state), Message: msg})
-		s.errMsg = string(b)
+		s.state, s.errMsg = stepFailed, string(b)
 	}
 	x.fenced(func(ctx context.Context, tx pgx.Tx) error {
 		_, err := x.upsert(ctx, tx, s, 1, nil, -1)

@@ -125,3 +125,39 @@ func TestCompensation(t *testing.T) {
 		t.Fatalf("%d compensation checkpoints", n)
 	}
 }
+
+// A run failed by its child is retried after its child: Retry the child,
+// then the parent, which waits for the child again and completes.
+func TestRetryParentAfterChild(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	var broken atomic.Bool
+	broken.Store(true)
+	child := workflow.MustRegister(b.reg, "flaky-child", func(wctx workflow.Context, _ int) (string, error) {
+		return workflow.Step(wctx, "work", func(ctx context.Context) (string, error) {
+			if broken.Load() {
+				return "", core.Permanent(errors.New("down"))
+			}
+			return "ok", nil
+		}, nil)
+	})
+	parent := workflow.MustRegister(b.reg, "needs-child", func(wctx workflow.Context, _ int) (string, error) {
+		return workflow.Child(wctx, "c", child, 0, nil).Get(wctx)
+	})
+	b.start()
+	h, _ := workflow.Start(ctx, b.pool, parent, 0, &workflow.StartOpts{ID: "needs"})
+	if _, err := result[string](t, b.pool, h.ID); !errors.Is(err, workflow.ErrRunFailed) {
+		t.Fatalf("want failed, got %v", err)
+	}
+	broken.Store(false)
+	if err := workflow.Retry(ctx, b.pool, "needs/c"); err != nil {
+		t.Fatal(err)
+	}
+	if err := workflow.Retry(ctx, b.pool, h.ID); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := result[string](t, b.pool, h.ID); err != nil || out != "ok" {
+		t.Fatal(out, err)
+	}
+}

@@ -29,11 +29,11 @@ func TestCrashingRunEndsFailed(t *testing.T) {
 	b.startWith(&core.Config{RescueInterval: 50 * time.Millisecond})
 	h, _ := workflow.Start(context.Background(), b.pool, wf, 0, &workflow.StartOpts{MaxAttempts: 3})
 	_, err := result[int](t, b.pool, h.ID)
-	if !errors.Is(err, workflow.ErrRunFailed) || !strings.Contains(err.Error(), "crashed") {
+	if !errors.Is(err, workflow.ErrRunFailed) || !strings.Contains(err.Error(), "3 executions crashed") {
 		t.Fatalf("want a failed run, got %v", err)
 	}
-	if calls.Load() != 2 {
-		t.Fatalf("step ran %d times, want 2 (the third attempt fails the run)", calls.Load())
+	if calls.Load() != 3 {
+		t.Fatalf("step ran %d times, want 3 (the fourth execution fails the run)", calls.Load())
 	}
 }
 
@@ -111,5 +111,40 @@ func TestLongHistoryReplay(t *testing.T) {
 	}
 	if st := b.reg.Stats(); st.Replayed != n || st.Executions != 1 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// A shutdown that interrupts a step is not the step's failure: nothing is
+// recorded, and the next client runs the step again as its first attempt.
+func TestShutdownDoesNotFailTheStep(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	started := make(chan struct{}, 1)
+	var calls atomic.Int32
+	wf := workflow.MustRegister(b.reg, "interrupted", func(wctx workflow.Context, _ int) (int, error) {
+		return workflow.Step(wctx, "long", func(ctx context.Context) (int, error) {
+			if calls.Add(1) == 1 {
+				started <- struct{}{}
+				<-ctx.Done()
+				return 0, ctx.Err()
+			}
+			return 7, nil
+		}, &workflow.StepOpts{MaxAttempts: 1})
+	})
+	c := b.start()
+	h, _ := workflow.Start(context.Background(), b.pool, wf, 0, nil)
+	<-started
+	stopCtx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	c.Stop(stopCtx)
+	cancel()
+	if n := b.count(`SELECT count(*) FROM relay_workflow_steps WHERE run_id = $1`, h.ID); n != 0 {
+		t.Fatalf("%d steps recorded for an interrupted step", n)
+	}
+	b.start()
+	if out, err := result[int](t, b.pool, h.ID); err != nil || out != 7 {
+		t.Fatal(out, err)
+	}
+	if n := b.count(`SELECT attempts FROM relay_workflow_steps WHERE run_id = $1 AND key = 'long'`, h.ID); n != 1 {
+		t.Fatalf("attempts %d, want 1", n)
 	}
 }

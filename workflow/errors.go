@@ -25,8 +25,6 @@ var (
 	ErrTooLarge = errors.New("workflow: payload too large")
 	// ErrNotRetryable: Retry was asked of a run that is not failed.
 	ErrNotRetryable = errors.New("workflow: only a failed run can be retried")
-	// ErrTimeout is the error of a WaitSignal that timed out.
-	ErrTimeout = errors.New("workflow: wait timed out")
 )
 
 // MaxPayloadBytes bounds a run's input and output, a step's output, a

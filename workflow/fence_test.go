@@ -130,3 +130,52 @@ func TestPausedExecutorCannotFork(t *testing.T) {
 		t.Fatal("run outcome changed")
 	}
 }
+
+// Two executions of one run racing for one signal (DBOS TypeScript #1205):
+// the rescued execution consumes it; the late one, resumed after, cannot
+// consume it again nor record anything; the signal is consumed once.
+func TestStaleExecutionCannotTakeASignal(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	paused := make(chan struct{})
+	resume := make(chan struct{})
+	var slowCalls atomic.Int32
+	wf := workflow.MustRegister(b.reg, "sig-race", func(wctx workflow.Context, _ int) (string, error) {
+		who, err := workflow.Step(wctx, "slow", func(ctx context.Context) (string, error) {
+			if slowCalls.Add(1) == 1 {
+				close(paused)
+				<-resume
+				return "A", nil
+			}
+			return "B", nil
+		}, nil)
+		if err != nil {
+			return "", err
+		}
+		v, _, err := workflow.WaitSignal[string](wctx, "go", 0)
+		return who + ":" + v, err
+	})
+	b.startWith(&core.Config{RescueInterval: 50 * time.Millisecond})
+	h, _ := workflow.Start(ctx, b.pool, wf, 0, nil)
+	<-paused
+	b.rescueNow(h.ID)
+	b.waitFor("the rescued execution to wait", func() bool {
+		return b.count(`SELECT count(*) FROM relay_workflow_steps WHERE run_id = $1 AND key = 'signal:go#1'`, h.ID) == 1
+	})
+	if err := workflow.Signal(ctx, b.pool, h.ID, "go", "once"); err != nil {
+		t.Fatal(err)
+	}
+	out, err := result[string](t, b.pool, h.ID)
+	if err != nil || out != "B:once" {
+		t.Fatalf("output %q, %v", out, err)
+	}
+	close(resume)
+	b.waitFor("the stale execution refused", func() bool { return b.reg.Stats().LateCheckpointsRefused >= 1 })
+	if n := b.count(`SELECT count(*) FROM relay_workflow_signals WHERE run_id = $1 AND consumed_at IS NOT NULL`, h.ID); n != 1 {
+		t.Fatalf("%d signals consumed, want 1", n)
+	}
+	if n := b.count(`SELECT count(*) FROM relay_workflow_runs WHERE id = $1 AND output = '"B:once"'`, h.ID); n != 1 {
+		t.Fatal("the run's outcome changed")
+	}
+}

@@ -80,7 +80,7 @@ func Retry(ctx context.Context, db core.DB, id string) error {
 		}
 		var meta map[string]any
 		json.Unmarshal([]byte(run.traceJSON), &meta) //nolint:errcheck // best effort: a retry without trace context is still a retry
-		res, err := core.Enqueue(ctx, tx, runArgs{RunID: id}, &core.EnqueueOpts{Queue: run.Queue, Metadata: meta, MaxAttempts: DefaultMaxAttempts})
+		res, err := core.Enqueue(ctx, tx, runArgs{RunID: id}, &core.EnqueueOpts{Queue: run.Queue, Metadata: meta, MaxAttempts: DefaultMaxAttempts + 1})
 		if err != nil {
 			return err
 		}

@@ -251,3 +251,36 @@ func TestRunStateMachine(t *testing.T) {
 		t.Error("a run was inserted running")
 	}
 }
+
+// Cancel lands while a run is busy checkpointing: it stops at a step
+// boundary, compensates and ends cancelled (no deadlock between the cancel
+// and the checkpoints).
+func TestCancelBusyRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	var undone atomic.Int32
+	wf := workflow.MustRegister(b.reg, "busy", func(wctx workflow.Context, _ int) (int, error) {
+		workflow.Compensate(wctx, "undo", func(ctx context.Context) error { undone.Add(1); return nil })
+		for i := 0; i < 100000; i++ {
+			if err := workflow.Sleep(wctx, "tick-"+itoa(i), 0); err != nil {
+				return 0, err
+			}
+		}
+		return 0, nil
+	})
+	b.start()
+	h, _ := workflow.Start(ctx, b.pool, wf, 0, nil)
+	b.waitFor("some ticks", func() bool {
+		return b.count(`SELECT count(*) FROM relay_workflow_steps WHERE run_id = $1`, h.ID) >= 20
+	})
+	if err := workflow.Cancel(ctx, b.pool, h.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := result[int](t, b.pool, h.ID); !errors.Is(err, workflow.ErrRunCancelled) {
+		t.Fatalf("want cancelled, got %v", err)
+	}
+	if undone.Load() != 1 {
+		t.Fatalf("compensation ran %d times", undone.Load())
+	}
+}

@@ -85,6 +85,14 @@ SET state = $2, output = $3::jsonb, error = nullif($4, ''), finished_at = now()
 WHERE r.id = $1 AND r.state IN ('pending', 'running', 'compensating')
 RETURNING coalesce((SELECT p.job_id FROM relay_workflow_runs AS p WHERE p.id = r.parent_id AND p.finished_at IS NULL), 0)`
 
+// sqlFinishRootRun is sqlFinishRun for a run without a parent, in a batch:
+// it wakes the Result callers waiting on it at commit too.
+const sqlFinishRootRun = `
+UPDATE relay_workflow_runs
+SET state = $2, output = $3::jsonb, error = nullif($4, ''), finished_at = now()
+WHERE id = $1 AND state IN ('pending', 'running', 'compensating')
+RETURNING pg_notify('relay_workflow', id)`
+
 // sqlSetRunState moves a run to $2 (running → compensating).
 const sqlSetRunState = `UPDATE relay_workflow_runs SET state = $2 WHERE id = $1 AND state <> $2`
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -12,7 +13,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/relayq/relay/core"
-	"github.com/relayq/relay/internal/dbx"
 )
 
 // Context is what a workflow function receives: a context.Context (for
@@ -91,6 +91,10 @@ type execution struct {
 	eventSeq  map[string]int
 	ctx       context.Context
 	unwinding *unwind
+	// goroutines are the steps started by Go; cancels end them when the
+	// execution ends.
+	goroutines sync.WaitGroup
+	cancels    []func()
 }
 
 // unwind ends a workflow function early, carried by a panic from the
@@ -160,154 +164,39 @@ func (x *execution) next(kind, key string) (int, *stepRow) {
 	return pos, h
 }
 
-// write runs fn in a transaction that commits only while the execution's
-// attempt holds the run's lease. The first write of an execution also marks
-// the run started and learns of a cancel; due sleeps are marked completed.
-func (x *execution) write(fn func(ctx context.Context, tx pgx.Tx) error) error {
-	return x.writeTx(fn, true)
-}
-
-// writeTx is write; hold false leaves the fence to fn (which completes the
-// job with core.CompleteTx, itself fenced by the lease token).
-//
-// The execution's own bookkeeping goes first, in one round trip (a batch):
-// the run's touch or cancel check, due sleeps, a state change, and the
-// deferred checkpoints (see later).
-func (x *execution) writeTx(fn func(ctx context.Context, tx pgx.Tx) error, hold bool) error {
-	ctx := x.ctx
-	cancel := false
-	err := pgx.BeginFunc(context.WithoutCancel(ctx), x.r.pool, func(tx pgx.Tx) error {
-		b := &pgx.Batch{}
-		q := sqlCancelRequested
-		if !x.touched {
-			q = sqlTouchRun
-		}
-		b.Queue(q, x.runID)
-		if len(x.dueWaits) > 0 {
-			b.Queue(sqlCompleteWaits, x.runID, x.dueWaits)
-		}
-		if x.setState != "" {
-			b.Queue(sqlSetRunState, x.runID, string(x.setState))
-		}
-		for _, s := range x.pending {
-			b.Queue(sqlUpsertStep, x.runID, s.position, s.key, s.kind, s.state, s.output, s.errMsg, 1, nil, nil, s.childID)
-		}
-		br := tx.SendBatch(ctx, b)
-		if err := br.QueryRow().Scan(&cancel); err != nil {
-			br.Close()
-			return fmt.Errorf("touch run: %w", err)
-		}
-		for i := 1; i < b.Len(); i++ {
-			if _, err := br.Exec(); err != nil {
-				br.Close()
-				return fmt.Errorf("write deferred checkpoints: %w", err)
-			}
-		}
-		if err := br.Close(); err != nil {
-			return err
-		}
-		if err := fn(ctx, tx); err != nil {
-			return err
-		}
-		if !hold {
-			return nil
-		}
-		// Last, so the job row is locked only for the commit.
-		return core.HoldLease(ctx, tx, x.job.JobRow)
-	})
-	if err != nil {
-		if errors.Is(err, core.ErrLeaseLost) {
-			x.r.stats.refused.Add(1)
-			x.r.logger.Warn("relay: workflow checkpoint refused: the execution lost the run's lease", "run_id", x.runID, "job_id", x.job.ID)
-		}
-		return err
-	}
-	x.touched, x.dueWaits, x.setState, x.pending = true, nil, "", nil
-	x.cancelling = x.cancelling || cancel
-	x.r.stats.checkpoints.Add(1)
-	return nil
-}
-
-// later defers the checkpoint of a completed step (or recorded value) to
-// the execution's next write: nothing outside the function has seen its
-// output before then, because that write comes before the next step's fn
-// runs (flush), with the next StepTx, child start, wait or suspension, or
-// with the run's outcome. A run of n inline steps thus commits n-1
-// checkpoints plus its outcome, not n plus its outcome. If the execution
-// dies first, the step runs again, as any step whose checkpoint did not
-// commit.
-func (x *execution) later(s *stepRow) {
-	s.attempts++
-	x.hist[s.position] = s
-	x.pending = append(x.pending, s)
-}
-
-// flush commits the deferred checkpoints now: before a step's fn runs,
-// since its effects may depend on their outputs.
-func (x *execution) flush() {
-	if len(x.pending) > 0 {
-		x.fenced(func(context.Context, pgx.Tx) error { return nil })
-	}
-}
-
-// fenced is write for the execution's own bookkeeping: any failure ends
-// the execution (a lost lease records nothing more).
-func (x *execution) fenced(fn func(ctx context.Context, tx pgx.Tx) error) {
-	if err := x.write(fn); err != nil {
-		if errors.Is(err, core.ErrLeaseLost) {
-			x.stop(&unwind{kind: unwindLost, err: err})
-		}
-		x.stop(&unwind{kind: unwindAbort, err: fmt.Errorf("workflow: run %s: checkpoint: %w", x.runID, err)})
-	}
-}
-
-// upsert writes the checkpoint s in tx and returns its wake_at.
-func (x *execution) upsert(ctx context.Context, tx pgx.Tx, s *stepRow, attempts int, wakeAt *time.Time, delay time.Duration) (*time.Time, error) {
-	var out any
-	if s.output != "" {
-		out = s.output
-	}
-	var at *time.Time
-	var delayUS *int64
-	if wakeAt == nil && (s.state == stepWaiting || s.state == stepRetrying) && delay >= 0 {
-		us := delay.Microseconds()
-		delayUS = &us
-	}
-	err := tx.QueryRow(ctx, sqlUpsertStep, x.runID, s.position, s.key, s.kind, s.state, out, s.errMsg,
-		attempts, wakeAt, delayUS, s.childID).Scan(&at)
-	if err != nil {
-		return nil, fmt.Errorf("checkpoint %s %q at %d: %w", s.kind, s.key, s.position, err)
-	}
-	s.wakeAt = at
-	s.attempts += attempts
-	x.hist[s.position] = s
-	return at, nil
-}
-
-// load reads the run and its whole history (one query for the history).
+// load reads the run and its whole history: two statements in one round
+// trip, the history in one query however many steps it holds.
 func (x *execution) load(ctx context.Context) error {
-	ex := dbx.PGX{Q: x.r.pool}
-	found := false
-	err := ex.Query(ctx, sqlLoadRun, []any{x.runID}, func(r dbx.Scanner) error {
-		found = true
-		i := &x.run
-		return r.Scan(&i.workflow, &i.state, &i.input, &i.queue, &i.parentID, &i.trace, &i.cancelRequested, &i.generation, &x.now)
-	})
+	b := &pgx.Batch{}
+	b.Queue(sqlLoadRun, x.runID)
+	b.Queue(sqlLoadSteps, x.runID)
+	br := x.r.pool.SendBatch(ctx, b)
+	defer br.Close()
+	i := &x.run
+	err := br.QueryRow().Scan(&i.workflow, &i.state, &i.input, &i.queue, &i.parentID, &i.trace, &i.cancelRequested, &i.generation, &x.now)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrRunNotFound
+	}
 	if err != nil {
 		return fmt.Errorf("workflow: load run %s: %w", x.runID, err)
 	}
-	if !found {
-		return ErrRunNotFound
+	rows, err := br.Query()
+	if err != nil {
+		return fmt.Errorf("workflow: load steps of run %s: %w", x.runID, err)
 	}
+	defer rows.Close()
 	x.hist = map[int]*stepRow{}
-	return ex.Query(ctx, sqlLoadSteps, []any{x.runID}, func(r dbx.Scanner) error {
+	for rows.Next() {
 		s := &stepRow{}
-		if err := r.Scan(&s.position, &s.key, &s.kind, &s.state, &s.output, &s.errMsg, &s.attempts, &s.wakeAt, &s.childID); err != nil {
+		if err := rows.Scan(&s.position, &s.key, &s.kind, &s.state, &s.output, &s.errMsg, &s.attempts, &s.wakeAt, &s.childID); err != nil {
 			return fmt.Errorf("workflow: load steps of run %s: %w", x.runID, err)
 		}
 		x.hist[s.position] = s
-		return nil
-	})
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("workflow: load steps of run %s: %w", x.runID, err)
+	}
+	return nil
 }
 
 // execute runs one execution of a run: the core job's handler.
@@ -333,6 +222,7 @@ func (r *Registry) execute(ctx context.Context, job *core.Job[runArgs]) error {
 		attribute.Int("relay.job.attempt", job.Attempt)))
 	x.ctx = ctx
 	err := x.main()
+	x.endGoroutines()
 	switch {
 	case err == nil:
 		endSpan(span, nil, attribute.String("relay.workflow.outcome", "finished"))
@@ -357,7 +247,8 @@ func (x *execution) main() error {
 	job := x.job
 	if job.Attempt > 1 && job.Attempt >= job.MaxAttempts {
 		// Every earlier attempt of this job crashed or failed (suspensions
-		// are not attempts): stop here rather than crash-loop.
+		// are not attempts), as many as StartOpts.MaxAttempts: stop here
+		// rather than crash-loop (the job got one attempt more for this).
 		return x.finish(StateFailed, nil, fmt.Sprintf("workflow: run %s: %d executions crashed or failed (last: %s)", x.runID, job.Attempt-1, job.LastError))
 	}
 	x.def = x.r.byName[x.run.workflow]
@@ -385,7 +276,7 @@ func (x *execution) unwound(u *unwind, err error) error {
 	switch u.kind {
 	case unwindSuspend:
 		if len(x.pending) > 0 {
-			if err := x.write(func(context.Context, pgx.Tx) error { return nil }); err != nil {
+			if err := x.batchWrite(nil); err != nil {
 				return fmt.Errorf("workflow: run %s: checkpoint before suspending: %w", x.runID, err)
 			}
 		}
@@ -418,28 +309,39 @@ func (x *execution) call() (out []byte, err error, u *unwind) {
 }
 
 // finish records the run's outcome, wakes its parent and the callers
-// waiting on Result, and completes the run's job: one transaction, fenced
-// by the job's lease (core.CompleteTx).
+// waiting on Result, fenced by the run job's lease. A child's end, its
+// parent's wake-up and its job's success are one transaction
+// (core.CompleteTx).
 func (x *execution) finish(state RunState, output []byte, msg string) error {
 	var out any
 	if output != nil {
 		out = string(output)
 	}
-	err := x.writeTx(func(ctx context.Context, tx pgx.Tx) error {
-		var parentJob int64
-		if err := tx.QueryRow(ctx, sqlFinishRun, x.runID, string(state), out, msg).Scan(&parentJob); err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("finish run: %w", err)
-		}
-		if parentJob != 0 {
-			if err := core.Wake(ctx, tx, parentJob); err != nil {
+	var err error
+	if x.run.parentID == "" {
+		// A root run: its outcome commits in one round trip under the
+		// lease; the job's success is then recorded by the core, as any
+		// job's (a crash in between re-executes the run, which finds it
+		// finished and ends).
+		err = x.batchWrite(&outcome{state: state, output: out, msg: msg})
+	} else {
+		err = x.writeTx(func(ctx context.Context, tx pgx.Tx) error {
+			var parentJob int64
+			if err := tx.QueryRow(ctx, sqlFinishRun, x.runID, string(state), out, msg).Scan(&parentJob); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				return fmt.Errorf("finish run: %w", err)
+			}
+			// The parent wakes in the transaction that records the child's end.
+			if parentJob != 0 {
+				if err := core.Wake(ctx, tx, parentJob); err != nil {
+					return err
+				}
+			}
+			if _, err := tx.Exec(ctx, sqlNotifyDone, x.runID); err != nil {
 				return err
 			}
-		}
-		if _, err := tx.Exec(ctx, sqlNotifyDone, x.runID); err != nil {
-			return err
-		}
-		return core.CompleteTx(ctx, tx, x.job)
-	}, false)
+			return core.CompleteTx(ctx, tx, x.job)
+		}, false)
+	}
 	if err != nil {
 		return fmt.Errorf("workflow: run %s: record outcome %s: %w", x.runID, state, err)
 	}
@@ -454,4 +356,22 @@ func (x *execution) stepSpan(kind, key string, attempt int) (context.Context, tr
 		attribute.String("relay.workflow.step", key),
 		attribute.Int("relay.workflow.position", x.pos-1),
 		attribute.Int("relay.workflow.step.attempt", attempt)))
+}
+
+// endGoroutines cancels the steps started by Go that were never collected
+// and waits, a bounded time, for them to return.
+func (x *execution) endGoroutines() {
+	if len(x.cancels) == 0 {
+		return
+	}
+	for _, cancel := range x.cancels {
+		cancel()
+	}
+	done := make(chan struct{})
+	go func() { x.goroutines.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		x.r.logger.Warn("relay: steps started by workflow.Go ignore their cancelled context; leaving them running", "run_id", x.runID)
+	}
 }

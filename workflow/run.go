@@ -32,14 +32,15 @@ type StartOpts struct {
 	Queue string
 	// Priority orders the run's executions in their queue (0 first).
 	Priority int
-	// MaxAttempts bounds the executions that may crash or fail (not those
-	// that suspend): the run fails when its executions used them all.
-	// Default DefaultMaxAttempts.
+	// MaxAttempts is how many executions may crash or fail (not those that
+	// suspend): the execution after the last of them fails the run instead
+	// of running it (its job has one attempt more for that). Default
+	// DefaultMaxAttempts.
 	MaxAttempts int
 }
 
 // DefaultMaxAttempts is how many executions of a run may crash or fail
-// (counting the last) before the run fails.
+// before the run fails.
 const DefaultMaxAttempts = 10
 
 // Handle names a started run; its Result waits for the typed output.
@@ -170,7 +171,7 @@ func startRun(ctx context.Context, db core.DB, tracer trace.Tracer, name string,
 			return nil
 		}
 		res, err := core.Enqueue(ctx, tx, runArgs{RunID: o.ID}, &core.EnqueueOpts{
-			Queue: o.Queue, Priority: o.Priority, MaxAttempts: o.MaxAttempts, Metadata: meta,
+			Queue: o.Queue, Priority: o.Priority, MaxAttempts: o.MaxAttempts + 1, Metadata: meta,
 		})
 		if err != nil {
 			return err

@@ -304,3 +304,31 @@ func TestSleepWaits(t *testing.T) {
 	}
 	_ = pgx.ErrNoRows
 }
+
+// SleepUntil waits for an instant; a step's Timeout bounds each attempt.
+func TestSleepUntilAndStepTimeout(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	wf := workflow.MustRegister(b.reg, "until", func(wctx workflow.Context, at time.Time) (string, error) {
+		if err := workflow.SleepUntil(wctx, "wake", at); err != nil {
+			return "", err
+		}
+		woke := workflow.Now(wctx, "woke")
+		_, err := workflow.Step(wctx, "slow", func(ctx context.Context) (int, error) {
+			<-ctx.Done()
+			return 0, ctx.Err()
+		}, &workflow.StepOpts{MaxAttempts: 1, Timeout: 50 * time.Millisecond})
+		if woke.Before(at) {
+			return "early", nil
+		}
+		if !errors.Is(err, context.DeadlineExceeded) {
+			return "no timeout: " + errString(err), nil
+		}
+		return "ok", nil
+	})
+	b.start()
+	h, _ := workflow.Start(context.Background(), b.pool, wf, time.Now().Add(300*time.Millisecond), nil)
+	if out, err := result[string](t, b.pool, h.ID); err != nil || out != "ok" {
+		t.Fatal(out, err)
+	}
+}

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/stdlib"
+
 	"github.com/relayq/relay/workflow"
 )
 
@@ -119,5 +121,42 @@ func TestSignalsConsumedOnce(t *testing.T) {
 	}
 	if c := b.count(`SELECT count(*) FROM relay_workflow_signals WHERE run_id = $1 AND consumed_at IS NULL`, h.ID); c != 0 {
 		t.Fatalf("%d signals left unconsumed", c)
+	}
+}
+
+// Start and Signal join a database/sql transaction as they join pgx's.
+func TestDatabaseSQLTransactions(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	sqldb := stdlib.OpenDBFromPool(b.pool)
+	defer sqldb.Close()
+	wf := workflow.MustRegister(b.reg, "sql-tx", func(wctx workflow.Context, n int) (int, error) {
+		v, _, err := workflow.WaitSignal[int](wctx, "add", 0)
+		return n + v, err
+	})
+	b.start()
+	tx, err := sqldb.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := workflow.Start(ctx, tx, wf, 40, &workflow.StartOpts{ID: "via-sql"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := workflow.Signal(ctx, tx, h.ID, "add", 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := h.Result(ctx, sqldb); err != nil || out != 42 {
+		t.Fatal(out, err)
+	}
+	if _, err := workflow.Get(ctx, sqldb, h.ID); err != nil {
+		t.Fatal(err)
+	}
+	if runs, err := workflow.List(ctx, sqldb, nil); err != nil || len(runs) != 1 {
+		t.Fatal(runs, err)
 	}
 }

@@ -104,55 +104,85 @@ func StepTx[T any](wctx Context, key string, fn func(ctx context.Context, tx pgx
 // or its error, and whether it checkpointed itself.
 func runStep[T any](wctx Context, kind, key string, opts *StepOpts, attempt func(ctx context.Context) (T, []byte, error, bool)) (T, error) {
 	x := wctx.x
-	var zero T
+	p, out, err, done := planStep[T](x, kind, key, opts)
+	if done {
+		return out, err
+	}
+	if kind != "tx" {
+		x.flush() // StepTx writes the deferred checkpoints in its own transaction
+	}
+	ctx, span := x.stepSpan(kind, key, p.n)
+	if p.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, p.timeout)
+		defer cancel()
+	}
+	out, enc, err, recorded := attempt(ctx)
+	endSpan(span, err)
+	return settleStep(x, p, out, enc, err, recorded)
+}
+
+// stepPlan is a step about to run: its place and its retry policy.
+type stepPlan struct {
+	kind, key   string
+	pos, n      int // n: the number of this attempt
+	maxAttempts int
+	policy      core.RetryPolicy
+	timeout     time.Duration
+}
+
+// planStep places a step in the run. done is true when history answers
+// (its stored output or error is returned); a step waiting out its retry
+// delay suspends the run.
+func planStep[T any](x *execution, kind, key string, opts *StepOpts) (p stepPlan, out T, err error, done bool) {
 	pos, h := x.next(kind, key)
-	prev := 0
+	p = stepPlan{kind: kind, key: key, pos: pos, n: 1, maxAttempts: defaultStepAttempts, policy: defaultStepRetry}
 	if h != nil {
 		switch h.state {
 		case stepCompleted:
-			var out T
 			if err := json.Unmarshal([]byte(h.output), &out); err != nil {
 				x.fatal(fmt.Errorf("workflow: run %s: decode stored output of step %q into %T: %w", x.runID, key, out, err))
 			}
-			return out, nil
+			return p, out, nil, true
 		case stepFailed:
-			return zero, &StepError{RunID: x.runID, Key: key, Attempts: h.attempts, Message: h.errMsg}
+			return p, out, &StepError{RunID: x.runID, Key: key, Attempts: h.attempts, Message: h.errMsg}, true
 		case stepRetrying:
 			if h.wakeAt != nil && h.wakeAt.After(x.now) {
 				x.checkCancel()
 				x.suspend(h.wakeAt.Sub(x.now))
 			}
 		}
-		prev = h.attempts
+		p.n = h.attempts + 1
 	}
 	x.checkCancel()
-	maxAttempts, policy, timeout := defaultStepAttempts, core.RetryPolicy(defaultStepRetry), time.Duration(0)
 	if opts != nil {
 		if opts.MaxAttempts > 0 {
-			maxAttempts = opts.MaxAttempts
+			p.maxAttempts = opts.MaxAttempts
 		}
 		if opts.Retry != nil {
-			policy = opts.Retry
+			p.policy = opts.Retry
 		}
-		timeout = opts.Timeout
+		p.timeout = opts.Timeout
 	}
-	n := prev + 1
-	if kind != "tx" {
-		x.flush() // StepTx writes the deferred checkpoints in its own transaction
-	}
-	ctx, span := x.stepSpan(kind, key, n)
-	if timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, timeout)
-		defer cancel()
-	}
-	out, enc, err, recorded := attempt(ctx)
-	endSpan(span, err)
+	return p, out, nil, false
+}
+
+// settleStep records an attempt's outcome: the output (deferred, see
+// later), a retry (the run suspends for the delay) or the step's failure
+// for good (a *StepError).
+func settleStep[T any](x *execution, p stepPlan, out T, enc []byte, err error, recorded bool) (T, error) {
+	var zero T
 	if err == nil {
 		if !recorded {
-			x.later(&stepRow{position: pos, key: key, kind: kind, state: stepCompleted, output: string(enc)})
+			x.later(&stepRow{position: p.pos, key: p.key, kind: p.kind, state: stepCompleted, output: string(enc)})
 		}
 		return out, nil
+	}
+	if x.ctx.Err() != nil {
+		// The execution itself was stopped (shutdown, lost lease, cancelled
+		// job): not the step's failure. Record nothing; the step runs again
+		// in the next execution.
+		x.stop(&unwind{kind: unwindAbort, err: fmt.Errorf("workflow: run %s: step %q interrupted: %w", x.runID, p.key, context.Cause(x.ctx))})
 	}
 	msg := err.Error()
 	if len(msg) > 8<<10 {
@@ -160,19 +190,13 @@ func runStep[T any](wctx Context, kind, key string, opts *StepOpts, attempt func
 	}
 	delay, retryIn := core.RetryInDelay(err)
 	if !retryIn {
-		delay = policy.RetryDelay(n, err)
+		delay = p.policy.RetryDelay(p.n, err)
 	}
-	if core.IsPermanent(err) || n >= maxAttempts {
-		x.fenced(func(ctx context.Context, tx pgx.Tx) error {
-			_, err := x.upsert(ctx, tx, &stepRow{position: pos, key: key, kind: kind, state: stepFailed, errMsg: msg}, 1, nil, 0)
-			return err
-		})
-		return zero, &StepError{RunID: x.runID, Key: key, Attempts: n, Message: msg, Err: err}
+	if core.IsPermanent(err) || p.n >= p.maxAttempts {
+		x.record(&stepWrite{row: &stepRow{position: p.pos, key: p.key, kind: p.kind, state: stepFailed, errMsg: msg}, attempts: 1, delay: -1})
+		return zero, &StepError{RunID: x.runID, Key: p.key, Attempts: p.n, Message: msg, Err: err}
 	}
-	x.fenced(func(ctx context.Context, tx pgx.Tx) error {
-		_, err := x.upsert(ctx, tx, &stepRow{position: pos, key: key, kind: kind, state: stepRetrying, errMsg: msg}, 1, nil, delay)
-		return err
-	})
+	x.record(&stepWrite{row: &stepRow{position: p.pos, key: p.key, kind: p.kind, state: stepRetrying, errMsg: msg}, attempts: 1, delay: delay})
 	x.suspend(delay)
 	return zero, nil // not reached
 }
@@ -189,3 +213,6 @@ func callStep[T any](ctx context.Context, fn func(context.Context) (T, error)) (
 	}()
 	return fn(ctx)
 }
+
+// permanent marks err as not to be retried.
+func permanent(err error) error { return core.Permanent(err) }

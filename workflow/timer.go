@@ -1,10 +1,7 @@
 package workflow
 
 import (
-	"context"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // Sleep is a durable timer: the run's execution ends, and the run comes
@@ -36,10 +33,7 @@ func sleep(wctx Context, key string, until *time.Time, d time.Duration) error {
 		x.suspend(h.wakeAt.Sub(x.now))
 	}
 	x.checkCancel()
-	x.fenced(func(ctx context.Context, tx pgx.Tx) error {
-		_, err := x.upsert(ctx, tx, &stepRow{position: pos, key: key, kind: "sleep", state: stepWaiting}, 0, until, max(d, 0))
-		return err
-	})
+	x.record(&stepWrite{row: &stepRow{position: pos, key: key, kind: "sleep", state: stepWaiting}, wakeAt: until, delay: max(d, 0)})
 	if until != nil {
 		d = until.Sub(x.now)
 	}

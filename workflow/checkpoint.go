@@ -1,0 +1,262 @@
+package workflow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/relayq/relay/core"
+)
+
+// Checkpoints: every write an execution makes, fenced by the run job's
+// lease.
+
+// write runs fn in a transaction that commits only while the execution's
+// attempt holds the run's lease. The first write of an execution also marks
+// the run started and learns of a cancel; due sleeps are marked completed.
+func (x *execution) write(fn func(ctx context.Context, tx pgx.Tx) error) error {
+	return x.writeTx(fn, true)
+}
+
+// writeTx is write; hold false leaves the fence to fn (which completes the
+// job with core.CompleteTx, itself fenced by the lease token).
+//
+// The execution's own bookkeeping goes first, in one round trip (a batch):
+// the run's touch or cancel check, due sleeps, a state change, and the
+// deferred checkpoints (see later).
+func (x *execution) writeTx(fn func(ctx context.Context, tx pgx.Tx) error, hold bool) error {
+	cancel := false
+	wctx, cancelWrite := context.WithTimeout(context.WithoutCancel(x.ctx), writeTimeout)
+	defer cancelWrite()
+	err := pgx.BeginFunc(wctx, x.r.pool, func(tx pgx.Tx) error {
+		b := &pgx.Batch{}
+		q := sqlCancelRequested
+		if !x.touched {
+			q = sqlTouchRun
+		}
+		b.Queue(q, x.runID)
+		if len(x.dueWaits) > 0 {
+			b.Queue(sqlCompleteWaits, x.runID, x.dueWaits)
+		}
+		if x.setState != "" {
+			b.Queue(sqlSetRunState, x.runID, string(x.setState))
+		}
+		for _, s := range x.pending {
+			b.Queue(sqlUpsertStep, (&stepWrite{row: s, attempts: 1, delay: -1}).args(x.runID)...)
+		}
+		br := tx.SendBatch(wctx, b)
+		if err := br.QueryRow().Scan(&cancel); err != nil {
+			br.Close()
+			return fmt.Errorf("touch run: %w", err)
+		}
+		for i := 1; i < b.Len(); i++ {
+			if _, err := br.Exec(); err != nil {
+				br.Close()
+				return fmt.Errorf("write deferred checkpoints: %w", err)
+			}
+		}
+		if err := br.Close(); err != nil {
+			return err
+		}
+		if err := fn(wctx, tx); err != nil {
+			return err
+		}
+		if !hold {
+			return nil
+		}
+		// Last, so the job row is locked only for the commit.
+		return core.HoldLease(wctx, tx, x.job.JobRow)
+	})
+	if err != nil {
+		if errors.Is(err, core.ErrLeaseLost) {
+			x.r.stats.refused.Add(1)
+			x.r.logger.Warn("relay: workflow checkpoint refused: the execution lost the run's lease", "run_id", x.runID, "job_id", x.job.ID)
+		}
+		return err
+	}
+	x.touched, x.dueWaits, x.setState, x.pending = true, nil, "", nil
+	x.cancelling = x.cancelling || cancel
+	x.r.stats.checkpoints.Add(1)
+	return nil
+}
+
+// writeTimeout bounds one of an execution's writes.
+const writeTimeout = 30 * time.Second
+
+// outcome is a run's end, for batchWrite.
+type outcome struct {
+	state  RunState
+	output any // the encoded output (string) or nil
+	msg    string
+}
+
+// batchWrite is write without a function of the caller's, in one round
+// trip: the lease check (core.LeaseCheck), the bookkeeping, the deferred
+// checkpoints and, given fin, the run's outcome and the wake-up of Result
+// callers are one pipelined batch, which PostgreSQL runs as one implicit
+// transaction: all of it commits under the lease, or none of it.
+func (x *execution) batchWrite(fin *outcome, extra ...*stepWrite) error {
+	ctx, cancelWrite := context.WithTimeout(context.WithoutCancel(x.ctx), writeTimeout)
+	defer cancelWrite()
+	b := &pgx.Batch{}
+	// The cancel flag matters to an execution that goes on; the outcome's
+	// batch reads it only as part of the first write's touch.
+	readCancel := fin == nil || !x.touched
+	if readCancel {
+		q := sqlCancelRequested
+		if !x.touched {
+			q = sqlTouchRun
+		}
+		b.Queue(q, x.runID)
+	}
+	if len(x.dueWaits) > 0 {
+		b.Queue(sqlCompleteWaits, x.runID, x.dueWaits)
+	}
+	if x.setState != "" {
+		b.Queue(sqlSetRunState, x.runID, string(x.setState))
+	}
+	for _, s := range x.pending {
+		b.Queue(sqlUpsertStep, (&stepWrite{row: s, attempts: 1, delay: -1}).args(x.runID)...)
+	}
+	for _, w := range extra {
+		b.Queue(sqlUpsertStep, w.args(x.runID)...)
+	}
+	if fin != nil {
+		b.Queue(sqlFinishRootRun, x.runID, string(fin.state), fin.output, fin.msg)
+	}
+	// Last, as in writeTx: rows are locked in one order everywhere (the
+	// run's row, then its job's), which Cancel and Signal follow too, so
+	// no two writers deadlock.
+	sql, args := core.LeaseCheck(x.job.JobRow)
+	b.Queue(sql, args...)
+	br := x.r.pool.SendBatch(ctx, b)
+	cancel := false
+	var err error
+	first := 0
+	if readCancel {
+		err = br.QueryRow().Scan(&cancel)
+		first = 1
+	}
+	for i := first; err == nil && i < b.Len(); i++ {
+		_, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		if core.IsLeaseLost(err) {
+			x.r.stats.refused.Add(1)
+			x.r.logger.Warn("relay: workflow checkpoint refused: the execution lost the run's lease", "run_id", x.runID, "job_id", x.job.ID)
+			return fmt.Errorf("%w: %w", core.ErrLeaseLost, err)
+		}
+		return err
+	}
+	x.touched, x.dueWaits, x.setState, x.pending = true, nil, "", nil
+	for _, w := range extra {
+		w.row.attempts += w.attempts
+		x.hist[w.row.position] = w.row
+	}
+	x.cancelling = x.cancelling || cancel
+	x.r.stats.checkpoints.Add(1)
+	return nil
+}
+
+// stepWrite is a checkpoint written by batchWrite: row, attempts to add,
+// and its wake-up (wakeAt, or delay from the database's now() when delay is
+// not negative; neither for none).
+type stepWrite struct {
+	row      *stepRow
+	attempts int
+	wakeAt   *time.Time
+	delay    time.Duration
+}
+
+func (w *stepWrite) args(runID string) []any {
+	s := w.row
+	var out any
+	if s.output != "" {
+		out = s.output
+	}
+	var delayUS *int64
+	if w.wakeAt == nil && w.delay >= 0 {
+		us := w.delay.Microseconds()
+		delayUS = &us
+	}
+	return []any{runID, s.position, s.key, s.kind, s.state, out, s.errMsg, w.attempts, w.wakeAt, delayUS, s.childID}
+}
+
+// record is batchWrite of checkpoints for the execution's own bookkeeping:
+// any failure ends the execution, as fenced.
+func (x *execution) record(writes ...*stepWrite) {
+	if err := x.batchWrite(nil, writes...); err != nil {
+		if errors.Is(err, core.ErrLeaseLost) {
+			x.stop(&unwind{kind: unwindLost, err: err})
+		}
+		x.stop(&unwind{kind: unwindAbort, err: fmt.Errorf("workflow: run %s: checkpoint: %w", x.runID, err)})
+	}
+}
+
+// later defers the checkpoint of a completed step (or recorded value) to
+// the execution's next write: nothing outside the function has seen its
+// output before then, because that write comes before the next step's fn
+// runs (flush), with the next StepTx, child start, wait or suspension, or
+// with the run's outcome. A run of n inline steps thus commits n-1
+// checkpoints plus its outcome, not n plus its outcome. If the execution
+// dies first, the step runs again, as any step whose checkpoint did not
+// commit.
+func (x *execution) later(s *stepRow) {
+	s.attempts++
+	x.hist[s.position] = s
+	x.pending = append(x.pending, s)
+}
+
+// flush commits the deferred checkpoints now: before a step's fn runs,
+// since its effects may depend on their outputs.
+func (x *execution) flush() {
+	if len(x.pending) == 0 {
+		return
+	}
+	if err := x.batchWrite(nil); err != nil {
+		if errors.Is(err, core.ErrLeaseLost) {
+			x.stop(&unwind{kind: unwindLost, err: err})
+		}
+		x.stop(&unwind{kind: unwindAbort, err: fmt.Errorf("workflow: run %s: checkpoint: %w", x.runID, err)})
+	}
+}
+
+// fenced is write for the execution's own bookkeeping: any failure ends
+// the execution (a lost lease records nothing more).
+func (x *execution) fenced(fn func(ctx context.Context, tx pgx.Tx) error) {
+	if err := x.write(fn); err != nil {
+		if errors.Is(err, core.ErrLeaseLost) {
+			x.stop(&unwind{kind: unwindLost, err: err})
+		}
+		x.stop(&unwind{kind: unwindAbort, err: fmt.Errorf("workflow: run %s: checkpoint: %w", x.runID, err)})
+	}
+}
+
+// upsert writes the checkpoint s in tx and returns its wake_at.
+func (x *execution) upsert(ctx context.Context, tx pgx.Tx, s *stepRow, attempts int, wakeAt *time.Time, delay time.Duration) (*time.Time, error) {
+	var out any
+	if s.output != "" {
+		out = s.output
+	}
+	var at *time.Time
+	var delayUS *int64
+	if wakeAt == nil && (s.state == stepWaiting || s.state == stepRetrying) && delay >= 0 {
+		us := delay.Microseconds()
+		delayUS = &us
+	}
+	err := tx.QueryRow(ctx, sqlUpsertStep, x.runID, s.position, s.key, s.kind, s.state, out, s.errMsg,
+		attempts, wakeAt, delayUS, s.childID).Scan(&at)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint %s %q at %d: %w", s.kind, s.key, s.position, err)
+	}
+	s.wakeAt = at
+	s.attempts += attempts
+	x.hist[s.position] = s
+	return at, nil
+}
