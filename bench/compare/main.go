@@ -1,4 +1,5 @@
-// Command compare runs the same workloads against Relay and River on one
+// Command compare runs the same workloads against Relay and River (and
+// Relay's workflows against DBOS's) on one
 // PostgreSQL, alternating the two (A B A B), and prints every figure with
 // the Relay/River ratio. It is its own module so that Relay does not depend
 // on River.
@@ -13,6 +14,15 @@
 //     12 (3 processes × 4) slots, against the limit slots ÷ 10 ms;
 //  4. scale: drain 100,000 jobs from a table holding 5,000,000 finished rows,
 //     against the same drain on an empty table.
+//
+// and the same against DBOS Transact Go v1.8.0, for durable workflows (a
+// chain of three no-op steps; each measurement in a process of its own):
+//
+//  5. queued: 20,000 runs started up front, then drained: runs/s, steps/s;
+//  6. latency: 32 callers, then one, each starting a run and waiting for its
+//     result: p50, p99;
+//  7. suspension: the chain with a Sleep(0) between steps, and with each
+//     step a child run, queued as in 5.
 package main
 
 import (
@@ -23,6 +33,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -39,6 +50,8 @@ func main() {
 	var err error
 	if len(os.Args) > 1 && os.Args[1] == "worker" {
 		err = bench.RunChild(ctx, os.Args[2:], []bench.System{bench.Relay{}, &River{}})
+	} else if len(os.Args) > 1 && os.Args[1] == "wf" {
+		err = bench.RunWorkflowChild(ctx, os.Args[2:], workflowSystems())
 	} else {
 		err = run(ctx, os.Args[1:])
 	}
@@ -60,13 +73,17 @@ type options struct {
 	w2Workers                 int
 	w3Jobs                    int
 	w4Fill, w4Jobs, w4Workers int
+
+	wfRuns, wfSuspendRuns, wfWorkers int
+	wfCallers                        []int
+	wfDuration, wfWarmup, wfDBOSPoll time.Duration
 }
 
 func run(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("compare", flag.ContinueOnError)
 	var o options
 	fs.StringVar(&o.url, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL (default: a throwaway cluster with default settings)")
-	fs.StringVar(&o.workloads, "workloads", "1,2,3,4", "which workloads to run")
+	fs.StringVar(&o.workloads, "workloads", "1,2,3,4,5,6,7", "which workloads to run")
 	fs.IntVar(&o.rounds, "rounds", 2, "rounds per workload; each round runs Relay then River")
 	fs.IntVar(&o.w1Jobs, "w1-jobs", 1_000_000, "workload 1: jobs")
 	fs.IntVar(&o.w1RelayWorkers, "w1-relay-workers", 2000, "workload 1: Relay's workers")
@@ -78,8 +95,22 @@ func run(ctx context.Context, args []string) error {
 	fs.IntVar(&o.w4Fill, "w4-fill", 5_000_000, "workload 4: finished rows in the table")
 	fs.IntVar(&o.w4Jobs, "w4-jobs", 100_000, "workload 4: jobs drained")
 	fs.IntVar(&o.w4Workers, "w4-workers", 100, "workload 4: workers (both)")
+	fs.IntVar(&o.wfRuns, "wf-runs", 20_000, "workflow workload 5: runs started up front, then drained")
+	fs.IntVar(&o.wfSuspendRuns, "wf-suspend-runs", 5_000, "workflow workload 7: runs of each suspending shape")
+	fs.IntVar(&o.wfWorkers, "wf-workers", 100, "workflow workloads 5 and 7: runs executed at once (both)")
+	callers := fs.String("wf-callers", "32,1", "workflow workload 6: caller counts")
+	fs.DurationVar(&o.wfDuration, "wf-duration", 15*time.Second, "workflow workload 6: how long callers run, per caller count")
+	fs.DurationVar(&o.wfWarmup, "wf-warmup", 2*time.Second, "workflow workload 6: calls before recording")
+	fs.DurationVar(&o.wfDBOSPoll, "wf-dbos-poll", 10*time.Millisecond, "workflow workloads: DBOS's queue polling interval (its default is 1s)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	for _, c := range strings.Split(*callers, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(c))
+		if err != nil || n < 1 {
+			return fmt.Errorf("--wf-callers: %q is not a positive count", c)
+		}
+		o.wfCallers = append(o.wfCallers, n)
 	}
 	if o.url == "" {
 		fmt.Println("compare: starting a throwaway PostgreSQL cluster (default settings, fsync on)")
@@ -94,9 +125,13 @@ func run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	want := strings.Split(o.workloads, ",")
 	systems := []bench.System{bench.Relay{}, &River{}}
 	envs := map[string]bench.Env{}
 	for _, sys := range systems {
+		if !slices.ContainsFunc(want, func(w string) bool { return w >= "1" && w <= "4" }) {
+			break // the workflow workloads open their own schemas
+		}
 		u, err := schema(ctx, o.url, "bench_"+sys.Name())
 		if err != nil {
 			return err
@@ -112,15 +147,20 @@ func run(ctx context.Context, args []string) error {
 		envs[sys.Name()] = bench.Env{Pool: pool, URL: u, Out: os.Stdout,
 			Spawn: func(a []string) *exec.Cmd { return exec.Command(self, append([]string{"worker"}, a...)...) }}
 	}
-	fmt.Printf("compare: %s\n", bench.Machine(ctx, envs["relay"].Pool))
-	fmt.Printf("compare: %d round(s) per workload, Relay then River in each\n", o.rounds)
+	machinePool, err := bench.NewPool(ctx, o.url)
+	if err != nil {
+		return err
+	}
+	defer machinePool.Close()
+	fmt.Printf("compare: %s\n", bench.Machine(ctx, machinePool))
+	fmt.Printf("compare: %d round(s) per workload, Relay then the other in each\n", o.rounds)
 
-	want := strings.Split(o.workloads, ",")
-	c := &comparison{o: o, systems: systems, envs: envs}
+	c := &comparison{o: o, systems: systems, envs: envs, self: self}
 	for _, w := range []struct {
 		id  string
 		run func(context.Context) error
-	}{{"1", c.burnDown}, {"2", c.steady}, {"3", c.slots}, {"4", c.scale}} {
+	}{{"1", c.burnDown}, {"2", c.steady}, {"3", c.slots}, {"4", c.scale},
+		{"5", c.wfQueued}, {"6", c.wfLatency}, {"7", c.wfSuspend}} {
 		if slices.Contains(want, w.id) {
 			if err := w.run(ctx); err != nil {
 				return fmt.Errorf("workload %s: %w", w.id, err)

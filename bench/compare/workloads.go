@@ -10,6 +10,7 @@ import (
 )
 
 type comparison struct {
+	self    string // this binary, for measurement processes
 	o       options
 	systems []bench.System
 	envs    map[string]bench.Env
@@ -20,13 +21,20 @@ type comparison struct {
 // for each system.
 type summaryRow struct {
 	workload, metric string
-	relay, river     float64
+	relay, other     float64
+	otherName        string
 	lowerIsBetter    bool
 }
 
+// add records a row: vals holds "relay" and one other system.
 func (c *comparison) add(workload, metric string, lower bool, vals map[string][]float64) {
-	c.rows = append(c.rows, summaryRow{workload: workload, metric: metric, lowerIsBetter: lower,
-		relay: mean(vals["relay"]), river: mean(vals["river"])})
+	row := summaryRow{workload: workload, metric: metric, lowerIsBetter: lower, relay: mean(vals["relay"])}
+	for name, v := range vals {
+		if name != "relay" {
+			row.otherName, row.other = name, mean(v)
+		}
+	}
+	c.rows = append(c.rows, row)
 }
 
 func mean(xs []float64) float64 {
@@ -197,18 +205,18 @@ func (c *comparison) scale(ctx context.Context) error {
 }
 
 func (c *comparison) summary() {
-	fmt.Printf("\n== summary (mean of %d rounds; ratio = Relay ÷ River)\n", c.o.rounds)
-	fmt.Printf("%-14s %-40s %12s %12s %8s\n", "workload", "figure", "relay", "river", "ratio")
-	fmt.Println(strings.Repeat("-", 90))
+	fmt.Printf("\n== summary (mean of %d rounds; ratio = Relay ÷ the other)\n", c.o.rounds)
+	fmt.Printf("%-16s %-44s %12s %12s %8s\n", "workload", "figure", "relay", "other", "ratio")
+	fmt.Println(strings.Repeat("-", 96))
 	for _, r := range c.rows {
 		ratio := "n/a"
-		if r.river > 0 && r.relay >= 0 {
-			ratio = fmt.Sprintf("%.2f", r.relay/r.river)
+		if r.other > 0 && r.relay >= 0 {
+			ratio = fmt.Sprintf("%.2f", r.relay/r.other)
 		}
 		note := ""
 		if r.lowerIsBetter {
 			note = " (lower is better)"
 		}
-		fmt.Printf("%-14s %-40s %12.2f %12.2f %8s\n", r.workload, r.metric+note, r.relay, r.river, ratio)
+		fmt.Printf("%-16s %-44s %12.2f %12.2f %8s\n", r.workload, r.metric+note, r.relay, r.other, ratio+" "+r.otherName)
 	}
 }

@@ -2,13 +2,18 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/relayq/relay/internal/bench"
+	"github.com/relayq/relay/internal/devpg"
 )
 
 // runBench is `relay bench`: a burn-down (pre-inserted jobs drained by
@@ -27,8 +32,15 @@ func runBench(ctx context.Context, args []string) error {
 	fill := fs.Int("fill-finished", 0, "burn-down: first fill the table with this many finished jobs")
 	prefetch := fs.Int("prefetch", 0, "jobs each process may claim beyond --workers (QueueConfig.Prefetch)")
 	traced := fs.Bool("trace", false, "record every span (to a discarding exporter), to measure tracing's cost")
+	wf := fs.Bool("workflow", false, "workflows instead of jobs: --runs three-step runs started up front and drained, then --callers callers each starting runs and waiting for their results")
+	wfRuns := fs.Int("runs", 20000, "--workflow: runs started up front, then drained (0: skip)")
+	wfShape := fs.String("shape", "chain", "--workflow: chain (3 no-op steps), sleep (a Sleep(0) between steps) or child (each step a child run)")
+	wfCallers := fs.String("callers", "32,1", "--workflow: caller counts for the latency runs (empty: skip)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if *wf {
+		return runBenchWorkflow(ctx, *dbURL, *wfRuns, *workers, *wfShape, *wfCallers, *duration)
 	}
 	if *jobs < 1 || *workers < 1 || *processes < 1 || *rate < 0 || *fill < 0 {
 		return fmt.Errorf("bench: --jobs, --workers, --processes must be ≥ 1; --rate, --fill-finished ≥ 0")
@@ -78,5 +90,64 @@ func runBench(ctx context.Context, args []string) error {
 		return fmt.Errorf("bench: %w", err)
 	}
 	fmt.Println(res.Line())
+	return nil
+}
+
+// runBenchWorkflow is `relay bench --workflow`: Relay's side of the
+// workflow workloads of bench/compare, alone, in this process: runs queued
+// up front and drained, then callers that each start a run and wait for its
+// result. Each measurement prints its summary line.
+func runBenchWorkflow(ctx context.Context, dbURL string, runs, workers int, shapeName, callers string, duration time.Duration) error {
+	shape, err := bench.ParseShape(shapeName)
+	if err != nil {
+		return err
+	}
+	var counts []int
+	for _, c := range strings.Split(callers, ",") {
+		if c = strings.TrimSpace(c); c == "" {
+			continue
+		}
+		n, err := strconv.Atoi(c)
+		if err != nil || n < 1 {
+			return fmt.Errorf("bench: --callers: %q is not a positive count", c)
+		}
+		counts = append(counts, n)
+	}
+	if runs < 0 || workers < 1 {
+		return errors.New("bench: --runs must be ≥ 0 and --workers ≥ 1")
+	}
+	if dbURL == "" {
+		fmt.Println("bench: starting a throwaway PostgreSQL cluster (default settings, fsync on)")
+		cluster, err := devpg.Start(ctx, devpg.Options{})
+		if err != nil {
+			return err
+		}
+		defer cluster.Stop() //nolint:errcheck
+		dbURL = cluster.URL
+	}
+	pool, err := bench.NewPool(ctx, dbURL)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("bench: %s\n", bench.Machine(ctx, pool))
+	pool.Close()
+	schema := fmt.Sprintf("relay_bench_wf_%08x", rand.Uint32())
+	sys := bench.RelayWorkflow{}
+	var specs []bench.WorkflowSpec
+	if runs > 0 {
+		specs = append(specs, bench.WorkflowSpec{Mode: "queued", Shape: shape, Runs: runs, Workers: workers})
+	}
+	for _, n := range counts {
+		specs = append(specs, bench.WorkflowSpec{Mode: "latency", Shape: shape, Callers: n, Duration: duration, Warmup: 2 * time.Second, Workers: max(workers, n)})
+	}
+	for _, spec := range specs {
+		spec.URL, spec.Schema = dbURL, schema
+		fmt.Printf("bench: relay workflow %s, %s shape: %s\n", spec.Mode, spec.Shape, sys.Describe(spec))
+		res, err := bench.RunWorkflow(ctx, sys, spec)
+		if err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		fmt.Println(res.Line())
+	}
 	return nil
 }

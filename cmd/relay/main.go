@@ -78,6 +78,8 @@ func run(args []string) int {
 		err = runProveIdemWorker(ctx, args[1:])
 	case "prove-scheduler":
 		err = runProveSchedulerProcess(ctx, args[1:])
+	case "prove-workflow-worker":
+		err = runProveWorkflowWorker(ctx, args[1:])
 	case "serve":
 		err = runServe(ctx, args[1:])
 	case "token":

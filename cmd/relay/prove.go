@@ -66,6 +66,8 @@ Proofs:
                keeps one token, under kill -9
   outbox       published events reach their subscribers once, in order per
                key, under kill -9
+  workflow     workflow runs finish once, in order, compensated when they
+               fail, with no forked run, under kill -9 and SIGSTOP
 
 relay prove <proof> --help lists the proof's flags.
 `
@@ -89,6 +91,9 @@ func runProve(ctx context.Context, args []string) error {
 	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help" || args[0] == "help") {
 		fmt.Print(proveUsage)
 		return errHelp
+	}
+	if len(args) > 0 && args[0] == "workflow" {
+		return runProveWorkflow(ctx, args[1:])
 	}
 	if len(args) == 0 || args[0] != "queue" {
 		what := "name a proof"
