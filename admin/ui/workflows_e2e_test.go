@@ -214,6 +214,15 @@ func TestWorkflowRunPages(t *testing.T) {
 		if h := browsertest.Value(t, tab, "hash", chromedp.Evaluate[string]("location.hash")); h != "#/workflows/run/"+url.PathEscape("po-7/shout") {
 			t.Fatalf("child run page at %q", h)
 		}
+		// Narrow window: the timeline stacks and still shows every step.
+		browsertest.Run(t, tab, "narrow",
+			chromedp.EmulateViewport(420, 860),
+			chromedp.Navigate(base+"#/workflows/run/report-q3"),
+			chromedp.WaitVisible(chromedp.CSS(`#timeline li[data-step-key="render"] svg`)),
+			browsertest.Screenshot(shots, "workflow-run-narrow"))
+		if n := count(t, tab, "#timeline svg.gbar"); n != 3 {
+			t.Fatalf("%d bars on the narrow timeline, want 3", n)
+		}
 	})
 
 	t.Run("read-only", func(t *testing.T) {
