@@ -164,6 +164,12 @@ function actions(r, note, reload) {
     buttons.push(b);
   }
   if (buttons.length) out.push(h('div', { class: 'actions', role: 'group', 'aria-label': 'Run actions' }, buttons));
+  const failedChild = r.state === 'failed' && r.steps.find((st) => st.state === 'failed' && st.kind === 'child' && st.child_id);
+  if (failedChild) {
+    out.push(h('p', { class: 'notice confirm small' }, 'This run failed because its child run ',
+      h('a', { href: runHref(failedChild.child_id) }, failedChild.child_id),
+      ' did: retry the child first (if it failed), then this run, which waits for it again.'));
+  }
   if (!FINAL.includes(r.state)) {
     const waiting = r.steps.find((st) => st.kind === 'signal' && st.state === 'waiting');
     const name = h('input', { id: 'signal-name', required: true, autocomplete: 'off',
