@@ -317,6 +317,11 @@ func TestWorkflowRefusals(t *testing.T) {
 		{"POST", "/v1/workflows/runs/x/signal", `{"name":"a\u0000b"}`, 422},
 		{"POST", "/v1/workflows/runs/x/signal", `[]`, 422},
 		{"POST", "/v1/workflows/runs/x/signal", `{"name":"n","payload":"` + strings.Repeat("p", 70<<10) + `"}`, 413},
+		// Any JSON payload passes validation (the run is unknown: 404).
+		{"POST", "/v1/workflows/runs/x/signal", `{"name":"n","payload":"text"}`, 404},
+		{"POST", "/v1/workflows/runs/x/signal", `{"name":"n","payload":[1,{"a":null}]}`, 404},
+		{"POST", "/v1/workflows/runs/x/signal", `{"name":"n","payload":3.5}`, 404},
+		{"POST", "/v1/workflows/runs/x/signal", `{"name":"n","payload":null}`, 404},
 		{"POST", "/v1/workflows/runs/x/retry", "", 404},
 		{"PUT", "/v1/workflows/runs/x/retry", "", 405},
 	} {
