@@ -18,6 +18,8 @@ func TestOddInputsNeverFail500(t *testing.T) {
 		"/v1/queues?window_minutes=", "/v1/queues/", "/v1/schedules?next=", "/v1/schedules/",
 		"/v1/outbox/events?topic=", "/v1/outbox/events?cursor=", "/v1/outbox/blocked-keys?queue=", "/v1/outbox/blocked-keys?limit=",
 		"/v1/idempotency-keys?scope=s&key=", "/v1/audit?subject=", "/v1/audit?cursor=",
+		"/v1/workflows/runs?workflow=", "/v1/workflows/runs?state=", "/v1/workflows/runs?cursor=", "/v1/workflows/runs?created_after=",
+		"/v1/workflows/runs?limit=", "/v1/workflows/runs/",
 	}
 	for _, g := range gets {
 		for _, v := range odd {
@@ -45,7 +47,7 @@ func TestOddInputsNeverFail500(t *testing.T) {
 			t.Errorf("bulk %s: %d %s", body, r.Status, r.Body)
 		}
 	}
-	for _, p := range []string{"/v1/queues/a%00b/pause", "/v1/schedules/a%00b/pause", "/v1/jobs/1/requeue?x=1"} {
+	for _, p := range []string{"/v1/workflows/runs/a%00b/cancel", "/v1/workflows/runs/%FF/retry", "/v1/queues/a%00b/pause", "/v1/schedules/a%00b/pause", "/v1/jobs/1/requeue?x=1"} {
 		if r := b.do("POST", p, b.rw, nil); r.Status >= 500 {
 			t.Errorf("POST %s: %d %s", p, r.Status, r.Body)
 		}

@@ -60,11 +60,13 @@ func TestHandlerServesFiles(t *testing.T) {
 	t.Parallel()
 	h := Handler(nil)
 	for path, want := range map[string]string{
-		"/ui/":               "<title>Relay dashboard</title>",
-		"/ui/app.css":        "--focus",
-		"/ui/js/app.js":      "hashchange",
-		"/ui/js/api.js":      "sessionStorage",
-		"/ui/js/overview.js": "s('svg'",
+		"/ui/":                "<title>Relay dashboard</title>",
+		"/ui/app.css":         "--focus",
+		"/ui/js/app.js":       "hashchange",
+		"/ui/js/api.js":       "sessionStorage",
+		"/ui/js/overview.js":  "s('svg'",
+		"/ui/js/run.js":       "s('svg'",
+		"/ui/js/workflows.js": "v1/workflows/runs",
 	} {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))

@@ -6,6 +6,8 @@ import * as jobs from './jobs.js';
 import * as job from './job.js';
 import * as schedules from './schedules.js';
 import * as outbox from './outbox.js';
+import * as workflows from './workflows.js';
+import * as run from './run.js';
 
 const main = document.getElementById('main');
 let who = null;       // GET /v1/whoami of the pasted token
@@ -16,6 +18,8 @@ const routes = [
   [/^\/?$/, overview, 'overview'],
   [/^\/jobs$/, jobs, 'jobs'],
   [/^\/jobs\/(\d+)$/, job, 'jobs'],
+  [/^\/workflows$/, workflows, 'workflows'],
+  [/^\/workflows\/run\/(.+)$/, run, 'workflows'],
   [/^\/schedules$/, schedules, 'schedules'],
   [/^\/outbox$/, outbox, 'outbox'],
 ];

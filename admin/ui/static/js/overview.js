@@ -12,12 +12,13 @@ export async function render(view, ctx) {
   const body = h('div', {});
   view.replaceChildren(h('h1', {}, 'Overview'), note, body);
   const load = async () => {
-    const [queues, blocked] = await Promise.all([
+    const [queues, blocked, runs] = await Promise.all([
       api('GET', `v1/queues?window_minutes=${WINDOW}`),
       api('GET', 'v1/outbox/blocked-keys?limit=100'),
+      api('GET', 'v1/workflows/stats'),
     ]);
     if (ctx.stale()) return;
-    body.replaceChildren(...content(queues.items, blocked.items, ctx, note, load),
+    body.replaceChildren(...content(queues.items, blocked.items, runs, ctx, note, load),
       h('p', { class: 'muted small' }, `Updated ${new Date().toLocaleTimeString()}; refreshes every 10 s.`));
   };
   await load();
@@ -26,7 +27,7 @@ export async function render(view, ctx) {
   return () => clearInterval(timer);
 }
 
-function content(queues, blocked, ctx, note, reload) {
+function content(queues, blocked, runs, ctx, note, reload) {
   const sum = (f) => queues.reduce((n, q) => n + f(q), 0);
   const dead = sum((q) => q.dead);
   const paused = queues.filter((q) => q.paused).length;
@@ -39,6 +40,8 @@ function content(queues, blocked, ctx, note, reload) {
     card(`Failed (${WINDOW} min)`, sum((q) => q.failed),
       '#/jobs?state=dead&finalized_after=' + encodeURIComponent(new Date(Date.now() - WINDOW * 60000).toISOString()), sum((q) => q.failed) > 0),
     card('Blocked ordering keys', blocked.length, '#/outbox', blocked.length > 0),
+    card('Failed workflow runs', runs.failed >= runs.cap ? `${runs.cap}+` : runs.failed, '#/workflows?state=failed', runs.failed > 0, 'card-failed-runs'),
+    runs.running > 0 ? card('Running workflow runs', runs.running >= runs.cap ? `${runs.cap}+` : runs.running, '#/workflows?state=running') : null,
     paused ? card('Paused queues', paused, null, true) : null);
 
   const rows = queues.map((q) => {
@@ -67,7 +70,6 @@ function content(queues, blocked, ctx, note, reload) {
     h('h2', {}, 'Queues'),
     h('p', { class: 'legend' }, 'Chart: one bar per minute, oldest left;', h('span', { class: 'sw s' }), 'succeeded', h('span', { class: 'sw f' }), 'failed (dead).'),
     table('Queues', head, rows, 'No queue has jobs, recent finishes or a pause.'),
-    h('p', { class: 'muted small' }, 'Workflow runs have no pages yet: they arrive with the workflow endpoints of the admin API.'),
   ];
 }
 

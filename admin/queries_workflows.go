@@ -1,0 +1,75 @@
+package admin
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// The workflow endpoints' own reads. Changes (cancel, retry, signal) go
+// through the workflow package, in the audit row's transaction.
+
+const runColumns = `id, workflow, state, queue, coalesce(parent_id, ''), left(coalesce(error, ''), 1000),
+       cancel_requested, executions, created_at, started_at, finished_at`
+
+// runFilter is a validated filter over workflow runs.
+type runFilter struct {
+	Workflow, State             string
+	CreatedAfter, CreatedBefore *time.Time
+}
+
+// sqlListRuns lists runs newest first after a (created_at, id) cursor. The
+// WHERE clause holds only the conditions given (fixed strings; only the
+// placeholder numbers vary), so each filter gets a plan of its own: a state
+// walks relay_workflow_runs_state_idx (state, created_at, id) backwards, no
+// state relay_workflow_runs_list_idx (created_at, id); both stop at the page
+// (TestWorkflowRunListUsesIndex).
+func sqlListRuns(f runFilter, after *runCursor, limit int) (string, []any) {
+	var args []any
+	var conds []string
+	add := func(cond string, v ...any) {
+		n := make([]any, len(v))
+		for i := range v {
+			args = append(args, v[i])
+			n[i] = len(args)
+		}
+		conds = append(conds, fmt.Sprintf(cond, n...))
+	}
+	if f.Workflow != "" {
+		add("workflow = $%d", f.Workflow)
+	}
+	if f.State != "" {
+		add("state = $%d", f.State)
+	}
+	if f.CreatedAfter != nil {
+		add("created_at >= $%d", *f.CreatedAfter)
+	}
+	if f.CreatedBefore != nil {
+		add("created_at < $%d", *f.CreatedBefore)
+	}
+	if after != nil {
+		add("(created_at, id) < ($%d, $%d)", after.At, after.ID)
+	}
+	w := "true"
+	if len(conds) > 0 {
+		w = strings.Join(conds, " AND ")
+	}
+	args = append(args, limit)
+	return fmt.Sprintf(`SELECT %s FROM relay_workflow_runs WHERE %s ORDER BY created_at DESC, id DESC LIMIT $%d`,
+		runColumns, w, len(args)), args
+}
+
+// sqlChildRuns lists a run's child runs in the order they were started
+// (relay_workflow_runs_parent_idx), up to $2.
+const sqlChildRuns = `
+SELECT ` + runColumns + `
+FROM relay_workflow_runs WHERE parent_id = $1
+ORDER BY created_at, id LIMIT $2`
+
+// sqlCountRunsOfState counts the runs in state $1, up to $2 (the overview's
+// failed runs), on relay_workflow_runs_state_idx.
+const sqlCountRunsOfState = `
+SELECT count(*) FROM (SELECT 1 FROM relay_workflow_runs WHERE state = $1 LIMIT $2) AS matched`
+
+// sqlRunStateOf reads a run's state (after a change, in its transaction).
+const sqlRunStateOf = `SELECT state FROM relay_workflow_runs WHERE id = $1`
