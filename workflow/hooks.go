@@ -32,6 +32,13 @@ type StartArgs struct {
 	Input    json.RawMessage `json:"input,omitempty"`
 	ID       string          `json:"id,omitempty"`
 	Queue    string          `json:"queue,omitempty"`
+	// FireTimeKey, on a schedule's StartArgs, derives the run from the
+	// fire (the job's "relay.schedule" and "relay.fire_time" metadata):
+	// the input, a JSON object (or none), gets the fire time (RFC 3339,
+	// UTC) under this key, and the run's id, unless ID is set, is
+	// "<workflow>:<schedule>:<fire time>", so a fire started twice starts
+	// one run. Ignored on a job that carries no fire time.
+	FireTimeKey string `json:"fire_time_key,omitempty"`
 	// The outbox's delivery fields (outbox.Delivery).
 	EventID int64           `json:"event_id,omitempty"`
 	Payload json.RawMessage `json:"payload,omitempty"`
@@ -66,6 +73,12 @@ func (w startWorker) Work(ctx context.Context, job *core.Job[StartArgs]) error {
 	if !w.r.Registered(name) {
 		return core.Permanent(fmt.Errorf("%w: %q (start job %d)", ErrUnregistered, name, job.ID))
 	}
+	if a.Workflow != "" && a.FireTimeKey != "" {
+		var err error
+		if input, id, err = fromFire(job.Metadata, name, a.FireTimeKey, input, id); err != nil {
+			return core.Permanent(fmt.Errorf("workflow: start job %d: %w", job.ID, err))
+		}
+	}
 	id = cmp.Or(id, name+"-job-"+strconv.FormatInt(job.ID, 10))
 	return pgx.BeginFunc(ctx, w.r.pool, func(tx pgx.Tx) error {
 		if _, _, err := StartNamed(ctx, tx, w.r, name, input, &StartOpts{ID: id, Queue: a.Queue}); err != nil {
@@ -73,4 +86,38 @@ func (w startWorker) Work(ctx context.Context, job *core.Job[StartArgs]) error {
 		}
 		return core.CompleteTx(ctx, tx, job)
 	})
+}
+
+// Metadata keys the scheduler sets on a fire's job (scheduler.MetaSchedule,
+// scheduler.MetaFireTime), read here without importing the scheduler.
+const (
+	metaSchedule = "relay.schedule"
+	metaFireTime = "relay.fire_time"
+)
+
+// fromFire puts a schedule fire's time into input under key and derives the
+// run id from it (when id is ""). A job without a fire time is left as is.
+func fromFire(metadata []byte, name, key string, input json.RawMessage, id string) (json.RawMessage, string, error) {
+	var meta map[string]any
+	json.Unmarshal(metadata, &meta) //nolint:errcheck // no fire time then
+	fired, _ := meta[metaFireTime].(string)
+	if fired == "" {
+		return input, id, nil
+	}
+	obj := map[string]json.RawMessage{}
+	if len(input) > 0 && string(input) != "null" {
+		if err := json.Unmarshal(input, &obj); err != nil {
+			return nil, "", fmt.Errorf("input with FireTimeKey %q is not a JSON object: %w", key, err)
+		}
+	}
+	obj[key], _ = json.Marshal(fired)
+	out, err := json.Marshal(obj)
+	if err != nil {
+		return nil, "", fmt.Errorf("input with fire time: %w", err)
+	}
+	if id == "" {
+		schedule, _ := meta[metaSchedule].(string)
+		id = name + ":" + schedule + ":" + fired
+	}
+	return out, id, nil
 }

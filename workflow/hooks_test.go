@@ -68,3 +68,58 @@ func TestStartHooks(t *testing.T) {
 		t.Fatal("an unregistered workflow started")
 	}
 }
+
+// StartArgs.FireTimeKey: a schedule's fire starts the run
+// "<workflow>:<schedule>:<fire time>" with the fire time in its input; the
+// same fire started again is the same run; input that is not a JSON object
+// fails the start job for good.
+func TestStartHookFireTime(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	type in struct {
+		Ledger string `json:"ledger"`
+		Fired  string `json:"fired"`
+	}
+	workflow.MustRegister(b.reg, "close", func(wctx workflow.Context, i in) (string, error) {
+		return workflow.Step(wctx, "close", func(ctx context.Context) (string, error) { return i.Ledger + "@" + i.Fired, nil }, nil)
+	})
+	b.start()
+
+	args := workflow.StartArgs{Workflow: "close", Input: json.RawMessage(`{"ledger":"main"}`), FireTimeKey: "fired"}
+	meta := map[string]any{"relay.schedule": "month-end", "relay.fire_time": "2026-11-30T07:00:00Z"}
+	id := "close:month-end:2026-11-30T07:00:00Z"
+	var jobs []int64
+	for range 2 { // the fire, then the same fire again
+		res, err := core.Enqueue(ctx, b.pool, args, &core.EnqueueOpts{Metadata: meta})
+		if err != nil {
+			t.Fatal(err)
+		}
+		jobs = append(jobs, res.ID)
+	}
+	for _, j := range jobs {
+		b.waitFor("the start job", func() bool {
+			row, err := core.JobGet(ctx, b.pool, j)
+			return err == nil && row.State == core.StateSucceeded
+		})
+	}
+	if out, err := result[string](t, b.pool, id); err != nil || out != "main@2026-11-30T07:00:00Z" {
+		t.Fatal(out, err)
+	}
+	if n := b.count(`SELECT count(*) FROM relay_workflow_runs WHERE workflow = 'close'`); n != 1 {
+		t.Fatalf("%d runs for one fire started twice", n)
+	}
+
+	args.Input = json.RawMessage(`[1]`)
+	bad, err := core.Enqueue(ctx, b.pool, args, &core.EnqueueOpts{Metadata: map[string]any{"relay.fire_time": "2026-12-31T07:00:00Z"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.waitFor("the bad start job to die", func() bool {
+		j, err := core.JobGet(ctx, b.pool, bad.ID)
+		return err == nil && j.State == core.StateDead
+	})
+	if n := b.count(`SELECT count(*) FROM relay_workflow_runs WHERE workflow = 'close'`); n != 1 {
+		t.Fatal("a start with bad input started a run")
+	}
+}
