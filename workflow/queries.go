@@ -19,11 +19,12 @@ const sqlRunIdentity = `SELECT workflow FROM relay_workflow_runs WHERE id = $1`
 // sqlSetRunJob records the job that executes run $1.
 const sqlSetRunJob = `UPDATE relay_workflow_runs SET job_id = $2 WHERE id = $1`
 
-// sqlLoadRun reads what an execution needs of its run, and the database's
-// clock (every due check of the execution compares with it).
+// sqlLoadRun reads what an execution needs of its run, the job executing
+// it, and the database's clock (every due check of the execution compares
+// with it).
 const sqlLoadRun = `
 SELECT workflow, state, input::text, queue, coalesce(parent_id, ''), trace::text,
-       cancel_requested, generation, now()
+       cancel_requested, generation, coalesce(job_id, 0), now()
 FROM relay_workflow_runs
 WHERE id = $1`
 

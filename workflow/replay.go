@@ -62,6 +62,7 @@ type runInfo struct {
 	workflow, state, input, queue, parentID, trace string
 	cancelRequested                                bool
 	generation                                     int
+	jobID                                          int64 // the job that executes the run now
 }
 
 // execution is one execution of a run: the function called from the top,
@@ -173,7 +174,7 @@ func (x *execution) load(ctx context.Context) error {
 	br := x.r.pool.SendBatch(ctx, b)
 	defer br.Close()
 	i := &x.run
-	err := br.QueryRow().Scan(&i.workflow, &i.state, &i.input, &i.queue, &i.parentID, &i.trace, &i.cancelRequested, &i.generation, &x.now)
+	err := br.QueryRow().Scan(&i.workflow, &i.state, &i.input, &i.queue, &i.parentID, &i.trace, &i.cancelRequested, &i.generation, &i.jobID, &x.now)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrRunNotFound
 	}
@@ -211,6 +212,17 @@ func (r *Registry) execute(ctx context.Context, job *core.Job[runArgs]) error {
 		return err
 	}
 	if RunState(x.run.state).Final() {
+		return nil
+	}
+	if x.run.jobID != job.ID {
+		// A job left behind: the run was retried, or deleted and its id
+		// started again, while this job waited to be rescued. The run has a
+		// job of its own now, whose lease fences its executions; executing
+		// it here too would be a second execution under another lease. A
+		// run's job changes only while the run is final (Retry, a new
+		// Start), which this load would have seen, so checking here is
+		// enough.
+		r.logger.Warn("relay: workflow run is executed by another job; this one ends", "run_id", x.runID, "job_id", job.ID, "run_job_id", x.run.jobID)
 		return nil
 	}
 	x.cancelling = x.run.cancelRequested
