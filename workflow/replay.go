@@ -31,6 +31,10 @@ func (c Context) RunID() string { return c.x.runID }
 // Workflow is the name of the run's workflow.
 func (c Context) Workflow() string { return c.x.run.workflow }
 
+// unregisteredDelay is how long a run of a workflow this process does not
+// know waits before it is executed again (by any process).
+const unregisteredDelay = 15 * time.Second
+
 // maxSuspend bounds a suspension with no deadline (a wait for a child or a
 // signal without timeout): the wake-up normally comes first, and this poll
 // only covers a lost one.
@@ -265,7 +269,12 @@ func (x *execution) main() error {
 	}
 	x.def = x.r.byName[x.run.workflow]
 	if x.def == nil {
-		return fmt.Errorf("%w in this process: %q (run %s)", ErrUnregistered, x.run.workflow, x.runID)
+		// A rolling deploy: newer code started this run. Put it back for
+		// a process that knows the workflow, without spending an attempt
+		// (an error would fail the run after MaxAttempts tries).
+		x.r.logger.Warn("relay: workflow run of a workflow not registered in this process; put back for another process",
+			"run_id", x.runID, "workflow", x.run.workflow, "retry_in", unregisteredDelay)
+		return &suspendedError{core.Snooze(unregisteredDelay)}
 	}
 	out, err, u := x.call()
 	if u == nil {
