@@ -286,11 +286,32 @@ func (x *execution) main() error {
 	var fe *fatalError
 	switch {
 	case err == nil:
+		if nd := x.unreached(); nd != nil {
+			return x.finish(StateFailed, nil, nd.Error())
+		}
 		return x.finish(StateCompleted, out, "")
 	case errors.As(err, &fe):
 		return x.finish(StateFailed, nil, err.Error())
 	}
 	return x.compensate(StateFailed, err.Error())
+}
+
+// unreached returns the non-determinism of a function that returned while
+// history holds steps past the point it returned at (a step removed from
+// the end, a branch on something not recorded): they were done, and the
+// code no longer asks for them.
+func (x *execution) unreached() *NonDeterminismError {
+	first := -1
+	for pos := range x.hist {
+		if pos >= x.pos && (first < 0 || pos < first) {
+			first = pos
+		}
+	}
+	if first < 0 {
+		return nil
+	}
+	h := x.hist[first]
+	return &NonDeterminismError{RunID: x.runID, Position: first, HistoryKey: h.kind + ":" + h.key, CodeKey: "(return)"}
 }
 
 func (x *execution) unwound(u *unwind, err error) error {

@@ -1,6 +1,8 @@
 package workflow_test
 
 import (
+	"errors"
+	"strings"
 	"time"
 
 	"context"
@@ -112,5 +114,44 @@ func TestUnregisteredWorkflowWaitsForAProcessThatKnowsIt(t *testing.T) {
 	}
 	if out, err := result[int](t, b.pool, h.ID); err != nil || out != 42 {
 		t.Fatal(out, err)
+	}
+}
+
+// A replay that returns while history holds steps after the point it
+// returned at (a step removed from the end, a branch on something not
+// recorded) is non-determinism, not a completed run.
+func TestReturnBeforeHistoryEndsIsNonDeterminism(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	var v2 atomic.Bool
+	wf := workflow.MustRegister(b.reg, "shrunk", func(wctx workflow.Context, _ int) (int, error) {
+		a, err := workflow.Step(wctx, "a", func(ctx context.Context) (int, error) { return 1, nil }, nil)
+		if err != nil || v2.Load() {
+			return a, err // v2: "b" and the wait were removed
+		}
+		if _, err := workflow.Step(wctx, "b", func(ctx context.Context) (int, error) { return 2, nil }, nil); err != nil {
+			return 0, err
+		}
+		_, _, err = workflow.WaitSignal[int](wctx, "go", 0)
+		return 3, err
+	})
+	b.start()
+	h, _ := workflow.Start(ctx, b.pool, wf, 0, &workflow.StartOpts{ID: "shrinking"})
+	b.waitFor("the run waiting", func() bool {
+		return b.count(`SELECT count(*) FROM relay_workflow_steps WHERE run_id = $1 AND state = 'waiting'`, h.ID) == 1
+	})
+	v2.Store(true)
+	if err := workflow.Signal(ctx, b.pool, h.ID, "go", 1); err != nil {
+		t.Fatal(err)
+	}
+	_, err := result[int](t, b.pool, h.ID)
+	if !errors.Is(err, workflow.ErrRunFailed) {
+		t.Fatalf("want a failed run, got %v", err)
+	}
+	for _, want := range []string{"non-determinism", "shrinking", "position 1", `"step:b"`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q lacks %q", err, want)
+		}
 	}
 }
