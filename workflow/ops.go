@@ -21,33 +21,40 @@ func Cancel(ctx context.Context, db core.DB, id string) error {
 		if err != nil {
 			return err
 		}
-		var jobs []int64
-		if err := ex.Query(ctx, sqlRequestCancel, []any{id}, func(r dbx.Scanner) error {
-			var j int64
-			if err := r.Scan(&j); err != nil {
-				return err
-			}
-			jobs = append(jobs, j)
-			return nil
-		}); err != nil {
-			return err
-		}
-		if len(jobs) == 0 {
+		n, err := requestCancel(ctx, tx, ex, id)
+		if err == nil && n == 0 {
 			return runMissing(ctx, ex, id)
 		}
-		for _, j := range jobs {
-			if j != 0 {
-				if err := core.Wake(ctx, tx, j); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("workflow: cancel run %s: %w", id, err)
 	}
 	return nil
+}
+
+// requestCancel asks run id and its unfinished descendants to cancel, and
+// wakes them, in tx; it returns how many runs it asked.
+func requestCancel(ctx context.Context, tx core.DB, ex dbx.Execer, id string) (int, error) {
+	var jobs []int64
+	if err := ex.Query(ctx, sqlRequestCancel, []any{id}, func(r dbx.Scanner) error {
+		var j int64
+		if err := r.Scan(&j); err != nil {
+			return err
+		}
+		jobs = append(jobs, j)
+		return nil
+	}); err != nil {
+		return 0, err
+	}
+	for _, j := range jobs {
+		if j != 0 {
+			if err := core.Wake(ctx, tx, j); err != nil {
+				return 0, err
+			}
+		}
+	}
+	return len(jobs), nil
 }
 
 // Retry runs a failed run again from its failed step: the checkpoints

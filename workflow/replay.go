@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/dbx"
 )
 
 // Context is what a workflow function receives: a context.Context (for
@@ -359,18 +360,39 @@ func (x *execution) finish(state RunState, output []byte, msg string) error {
 	if output != nil {
 		out = string(output)
 	}
+	// A cancelled run cancels its unfinished children in the transaction
+	// that records its end: one started while the cancel was being asked
+	// for (after this execution last read the flag) is cancelled too.
+	cancelChildren := func(ctx context.Context, tx pgx.Tx) error {
+		if state != StateCancelled {
+			return nil
+		}
+		_, err := requestCancel(ctx, tx, dbx.PGX{Q: tx}, x.runID)
+		return err
+	}
 	var err error
-	if x.run.parentID == "" {
+	switch {
+	case x.run.parentID == "" && state != StateCancelled:
 		// A root run: its outcome commits in one round trip under the
 		// lease; the job's success is then recorded by the core, as any
 		// job's (a crash in between re-executes the run, which finds it
 		// finished and ends).
 		err = x.batchWrite(&outcome{state: state, output: out, msg: msg})
-	} else {
+	case x.run.parentID == "":
+		err = x.write(func(ctx context.Context, tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, sqlFinishRootRun, x.runID, string(state), out, msg); err != nil {
+				return fmt.Errorf("finish run: %w", err)
+			}
+			return cancelChildren(ctx, tx)
+		})
+	default:
 		err = x.writeTx(func(ctx context.Context, tx pgx.Tx) error {
 			var parentJob int64
 			if err := tx.QueryRow(ctx, sqlFinishRun, x.runID, string(state), out, msg).Scan(&parentJob); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 				return fmt.Errorf("finish run: %w", err)
+			}
+			if err := cancelChildren(ctx, tx); err != nil {
+				return err
 			}
 			// The parent wakes in the transaction that records the child's end.
 			if parentJob != 0 {
