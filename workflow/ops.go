@@ -57,10 +57,11 @@ func requestCancel(ctx context.Context, tx core.DB, ex dbx.Execer, id string) (i
 	return len(jobs), nil
 }
 
-// Retry runs a failed run again from its failed step: the checkpoints
-// before it are kept (their steps are not repeated), the failed step and
-// any after it are dropped, and a new execution job is queued. A run that
-// is not failed is ErrNotRetryable.
+// Retry runs a failed run again from its failed step (the last that
+// failed: for a run that failed in a compensation, that compensation): the
+// checkpoints before it are kept (their steps are not repeated), the failed
+// step and any after it are dropped, and a new execution job is queued. A
+// run that is not failed is ErrNotRetryable.
 func Retry(ctx context.Context, db core.DB, id string) error {
 	err := inTx(ctx, db, func(tx core.DB) error {
 		ex, err := dbx.For(tx)

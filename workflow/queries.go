@@ -151,7 +151,11 @@ WHERE r.id = tree.id AND r.finished_at IS NULL
 RETURNING coalesce(r.job_id, 0)`
 
 // sqlRetryRun puts failed run $1 back to pending, keeping the checkpoints
-// before its failed step: the failed step and everything after it go.
+// before its failed step: the failed step and everything after it go. The
+// failed step is the last one that failed: a run that failed in its
+// compensations resumes them (the step that failed the run, and the
+// compensations that ran, are not done again), and a step failure the
+// function handled before is kept.
 const sqlRetryRun = `
 UPDATE relay_workflow_runs
 SET state = 'pending', finished_at = NULL, error = NULL, output = NULL, cancel_requested = false
@@ -161,7 +165,7 @@ RETURNING coalesce(job_id, 0)`
 const sqlRetryDropSteps = `
 DELETE FROM relay_workflow_steps
 WHERE run_id = $1 AND position >= coalesce(
-    (SELECT min(position) FROM relay_workflow_steps WHERE run_id = $1 AND state = 'failed'),
+    (SELECT max(position) FROM relay_workflow_steps WHERE run_id = $1 AND state = 'failed'),
     (SELECT coalesce(max(position), -1) + 1 FROM relay_workflow_steps WHERE run_id = $1))`
 
 // sqlContinueAsNew restarts run $1 with input $2 and an empty history.

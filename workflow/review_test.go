@@ -193,3 +193,47 @@ func TestCancelRacingChildStart(t *testing.T) {
 		t.Fatalf("child: want cancelled, got %v", err)
 	}
 }
+
+// Retrying a run that failed in its compensations resumes the
+// compensations: the step that failed the run is not run again, and the
+// compensations that ran are not repeated.
+func TestRetryAfterFailedCompensation(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	var report, unreserve, refund atomic.Int32
+	wf := workflow.MustRegister(b.reg, "saga-retry", func(wctx workflow.Context, _ int) (int, error) {
+		noop := func(ctx context.Context) (int, error) { return 0, nil }
+		if _, err := workflow.Step(wctx, "charge", noop, nil); err != nil {
+			return 0, err
+		}
+		workflow.Compensate(wctx, "refund", func(ctx context.Context) error {
+			if refund.Add(1) == 1 {
+				return core.Permanent(errors.New("bank down"))
+			}
+			return nil
+		})
+		if _, err := workflow.Step(wctx, "reserve", noop, nil); err != nil {
+			return 0, err
+		}
+		workflow.Compensate(wctx, "unreserve", func(ctx context.Context) error { unreserve.Add(1); return nil })
+		return workflow.Step(wctx, "report", func(ctx context.Context) (int, error) {
+			report.Add(1)
+			return 0, core.Permanent(errors.New("report broken"))
+		}, nil)
+	})
+	b.start()
+	h, _ := workflow.Start(ctx, b.pool, wf, 0, nil)
+	if _, err := result[int](t, b.pool, h.ID); !errors.Is(err, workflow.ErrRunFailed) || !strings.Contains(err.Error(), "bank down") {
+		t.Fatalf("want failed by the refund, got %v", err)
+	}
+	if err := workflow.Retry(ctx, b.pool, h.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := result[int](t, b.pool, h.ID); !errors.Is(err, workflow.ErrRunCompensated) {
+		t.Fatalf("want compensated after retry, got %v", err)
+	}
+	if report.Load() != 1 || unreserve.Load() != 1 || refund.Load() != 2 {
+		t.Fatalf("report %d, unreserve %d, refund %d calls; want 1 1 2", report.Load(), unreserve.Load(), refund.Load())
+	}
+}
