@@ -137,17 +137,25 @@ SELECT state, coalesce(output::text, ''), coalesce(error, ''), finished_at IS NO
 FROM relay_workflow_runs WHERE id = $1`
 
 // sqlRequestCancel asks run $1 and its unfinished descendants to cancel
-// and returns their jobs to wake.
+// and returns their jobs to wake. The rows are locked parents first (by
+// depth, then id), whatever the plan: a run ending cancelled locks its own
+// row, then its children's (execution.finish), and a cancel of that run
+// must not take them the other way round.
 const sqlRequestCancel = `
 WITH RECURSIVE tree AS (
-    SELECT id FROM relay_workflow_runs WHERE id = $1
+    SELECT id, 0 AS depth FROM relay_workflow_runs WHERE id = $1
     UNION
-    SELECT c.id FROM relay_workflow_runs AS c JOIN tree ON c.parent_id = tree.id
+    SELECT c.id, tree.depth + 1 FROM relay_workflow_runs AS c JOIN tree ON c.parent_id = tree.id
+), locked AS (
+    SELECT r.id FROM relay_workflow_runs AS r JOIN tree ON r.id = tree.id
+    WHERE r.finished_at IS NULL
+    ORDER BY tree.depth, r.id
+    FOR NO KEY UPDATE OF r
 )
 UPDATE relay_workflow_runs AS r
 SET cancel_requested = true
-FROM tree
-WHERE r.id = tree.id AND r.finished_at IS NULL
+FROM locked
+WHERE r.id = locked.id
 RETURNING coalesce(r.job_id, 0)`
 
 // sqlRetryRun puts failed run $1 back to pending, keeping the checkpoints
