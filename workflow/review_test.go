@@ -283,3 +283,43 @@ func TestCorruptStoredRowsFailTheirRunAlone(t *testing.T) {
 		t.Fatalf("good: %d, %v", out, err)
 	}
 }
+
+// A child run deleted before its parent read its outcome is the parent's
+// *ChildError (which it can handle, or compensate), not an error of every
+// execution that spends the parent's attempts.
+func TestDeletedChildIsAChildError(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	kid := workflow.MustRegister(b.reg, "quick-kid", func(wctx workflow.Context, n int) (int, error) { return n, nil })
+	var undone atomic.Int32
+	wf := workflow.MustRegister(b.reg, "forgetful", func(wctx workflow.Context, _ int) (int, error) {
+		workflow.Compensate(wctx, "undo", func(ctx context.Context) error { undone.Add(1); return nil })
+		f := workflow.Child(wctx, "kid", kid, 7, nil)
+		if _, _, err := workflow.WaitSignal[int](wctx, "go", 0); err != nil {
+			return 0, err
+		}
+		return f.Get(wctx)
+	})
+	b.start()
+	h, _ := workflow.Start(ctx, b.pool, wf, 0, &workflow.StartOpts{ID: "forgetful"})
+	b.waitFor("the child finished", func() bool {
+		return b.count(`SELECT count(*) FROM relay_workflow_runs WHERE id = 'forgetful/kid' AND state = 'completed'`) == 1
+	})
+	if err := workflow.Delete(ctx, b.pool, "forgetful/kid"); err != nil {
+		t.Fatal(err)
+	}
+	if err := workflow.Signal(ctx, b.pool, h.ID, "go", 1); err != nil {
+		t.Fatal(err)
+	}
+	_, err := result[int](t, b.pool, h.ID)
+	if !errors.Is(err, workflow.ErrRunCompensated) || !strings.Contains(err.Error(), "forgetful/kid") {
+		t.Fatalf("want compensated by a child error, got %v", err)
+	}
+	if n := b.count(`SELECT j.attempt FROM relay_jobs j JOIN relay_workflow_runs r ON r.job_id = j.id WHERE r.id = $1`, h.ID); n != 1 {
+		t.Fatalf("parent job attempt %d, want 1", n)
+	}
+	if undone.Load() != 1 {
+		t.Fatalf("compensation ran %d times", undone.Load())
+	}
+}
