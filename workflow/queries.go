@@ -37,6 +37,9 @@ FROM relay_workflow_steps
 WHERE run_id = $1
 ORDER BY position`
 
+// sqlJobLastError reads why the previous attempt of job $1 ended.
+const sqlJobLastError = `SELECT coalesce(last_error, '') FROM relay_jobs WHERE id = $1`
+
 // sqlTouchRun marks the run started by its first checkpoint of each
 // execution, in that checkpoint's transaction (no write of its own), and
 // returns whether a cancel has been asked for meanwhile.

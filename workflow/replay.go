@@ -266,7 +266,12 @@ func (x *execution) main() error {
 		// Every earlier attempt of this job crashed or failed (suspensions
 		// are not attempts), as many as StartOpts.MaxAttempts: stop here
 		// rather than crash-loop (the job got one attempt more for this).
-		return x.finish(StateFailed, nil, fmt.Sprintf("workflow: run %s: %d executions crashed or failed (last: %s)", x.runID, job.Attempt-1, job.LastError))
+		// The claim does not carry the job's last error: read it.
+		var last string
+		if err := x.r.pool.QueryRow(x.ctx, sqlJobLastError, job.ID).Scan(&last); err != nil {
+			last = "unknown: " + err.Error()
+		}
+		return x.finish(StateFailed, nil, fmt.Sprintf("workflow: run %s: %d executions crashed or failed (last: %s)", x.runID, job.Attempt-1, last))
 	}
 	x.def = x.r.byName[x.run.workflow]
 	if x.def == nil {
