@@ -88,7 +88,13 @@ func Retry(ctx context.Context, db core.DB, id string) error {
 		}
 		var meta map[string]any
 		json.Unmarshal([]byte(run.traceJSON), &meta) //nolint:errcheck // best effort: a retry without trace context is still a retry
-		res, err := core.Enqueue(ctx, tx, runArgs{RunID: id}, &core.EnqueueOpts{Queue: run.Queue, Metadata: meta, MaxAttempts: DefaultMaxAttempts + 1})
+		// The new job is placed as the run's previous one was (Start's
+		// Priority and MaxAttempts), unless that job is gone.
+		priority, maxAttempts := 0, DefaultMaxAttempts+1
+		if err := ex.Query(ctx, sqlJobPlacement, []any{job}, func(r dbx.Scanner) error { return r.Scan(&priority, &maxAttempts) }); err != nil {
+			return err
+		}
+		res, err := core.Enqueue(ctx, tx, runArgs{RunID: id}, &core.EnqueueOpts{Queue: run.Queue, Metadata: meta, Priority: &priority, MaxAttempts: maxAttempts})
 		if err != nil {
 			return err
 		}

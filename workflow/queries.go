@@ -173,6 +173,9 @@ SET state = 'pending', finished_at = NULL, error = NULL, output = NULL, cancel_r
 WHERE id = $1 AND state = 'failed'
 RETURNING coalesce(job_id, 0)`
 
+// sqlJobPlacement reads the priority and max attempts of a run's job $1.
+const sqlJobPlacement = `SELECT priority, max_attempts FROM relay_jobs WHERE id = $1`
+
 const sqlRetryDropSteps = `
 DELETE FROM relay_workflow_steps
 WHERE run_id = $1 AND position >= coalesce(

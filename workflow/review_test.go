@@ -323,3 +323,29 @@ func TestDeletedChildIsAChildError(t *testing.T) {
 		t.Fatalf("compensation ran %d times", undone.Load())
 	}
 }
+
+// Retry queues the run's new job as Start placed the first: its priority
+// and its bound on crashed executions are kept.
+func TestRetryKeepsPriorityAndMaxAttempts(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	wf := workflow.MustRegister(b.reg, "placed", func(wctx workflow.Context, _ int) (int, error) {
+		return workflow.Step(wctx, "fail", func(ctx context.Context) (int, error) {
+			return 0, core.Permanent(errors.New("no"))
+		}, nil)
+	})
+	b.start()
+	h, _ := workflow.Start(ctx, b.pool, wf, 0, &workflow.StartOpts{Priority: 3, MaxAttempts: 2})
+	if _, err := result[int](t, b.pool, h.ID); !errors.Is(err, workflow.ErrRunFailed) {
+		t.Fatal(err)
+	}
+	first := b.count(`SELECT job_id FROM relay_workflow_runs WHERE id = $1`, h.ID)
+	if err := workflow.Retry(ctx, b.pool, h.ID); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.count(`SELECT count(*) FROM relay_jobs j JOIN relay_workflow_runs r ON r.job_id = j.id
+		WHERE r.id = $1 AND j.id <> $2 AND j.priority = 3 AND j.max_attempts = 3`, h.ID, first); n != 1 {
+		t.Fatal("the retried run's job lost the run's priority or max attempts")
+	}
+}
