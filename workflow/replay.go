@@ -95,6 +95,7 @@ type execution struct {
 	setState  RunState
 	waitSeq   map[string]int
 	eventSeq  map[string]int
+	patches   map[string]bool // Patch's answer by name
 	ctx       context.Context
 	unwinding *unwind
 	// goroutines are the steps started by Go; cancels end them when the
@@ -208,7 +209,7 @@ func (x *execution) load(ctx context.Context) error {
 // execute runs one execution of a run: the core job's handler.
 func (r *Registry) execute(ctx context.Context, job *core.Job[runArgs]) error {
 	r.stats.executions.Add(1)
-	x := &execution{r: r, job: job, runID: job.Args.RunID, keys: map[string]int{}, waitSeq: map[string]int{}, eventSeq: map[string]int{}}
+	x := &execution{r: r, job: job, runID: job.Args.RunID, keys: map[string]int{}, waitSeq: map[string]int{}, eventSeq: map[string]int{}, patches: map[string]bool{}}
 	if err := x.load(ctx); err != nil {
 		if errors.Is(err, ErrRunNotFound) {
 			r.logger.Warn("relay: workflow run not found; its job ends", "run_id", x.runID, "job_id", job.ID)

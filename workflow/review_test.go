@@ -349,3 +349,54 @@ func TestRetryKeepsPriorityAndMaxAttempts(t *testing.T) {
 		t.Fatal("the retried run's job lost the run's priority or max attempts")
 	}
 }
+
+// One patch guards several places of a workflow (as Temporal's GetVersion
+// with one change id): every Patch call of that name in a run answers the
+// same, the first place's answer. A run started on v1 takes the old path at
+// both places; a new one the new path at both.
+func TestPatchUsedAtTwoPlaces(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	var v2 atomic.Bool
+	step := func(wctx workflow.Context, key string) string {
+		out, _ := workflow.Step(wctx, key, func(ctx context.Context) (string, error) { return key, nil }, nil)
+		return out
+	}
+	wf := workflow.MustRegister(b.reg, "twice-patched", func(wctx workflow.Context, _ int) (string, error) {
+		first := "a"
+		if v2.Load() && workflow.Patch(wctx, "p") {
+			first = "a2"
+		}
+		out := step(wctx, first)
+		if _, _, err := workflow.WaitSignal[int](wctx, "go", 0); err != nil {
+			return "", err
+		}
+		second := "b"
+		if v2.Load() && workflow.Patch(wctx, "p") {
+			second = "b2"
+		}
+		return out + "+" + step(wctx, second), nil
+	})
+	b.start()
+	old, _ := workflow.Start(ctx, b.pool, wf, 0, &workflow.StartOpts{ID: "old"})
+	b.waitFor("v1 run waiting", func() bool {
+		return b.count(`SELECT count(*) FROM relay_workflow_steps WHERE run_id = 'old' AND key = 'signal:go#1'`) == 1
+	})
+	v2.Store(true)
+	fresh, _ := workflow.Start(ctx, b.pool, wf, 0, &workflow.StartOpts{ID: "new"})
+	for _, id := range []string{old.ID, fresh.ID} {
+		b.waitFor("run waiting", func() bool {
+			return b.count(`SELECT count(*) FROM relay_workflow_steps WHERE run_id = $1 AND key = 'signal:go#1'`, id) == 1
+		})
+		if err := workflow.Signal(ctx, b.pool, id, "go", 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out, err := result[string](t, b.pool, old.ID); err != nil || out != "a+b" {
+		t.Fatalf("v1 run finished by v2: %q, %v", out, err)
+	}
+	if out, err := result[string](t, b.pool, fresh.ID); err != nil || out != "a2+b2" {
+		t.Fatalf("v2 run: %q, %v", out, err)
+	}
+}
