@@ -58,9 +58,17 @@ func TestStartHooks(t *testing.T) {
 		t.Fatal(out, err)
 	}
 
-	// An unregistered workflow: the start job dies at once, nothing started.
+	// An unregistered workflow: a start job is put back without spending an
+	// attempt while it is young (a rolling deploy: a process that knows the
+	// workflow may come), and dies once it is old; nothing started.
 	bad, _ := core.Enqueue(ctx, b.pool, workflow.StartArgs{Workflow: "nope"}, nil)
-	b.waitFor("the bad start job to die", func() bool {
+	b.waitFor("the young start job put back", func() bool {
+		return b.count(`SELECT count(*) FROM relay_jobs WHERE id = $1 AND state = 'queued' AND attempt = 0 AND run_at > now()`, bad.ID) == 1
+	})
+	if _, err := b.pool.Exec(ctx, `UPDATE relay_jobs SET created_at = now() - interval '2 hours', run_at = now() WHERE id = $1`, bad.ID); err != nil {
+		t.Fatal(err)
+	}
+	b.waitFor("the old start job to die", func() bool {
 		j, err := core.JobGet(ctx, b.pool, bad.ID)
 		return err == nil && j.State == core.StateDead
 	})
