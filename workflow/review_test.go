@@ -400,3 +400,25 @@ func TestPatchUsedAtTwoPlaces(t *testing.T) {
 		t.Fatalf("v2 run: %q, %v", out, err)
 	}
 }
+
+// A registry made without a pool (a process that only starts runs) waits
+// for results by polling: its Handle.Result has no listener to start.
+func TestResultFromARegistryWithoutPool(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	fn := func(wctx workflow.Context, n int) (int, error) { return n + 1, nil }
+	workflow.MustRegister(b.reg, "inc", fn)
+	starter := workflow.NewRegistry(nil, nil)
+	wf := workflow.MustRegister(starter, "inc", fn)
+	b.start()
+	h, err := workflow.Start(ctx, b.pool, wf, 41, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if out, err := h.Result(rctx, b.pool); err != nil || out != 42 {
+		t.Fatal(out, err)
+	}
+}

@@ -56,10 +56,11 @@ type Handle[Out any] struct {
 // Result waits for the run to finish and returns its output, or a
 // *RunError, reading the run through db. It waits on the registry's one
 // shared LISTEN connection (no pool connection is held while waiting),
-// polling as a fallback; ctx bounds the wait.
+// polling as a fallback; ctx bounds the wait. A registry made without a
+// pool has no listener: its handles poll, as Result.
 func (h Handle[Out]) Result(ctx context.Context, db core.DB) (Out, error) {
 	var w *waiter
-	if h.reg != nil {
+	if h.reg != nil && h.reg.pool != nil {
 		w = &h.reg.waiter
 	}
 	return result[Out](ctx, db, h.ID, w)
