@@ -90,7 +90,7 @@ func Retry(ctx context.Context, db core.DB, id string) error {
 		json.Unmarshal([]byte(run.traceJSON), &meta) //nolint:errcheck // best effort: a retry without trace context is still a retry
 		// The new job is placed as the run's previous one was (Start's
 		// Priority and MaxAttempts), unless that job is gone.
-		priority, maxAttempts := 0, DefaultMaxAttempts+1
+		priority, maxAttempts := 0, DefaultMaxAttempts+failReserve
 		if err := ex.Query(ctx, sqlJobPlacement, []any{job}, func(r dbx.Scanner) error { return r.Scan(&priority, &maxAttempts) }); err != nil {
 			return err
 		}

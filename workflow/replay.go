@@ -36,6 +36,12 @@ func (c Context) Workflow() string { return c.x.run.workflow }
 // know waits before it is executed again (by any process).
 const unregisteredDelay = 15 * time.Second
 
+// failReserve is how many attempts a run's job has beyond the run's
+// MaxAttempts, to record the run's failure: the execution that fails a
+// crash-looping run may crash too (the same fault), and a job whose
+// attempts are used up dies, leaving its run unfinished for good.
+const failReserve = 3
+
 // maxSuspend bounds a suspension with no deadline (a wait for a child or a
 // signal without timeout): the wake-up normally comes first, and this poll
 // only covers a lost one.
@@ -263,10 +269,11 @@ func (e *suspendedError) Unwrap() []error { return []error{e.snooze, errSuspende
 // main calls the function and records what came of it.
 func (x *execution) main() error {
 	job := x.job
-	if job.Attempt > 1 && job.Attempt >= job.MaxAttempts {
+	if job.Attempt > 1 && job.Attempt > job.MaxAttempts-failReserve {
 		// Every earlier attempt of this job crashed or failed (suspensions
 		// are not attempts), as many as StartOpts.MaxAttempts: stop here
-		// rather than crash-loop (the job got one attempt more for this).
+		// rather than crash-loop (the job has failReserve attempts more for
+		// this, so an execution failing the run may crash too).
 		// The claim does not carry the job's last error: read it.
 		var last string
 		if err := x.r.pool.QueryRow(x.ctx, sqlJobLastError, job.ID).Scan(&last); err != nil {

@@ -2,6 +2,7 @@ package workflow_test
 
 import (
 	"errors"
+	"github.com/jackc/pgx/v5"
 	"strings"
 	"time"
 
@@ -345,7 +346,7 @@ func TestRetryKeepsPriorityAndMaxAttempts(t *testing.T) {
 		t.Fatal(err)
 	}
 	if n := b.count(`SELECT count(*) FROM relay_jobs j JOIN relay_workflow_runs r ON r.job_id = j.id
-		WHERE r.id = $1 AND j.id <> $2 AND j.priority = 3 AND j.max_attempts = 3`, h.ID, first); n != 1 {
+		WHERE r.id = $1 AND j.id <> $2 AND j.priority = 3 AND j.max_attempts = 2 + 3`, h.ID, first); n != 1 {
 		t.Fatal("the retried run's job lost the run's priority or max attempts")
 	}
 }
@@ -420,5 +421,45 @@ func TestResultFromARegistryWithoutPool(t *testing.T) {
 	defer cancel()
 	if out, err := h.Result(rctx, b.pool); err != nil || out != 42 {
 		t.Fatal(out, err)
+	}
+}
+
+// The execution that fails a crash-looping run can itself crash (here: its
+// outcome's write is held up and its lease rescued meanwhile). The run must
+// still end failed, not stay unfinished forever behind a dead job.
+func TestFailingACrashLoopingRunSurvivesACrash(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	locked := make(chan pgx.Tx, 1)
+	var calls atomic.Int32
+	wf := workflow.MustRegister(b.reg, "doomed", func(wctx workflow.Context, _ int) (int, error) {
+		return workflow.Step(wctx, "boom", func(ctx context.Context) (int, error) {
+			if calls.Add(1) == 1 {
+				// Hold the run's row: this execution's checkpoint and the
+				// next execution's outcome wait for it.
+				tx, err := b.pool.Begin(context.Background())
+				if err != nil {
+					return 0, err
+				}
+				if _, err := tx.Exec(context.Background(), `SELECT 1 FROM relay_workflow_runs WHERE id = $1 FOR UPDATE`, wctx.RunID()); err != nil {
+					return 0, err
+				}
+				locked <- tx
+			}
+			b.rescueNow(wctx.RunID()) // the execution dies
+			return 0, nil
+		}, nil)
+	})
+	b.startWith(&core.Config{RescueInterval: 50 * time.Millisecond})
+	h, _ := workflow.Start(ctx, b.pool, wf, 0, &workflow.StartOpts{ID: "doomed", MaxAttempts: 1})
+	tx := <-locked
+	b.waitFor("the failing execution's outcome held up", func() bool {
+		return b.count(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`) == 2
+	})
+	b.rescueNow(h.ID) // the failing execution dies too
+	tx.Rollback(ctx)
+	if _, err := result[int](t, b.pool, h.ID); !errors.Is(err, workflow.ErrRunFailed) {
+		t.Fatalf("want failed, got %v", err)
 	}
 }

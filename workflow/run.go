@@ -34,7 +34,7 @@ type StartOpts struct {
 	Priority int
 	// MaxAttempts is how many executions may crash or fail (not those that
 	// suspend): the execution after the last of them fails the run instead
-	// of running it (its job has one attempt more for that). Default
+	// of running it (its job has a few attempts more for that). Default
 	// DefaultMaxAttempts.
 	MaxAttempts int
 }
@@ -172,7 +172,7 @@ func startRun(ctx context.Context, db core.DB, tracer trace.Tracer, name string,
 			return nil
 		}
 		res, err := core.Enqueue(ctx, tx, runArgs{RunID: o.ID}, &core.EnqueueOpts{
-			Queue: o.Queue, Priority: new(o.Priority), MaxAttempts: o.MaxAttempts + 1, Metadata: meta,
+			Queue: o.Queue, Priority: new(o.Priority), MaxAttempts: o.MaxAttempts + failReserve, Metadata: meta,
 		})
 		if err != nil {
 			return err
