@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -81,10 +82,14 @@ func (w startWorker) Work(ctx context.Context, job *core.Job[StartArgs]) error {
 		return core.Permanent(err)
 	}
 	id = cmp.Or(id, name+"-job-"+strconv.FormatInt(job.ID, 10))
-	return pgx.BeginFunc(ctx, w.r.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, w.r.pool, func(tx pgx.Tx) error {
 		if _, _, err := StartNamed(ctx, tx, w.r, name, input, &StartOpts{ID: id, Queue: a.Queue}); err != nil {
 			return err
 		}
 		return core.CompleteTx(ctx, tx, job)
 	})
+	if errors.Is(err, ErrIDInUse) || errors.Is(err, ErrTooLarge) || errors.Is(err, errInvalidInput) {
+		return core.Permanent(err) // the same on every retry
+	}
+	return err
 }

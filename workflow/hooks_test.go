@@ -76,3 +76,25 @@ func TestStartHooks(t *testing.T) {
 		t.Fatal("an unregistered workflow started")
 	}
 }
+
+// A start job that can never start its run (its id is another workflow's
+// run) dies at once with that error instead of retrying it.
+func TestStartHookDeterministicErrorIsPermanent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	settle := workflow.MustRegister(b.reg, "settle", func(wctx workflow.Context, s settlement) (string, error) { return s.Month, nil })
+	workflow.MustRegister(b.reg, "other", func(wctx workflow.Context, _ int) (int, error) { return 0, nil })
+	if _, err := workflow.Start(ctx, b.pool, settle, settlement{Month: "x"}, &workflow.StartOpts{ID: "taken"}); err != nil {
+		t.Fatal(err)
+	}
+	b.start()
+	bad, err := core.Enqueue(ctx, b.pool, workflow.StartArgs{Workflow: "other", ID: "taken", Input: json.RawMessage(`1`)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.waitFor("the start job to die", func() bool {
+		j, err := core.JobGet(ctx, b.pool, bad.ID)
+		return err == nil && j.State == core.StateDead && j.Attempt == 1
+	})
+}

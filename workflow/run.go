@@ -94,13 +94,16 @@ func StartNamed(ctx context.Context, db core.DB, reg *Registry, name string, inp
 		input = json.RawMessage("null")
 	}
 	if !json.Valid(input) {
-		return "", false, fmt.Errorf("workflow: start %s: input is not valid JSON", name)
+		return "", false, fmt.Errorf("workflow: start %s: %w", name, errInvalidInput)
 	}
 	if len(input) > MaxPayloadBytes {
 		return "", false, fmt.Errorf("workflow: start %s: %w: input is %d bytes", name, ErrTooLarge, len(input))
 	}
 	return startRun(ctx, db, reg.tracer, name, input, opts, nil)
 }
+
+// errInvalidInput: StartNamed's input is not JSON.
+var errInvalidInput = errors.New("input is not valid JSON")
 
 // parentLink places a child run under its parent.
 type parentLink struct {
