@@ -33,20 +33,7 @@ func (x *execution) writeTx(fn func(ctx context.Context, tx pgx.Tx) error, hold 
 	defer cancelWrite()
 	err := pgx.BeginFunc(wctx, x.r.pool, func(tx pgx.Tx) error {
 		b := &pgx.Batch{}
-		q := sqlCancelRequested
-		if !x.touched {
-			q = sqlTouchRun
-		}
-		b.Queue(q, x.runID)
-		if len(x.dueWaits) > 0 {
-			b.Queue(sqlCompleteWaits, x.runID, x.dueWaits)
-		}
-		if x.setState != "" {
-			b.Queue(sqlSetRunState, x.runID, string(x.setState))
-		}
-		for _, s := range x.pending {
-			b.Queue(sqlUpsertStep, (&stepWrite{row: s, attempts: 1, delay: -1}).args(x.runID)...)
-		}
+		x.queueBookkeeping(b, true)
 		br := tx.SendBatch(wctx, b)
 		if err := br.QueryRow().Scan(&cancel); err != nil {
 			br.Close()
@@ -83,6 +70,29 @@ func (x *execution) writeTx(fn func(ctx context.Context, tx pgx.Tx) error, hold 
 	return nil
 }
 
+// queueBookkeeping queues the execution's own writes in b, first of every
+// write: the run's touch (the first write of the execution) or a read of
+// its cancel flag (when readCancel), the due sleeps, a state change and the
+// deferred checkpoints.
+func (x *execution) queueBookkeeping(b *pgx.Batch, readCancel bool) {
+	if readCancel {
+		q := sqlCancelRequested
+		if !x.touched {
+			q = sqlTouchRun
+		}
+		b.Queue(q, x.runID)
+	}
+	if len(x.dueWaits) > 0 {
+		b.Queue(sqlCompleteWaits, x.runID, x.dueWaits)
+	}
+	if x.setState != "" {
+		b.Queue(sqlSetRunState, x.runID, string(x.setState))
+	}
+	for _, s := range x.pending {
+		b.Queue(sqlUpsertStep, (&stepWrite{row: s, attempts: 1, delay: -1}).args(x.runID)...)
+	}
+}
+
 // writeTimeout bounds one of an execution's writes.
 const writeTimeout = 30 * time.Second
 
@@ -105,22 +115,7 @@ func (x *execution) batchWrite(fin *outcome, extra ...*stepWrite) error {
 	// The cancel flag matters to an execution that goes on; the outcome's
 	// batch reads it only as part of the first write's touch.
 	readCancel := fin == nil || !x.touched
-	if readCancel {
-		q := sqlCancelRequested
-		if !x.touched {
-			q = sqlTouchRun
-		}
-		b.Queue(q, x.runID)
-	}
-	if len(x.dueWaits) > 0 {
-		b.Queue(sqlCompleteWaits, x.runID, x.dueWaits)
-	}
-	if x.setState != "" {
-		b.Queue(sqlSetRunState, x.runID, string(x.setState))
-	}
-	for _, s := range x.pending {
-		b.Queue(sqlUpsertStep, (&stepWrite{row: s, attempts: 1, delay: -1}).args(x.runID)...)
-	}
+	x.queueBookkeeping(b, readCancel)
 	for _, w := range extra {
 		b.Queue(sqlUpsertStep, w.args(x.runID)...)
 	}
@@ -192,11 +187,18 @@ func (w *stepWrite) args(runID string) []any {
 // any failure ends the execution, as fenced.
 func (x *execution) record(writes ...*stepWrite) {
 	if err := x.batchWrite(nil, writes...); err != nil {
-		if errors.Is(err, core.ErrLeaseLost) {
-			x.stop(&unwind{kind: unwindLost, err: err})
-		}
-		x.stop(&unwind{kind: unwindAbort, err: fmt.Errorf("workflow: run %s: checkpoint: %w", x.runID, err)})
+		x.writeFailed(err)
 	}
+}
+
+// writeFailed ends the execution after a failed write of its own: a lost
+// lease records nothing more; any other failure is the execution's (the
+// core retries the run).
+func (x *execution) writeFailed(err error) {
+	if errors.Is(err, core.ErrLeaseLost) {
+		x.stop(&unwind{kind: unwindLost, err: err})
+	}
+	x.stop(&unwind{kind: unwindAbort, err: fmt.Errorf("workflow: run %s: checkpoint: %w", x.runID, err)})
 }
 
 // later defers the checkpoint of a completed step (or recorded value) to
@@ -220,10 +222,7 @@ func (x *execution) flush() {
 		return
 	}
 	if err := x.batchWrite(nil); err != nil {
-		if errors.Is(err, core.ErrLeaseLost) {
-			x.stop(&unwind{kind: unwindLost, err: err})
-		}
-		x.stop(&unwind{kind: unwindAbort, err: fmt.Errorf("workflow: run %s: checkpoint: %w", x.runID, err)})
+		x.writeFailed(err)
 	}
 }
 
@@ -231,10 +230,7 @@ func (x *execution) flush() {
 // the execution (a lost lease records nothing more).
 func (x *execution) fenced(fn func(ctx context.Context, tx pgx.Tx) error) {
 	if err := x.write(fn); err != nil {
-		if errors.Is(err, core.ErrLeaseLost) {
-			x.stop(&unwind{kind: unwindLost, err: err})
-		}
-		x.stop(&unwind{kind: unwindAbort, err: fmt.Errorf("workflow: run %s: checkpoint: %w", x.runID, err)})
+		x.writeFailed(err)
 	}
 }
 

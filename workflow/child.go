@@ -3,6 +3,7 @@ package workflow
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 
@@ -102,7 +103,13 @@ func (f *Future[Out]) Get(wctx Context) (Out, error) {
 	}
 	var state, output, msg string
 	var final bool
-	if err := x.r.pool.QueryRow(x.ctx, sqlChildOutcome, f.RunID).Scan(&state, &output, &msg, &final); err != nil {
+	err := x.r.pool.QueryRow(x.ctx, sqlChildOutcome, f.RunID).Scan(&state, &output, &msg, &final)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		// Deleted (Delete) before this run read its outcome: it will never
+		// come, and every execution would fail here alike.
+		state, msg, final = string(StateFailed), "child run not found (deleted before its parent read its outcome)", true
+	case err != nil:
 		x.stop(&unwind{kind: unwindAbort, err: fmt.Errorf("workflow: run %s: read child %s: %w", x.runID, f.RunID, err)})
 	}
 	if !final {

@@ -62,8 +62,21 @@ func UUID(wctx Context, key string) uuid.UUID {
 // run whose history holds, at this position, what the old code did gets
 // false and replays the old path. Once no run of the old code is in flight,
 // delete the else branch and keep the Patch call (see docs/workflow.md).
+//
+// A name may guard several places of the workflow: every call of it in a
+// run answers as the first did (a run on the old path keeps to it), and
+// only the first takes a position in history.
 func Patch(wctx Context, name string) bool {
 	x := wctx.x
+	if v, seen := x.patches[name]; seen {
+		return v
+	}
+	v := patch(x, name)
+	x.patches[name] = v
+	return v
+}
+
+func patch(x *execution, name string) bool {
 	key := "patch:" + name
 	if h := x.hist[x.pos]; h != nil && (h.kind != "patch" || h.key != key) {
 		return false // history took the old path here: no position used

@@ -4,8 +4,10 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -51,6 +53,10 @@ func (StartArgs) Kind() string { return StartKind }
 // workflow in its args (an outbox subscription's) start workflow name.
 func StartMetadata(name string) map[string]any { return map[string]any{MetaWorkflow: name} }
 
+// unregisteredGrace is how long a start job naming a workflow this process
+// does not know is put back for another process before it dies.
+const unregisteredGrace = time.Hour
+
 // startWorker starts runs from StartKind jobs, in the job's completion
 // transaction: the run exists exactly once whatever the job's retries.
 type startWorker struct{ r *Registry }
@@ -71,7 +77,16 @@ func (w startWorker) Work(ctx context.Context, job *core.Job[StartArgs]) error {
 		return core.Permanent(fmt.Errorf("workflow: start job %d names no workflow (args or metadata %q)", job.ID, MetaWorkflow))
 	}
 	if !w.r.Registered(name) {
-		return core.Permanent(fmt.Errorf("%w: %q (start job %d)", ErrUnregistered, name, job.ID))
+		err := fmt.Errorf("%w: %q (start job %d)", ErrUnregistered, name, job.ID)
+		if time.Since(job.CreatedAt) < unregisteredGrace {
+			// A rolling deploy: newer code enqueued this start. Put it
+			// back, without spending an attempt, for a process that knows
+			// the workflow; a name no process knows dies once the job is old.
+			w.r.logger.Warn("relay: start job of a workflow not registered in this process; put back for another process",
+				"job_id", job.ID, "workflow", name, "retry_in", unregisteredDelay)
+			return core.Snooze(unregisteredDelay)
+		}
+		return core.Permanent(err)
 	}
 	if a.Workflow != "" && a.FireTimeKey != "" {
 		var err error
@@ -80,12 +95,16 @@ func (w startWorker) Work(ctx context.Context, job *core.Job[StartArgs]) error {
 		}
 	}
 	id = cmp.Or(id, name+"-job-"+strconv.FormatInt(job.ID, 10))
-	return pgx.BeginFunc(ctx, w.r.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, w.r.pool, func(tx pgx.Tx) error {
 		if _, _, err := StartNamed(ctx, tx, w.r, name, input, &StartOpts{ID: id, Queue: a.Queue}); err != nil {
 			return err
 		}
 		return core.CompleteTx(ctx, tx, job)
 	})
+	if errors.Is(err, ErrIDInUse) || errors.Is(err, ErrTooLarge) || errors.Is(err, errInvalidInput) {
+		return core.Permanent(err) // the same on every retry
+	}
+	return err
 }
 
 // Metadata keys the scheduler sets on a fire's job (scheduler.MetaSchedule,

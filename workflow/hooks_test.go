@@ -58,9 +58,17 @@ func TestStartHooks(t *testing.T) {
 		t.Fatal(out, err)
 	}
 
-	// An unregistered workflow: the start job dies at once, nothing started.
+	// An unregistered workflow: a start job is put back without spending an
+	// attempt while it is young (a rolling deploy: a process that knows the
+	// workflow may come), and dies once it is old; nothing started.
 	bad, _ := core.Enqueue(ctx, b.pool, workflow.StartArgs{Workflow: "nope"}, nil)
-	b.waitFor("the bad start job to die", func() bool {
+	b.waitFor("the young start job put back", func() bool {
+		return b.count(`SELECT count(*) FROM relay_jobs WHERE id = $1 AND state = 'queued' AND attempt = 0 AND run_at > now()`, bad.ID) == 1
+	})
+	if _, err := b.pool.Exec(ctx, `UPDATE relay_jobs SET created_at = now() - interval '2 hours', run_at = now() WHERE id = $1`, bad.ID); err != nil {
+		t.Fatal(err)
+	}
+	b.waitFor("the old start job to die", func() bool {
 		j, err := core.JobGet(ctx, b.pool, bad.ID)
 		return err == nil && j.State == core.StateDead
 	})
@@ -122,4 +130,26 @@ func TestStartHookFireTime(t *testing.T) {
 	if n := b.count(`SELECT count(*) FROM relay_workflow_runs WHERE workflow = 'close'`); n != 1 {
 		t.Fatal("a start with bad input started a run")
 	}
+}
+
+// A start job that can never start its run (its id is another workflow's
+// run) dies at once with that error instead of retrying it.
+func TestStartHookDeterministicErrorIsPermanent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	settle := workflow.MustRegister(b.reg, "settle", func(wctx workflow.Context, s settlement) (string, error) { return s.Month, nil })
+	workflow.MustRegister(b.reg, "other", func(wctx workflow.Context, _ int) (int, error) { return 0, nil })
+	if _, err := workflow.Start(ctx, b.pool, settle, settlement{Month: "x"}, &workflow.StartOpts{ID: "taken"}); err != nil {
+		t.Fatal(err)
+	}
+	b.start()
+	bad, err := core.Enqueue(ctx, b.pool, workflow.StartArgs{Workflow: "other", ID: "taken", Input: json.RawMessage(`1`)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.waitFor("the start job to die", func() bool {
+		j, err := core.JobGet(ctx, b.pool, bad.ID)
+		return err == nil && j.State == core.StateDead && j.Attempt == 1
+	})
 }

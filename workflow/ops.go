@@ -21,28 +21,11 @@ func Cancel(ctx context.Context, db core.DB, id string) error {
 		if err != nil {
 			return err
 		}
-		var jobs []int64
-		if err := ex.Query(ctx, sqlRequestCancel, []any{id}, func(r dbx.Scanner) error {
-			var j int64
-			if err := r.Scan(&j); err != nil {
-				return err
-			}
-			jobs = append(jobs, j)
-			return nil
-		}); err != nil {
-			return err
-		}
-		if len(jobs) == 0 {
+		n, err := requestCancel(ctx, tx, ex, id)
+		if err == nil && n == 0 {
 			return runMissing(ctx, ex, id)
 		}
-		for _, j := range jobs {
-			if j != 0 {
-				if err := core.Wake(ctx, tx, j); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("workflow: cancel run %s: %w", id, err)
@@ -50,10 +33,35 @@ func Cancel(ctx context.Context, db core.DB, id string) error {
 	return nil
 }
 
-// Retry runs a failed run again from its failed step: the checkpoints
-// before it are kept (their steps are not repeated), the failed step and
-// any after it are dropped, and a new execution job is queued. A run that
-// is not failed is ErrNotRetryable.
+// requestCancel asks run id and its unfinished descendants to cancel, and
+// wakes them, in tx; it returns how many runs it asked.
+func requestCancel(ctx context.Context, tx core.DB, ex dbx.Execer, id string) (int, error) {
+	var jobs []int64
+	if err := ex.Query(ctx, sqlRequestCancel, []any{id}, func(r dbx.Scanner) error {
+		var j int64
+		if err := r.Scan(&j); err != nil {
+			return err
+		}
+		jobs = append(jobs, j)
+		return nil
+	}); err != nil {
+		return 0, err
+	}
+	for _, j := range jobs {
+		if j != 0 {
+			if err := core.Wake(ctx, tx, j); err != nil {
+				return 0, err
+			}
+		}
+	}
+	return len(jobs), nil
+}
+
+// Retry runs a failed run again from its failed step (the last that
+// failed: for a run that failed in a compensation, that compensation): the
+// checkpoints before it are kept (their steps are not repeated), the failed
+// step and any after it are dropped, and a new execution job is queued. A
+// run that is not failed is ErrNotRetryable.
 func Retry(ctx context.Context, db core.DB, id string) error {
 	err := inTx(ctx, db, func(tx core.DB) error {
 		ex, err := dbx.For(tx)
@@ -80,7 +88,13 @@ func Retry(ctx context.Context, db core.DB, id string) error {
 		}
 		var meta map[string]any
 		json.Unmarshal([]byte(run.traceJSON), &meta) //nolint:errcheck // best effort: a retry without trace context is still a retry
-		res, err := core.Enqueue(ctx, tx, runArgs{RunID: id}, &core.EnqueueOpts{Queue: run.Queue, Metadata: meta, MaxAttempts: DefaultMaxAttempts + 1})
+		// The new job is placed as the run's previous one was (Start's
+		// Priority and MaxAttempts), unless that job is gone.
+		priority, maxAttempts := 0, DefaultMaxAttempts+failReserve
+		if err := ex.Query(ctx, sqlJobPlacement, []any{job}, func(r dbx.Scanner) error { return r.Scan(&priority, &maxAttempts) }); err != nil {
+			return err
+		}
+		res, err := core.Enqueue(ctx, tx, runArgs{RunID: id}, &core.EnqueueOpts{Queue: run.Queue, Metadata: meta, Priority: &priority, MaxAttempts: maxAttempts})
 		if err != nil {
 			return err
 		}

@@ -19,11 +19,12 @@ const sqlRunIdentity = `SELECT workflow FROM relay_workflow_runs WHERE id = $1`
 // sqlSetRunJob records the job that executes run $1.
 const sqlSetRunJob = `UPDATE relay_workflow_runs SET job_id = $2 WHERE id = $1`
 
-// sqlLoadRun reads what an execution needs of its run, and the database's
-// clock (every due check of the execution compares with it).
+// sqlLoadRun reads what an execution needs of its run, the job executing
+// it, and the database's clock (every due check of the execution compares
+// with it).
 const sqlLoadRun = `
 SELECT workflow, state, input::text, queue, coalesce(parent_id, ''), trace::text,
-       cancel_requested, generation, now()
+       cancel_requested, generation, coalesce(job_id, 0), now()
 FROM relay_workflow_runs
 WHERE id = $1`
 
@@ -35,6 +36,9 @@ SELECT position, key, kind, state, coalesce(output::text, ''), coalesce(error, '
 FROM relay_workflow_steps
 WHERE run_id = $1
 ORDER BY position`
+
+// sqlJobLastError reads why the previous attempt of job $1 ended.
+const sqlJobLastError = `SELECT coalesce(last_error, '') FROM relay_jobs WHERE id = $1`
 
 // sqlTouchRun marks the run started by its first checkpoint of each
 // execution, in that checkpoint's transaction (no write of its own), and
@@ -136,31 +140,46 @@ SELECT state, coalesce(output::text, ''), coalesce(error, ''), finished_at IS NO
 FROM relay_workflow_runs WHERE id = $1`
 
 // sqlRequestCancel asks run $1 and its unfinished descendants to cancel
-// and returns their jobs to wake.
+// and returns their jobs to wake. The rows are locked parents first (by
+// depth, then id), whatever the plan: a run ending cancelled locks its own
+// row, then its children's (execution.finish), and a cancel of that run
+// must not take them the other way round.
 const sqlRequestCancel = `
 WITH RECURSIVE tree AS (
-    SELECT id FROM relay_workflow_runs WHERE id = $1
+    SELECT id, 0 AS depth FROM relay_workflow_runs WHERE id = $1
     UNION
-    SELECT c.id FROM relay_workflow_runs AS c JOIN tree ON c.parent_id = tree.id
+    SELECT c.id, tree.depth + 1 FROM relay_workflow_runs AS c JOIN tree ON c.parent_id = tree.id
+), locked AS (
+    SELECT r.id FROM relay_workflow_runs AS r JOIN tree ON r.id = tree.id
+    WHERE r.finished_at IS NULL
+    ORDER BY tree.depth, r.id
+    FOR NO KEY UPDATE OF r
 )
 UPDATE relay_workflow_runs AS r
 SET cancel_requested = true
-FROM tree
-WHERE r.id = tree.id AND r.finished_at IS NULL
+FROM locked
+WHERE r.id = locked.id
 RETURNING coalesce(r.job_id, 0)`
 
 // sqlRetryRun puts failed run $1 back to pending, keeping the checkpoints
-// before its failed step: the failed step and everything after it go.
+// before its failed step: the failed step and everything after it go. The
+// failed step is the last one that failed: a run that failed in its
+// compensations resumes them (the step that failed the run, and the
+// compensations that ran, are not done again), and a step failure the
+// function handled before is kept.
 const sqlRetryRun = `
 UPDATE relay_workflow_runs
 SET state = 'pending', finished_at = NULL, error = NULL, output = NULL, cancel_requested = false
 WHERE id = $1 AND state = 'failed'
 RETURNING coalesce(job_id, 0)`
 
+// sqlJobPlacement reads the priority and max attempts of a run's job $1.
+const sqlJobPlacement = `SELECT priority, max_attempts FROM relay_jobs WHERE id = $1`
+
 const sqlRetryDropSteps = `
 DELETE FROM relay_workflow_steps
 WHERE run_id = $1 AND position >= coalesce(
-    (SELECT min(position) FROM relay_workflow_steps WHERE run_id = $1 AND state = 'failed'),
+    (SELECT max(position) FROM relay_workflow_steps WHERE run_id = $1 AND state = 'failed'),
     (SELECT coalesce(max(position), -1) + 1 FROM relay_workflow_steps WHERE run_id = $1))`
 
 // sqlContinueAsNew restarts run $1 with input $2 and an empty history.

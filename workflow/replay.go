@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/dbx"
 )
 
 // Context is what a workflow function receives: a context.Context (for
@@ -30,6 +31,16 @@ func (c Context) RunID() string { return c.x.runID }
 
 // Workflow is the name of the run's workflow.
 func (c Context) Workflow() string { return c.x.run.workflow }
+
+// unregisteredDelay is how long a run of a workflow this process does not
+// know waits before it is executed again (by any process).
+const unregisteredDelay = 15 * time.Second
+
+// failReserve is how many attempts a run's job has beyond the run's
+// MaxAttempts, to record the run's failure: the execution that fails a
+// crash-looping run may crash too (the same fault), and a job whose
+// attempts are used up dies, leaving its run unfinished for good.
+const failReserve = 3
 
 // maxSuspend bounds a suspension with no deadline (a wait for a child or a
 // signal without timeout): the wake-up normally comes first, and this poll
@@ -62,6 +73,7 @@ type runInfo struct {
 	workflow, state, input, queue, parentID, trace string
 	cancelRequested                                bool
 	generation                                     int
+	jobID                                          int64 // the job that executes the run now
 }
 
 // execution is one execution of a run: the function called from the top,
@@ -89,6 +101,7 @@ type execution struct {
 	setState  RunState
 	waitSeq   map[string]int
 	eventSeq  map[string]int
+	patches   map[string]bool // Patch's answer by name
 	ctx       context.Context
 	unwinding *unwind
 	// goroutines are the steps started by Go; cancels end them when the
@@ -173,7 +186,7 @@ func (x *execution) load(ctx context.Context) error {
 	br := x.r.pool.SendBatch(ctx, b)
 	defer br.Close()
 	i := &x.run
-	err := br.QueryRow().Scan(&i.workflow, &i.state, &i.input, &i.queue, &i.parentID, &i.trace, &i.cancelRequested, &i.generation, &x.now)
+	err := br.QueryRow().Scan(&i.workflow, &i.state, &i.input, &i.queue, &i.parentID, &i.trace, &i.cancelRequested, &i.generation, &i.jobID, &x.now)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrRunNotFound
 	}
@@ -202,7 +215,7 @@ func (x *execution) load(ctx context.Context) error {
 // execute runs one execution of a run: the core job's handler.
 func (r *Registry) execute(ctx context.Context, job *core.Job[runArgs]) error {
 	r.stats.executions.Add(1)
-	x := &execution{r: r, job: job, runID: job.Args.RunID, keys: map[string]int{}, waitSeq: map[string]int{}, eventSeq: map[string]int{}}
+	x := &execution{r: r, job: job, runID: job.Args.RunID, keys: map[string]int{}, waitSeq: map[string]int{}, eventSeq: map[string]int{}, patches: map[string]bool{}}
 	if err := x.load(ctx); err != nil {
 		if errors.Is(err, ErrRunNotFound) {
 			r.logger.Warn("relay: workflow run not found; its job ends", "run_id", x.runID, "job_id", job.ID)
@@ -211,6 +224,17 @@ func (r *Registry) execute(ctx context.Context, job *core.Job[runArgs]) error {
 		return err
 	}
 	if RunState(x.run.state).Final() {
+		return nil
+	}
+	if x.run.jobID != job.ID {
+		// A job left behind: the run was retried, or deleted and its id
+		// started again, while this job waited to be rescued. The run has a
+		// job of its own now, whose lease fences its executions; executing
+		// it here too would be a second execution under another lease. A
+		// run's job changes only while the run is final (Retry, a new
+		// Start), which this load would have seen, so checking here is
+		// enough.
+		r.logger.Warn("relay: workflow run is executed by another job; this one ends", "run_id", x.runID, "job_id", job.ID, "run_job_id", x.run.jobID)
 		return nil
 	}
 	x.cancelling = x.run.cancelRequested
@@ -245,15 +269,26 @@ func (e *suspendedError) Unwrap() []error { return []error{e.snooze, errSuspende
 // main calls the function and records what came of it.
 func (x *execution) main() error {
 	job := x.job
-	if job.Attempt > 1 && job.Attempt >= job.MaxAttempts {
+	if job.Attempt > 1 && job.Attempt > job.MaxAttempts-failReserve {
 		// Every earlier attempt of this job crashed or failed (suspensions
 		// are not attempts), as many as StartOpts.MaxAttempts: stop here
-		// rather than crash-loop (the job got one attempt more for this).
-		return x.finish(StateFailed, nil, fmt.Sprintf("workflow: run %s: %d executions crashed or failed (last: %s)", x.runID, job.Attempt-1, job.LastError))
+		// rather than crash-loop (the job has failReserve attempts more for
+		// this, so an execution failing the run may crash too).
+		// The claim does not carry the job's last error: read it.
+		var last string
+		if err := x.r.pool.QueryRow(x.ctx, sqlJobLastError, job.ID).Scan(&last); err != nil {
+			last = "unknown: " + err.Error()
+		}
+		return x.finish(StateFailed, nil, fmt.Sprintf("workflow: run %s: %d executions crashed or failed (last: %s)", x.runID, job.Attempt-1, last))
 	}
 	x.def = x.r.byName[x.run.workflow]
 	if x.def == nil {
-		return fmt.Errorf("%w in this process: %q (run %s)", ErrUnregistered, x.run.workflow, x.runID)
+		// A rolling deploy: newer code started this run. Put it back for
+		// a process that knows the workflow, without spending an attempt
+		// (an error would fail the run after MaxAttempts tries).
+		x.r.logger.Warn("relay: workflow run of a workflow not registered in this process; put back for another process",
+			"run_id", x.runID, "workflow", x.run.workflow, "retry_in", unregisteredDelay)
+		return &suspendedError{core.Snooze(unregisteredDelay)}
 	}
 	out, err, u := x.call()
 	if u == nil {
@@ -265,11 +300,32 @@ func (x *execution) main() error {
 	var fe *fatalError
 	switch {
 	case err == nil:
+		if nd := x.unreached(); nd != nil {
+			return x.finish(StateFailed, nil, nd.Error())
+		}
 		return x.finish(StateCompleted, out, "")
 	case errors.As(err, &fe):
 		return x.finish(StateFailed, nil, err.Error())
 	}
 	return x.compensate(StateFailed, err.Error())
+}
+
+// unreached returns the non-determinism of a function that returned while
+// history holds steps past the point it returned at (a step removed from
+// the end, a branch on something not recorded): they were done, and the
+// code no longer asks for them.
+func (x *execution) unreached() *NonDeterminismError {
+	first := -1
+	for pos := range x.hist {
+		if pos >= x.pos && (first < 0 || pos < first) {
+			first = pos
+		}
+	}
+	if first < 0 {
+		return nil
+	}
+	h := x.hist[first]
+	return &NonDeterminismError{RunID: x.runID, Position: first, HistoryKey: h.kind + ":" + h.key, CodeKey: "(return)"}
 }
 
 func (x *execution) unwound(u *unwind, err error) error {
@@ -317,18 +373,39 @@ func (x *execution) finish(state RunState, output []byte, msg string) error {
 	if output != nil {
 		out = string(output)
 	}
+	// A cancelled run cancels its unfinished children in the transaction
+	// that records its end: one started while the cancel was being asked
+	// for (after this execution last read the flag) is cancelled too.
+	cancelChildren := func(ctx context.Context, tx pgx.Tx) error {
+		if state != StateCancelled {
+			return nil
+		}
+		_, err := requestCancel(ctx, tx, dbx.PGX{Q: tx}, x.runID)
+		return err
+	}
 	var err error
-	if x.run.parentID == "" {
+	switch {
+	case x.run.parentID == "" && state != StateCancelled:
 		// A root run: its outcome commits in one round trip under the
 		// lease; the job's success is then recorded by the core, as any
 		// job's (a crash in between re-executes the run, which finds it
 		// finished and ends).
 		err = x.batchWrite(&outcome{state: state, output: out, msg: msg})
-	} else {
+	case x.run.parentID == "":
+		err = x.write(func(ctx context.Context, tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, sqlFinishRootRun, x.runID, string(state), out, msg); err != nil {
+				return fmt.Errorf("finish run: %w", err)
+			}
+			return cancelChildren(ctx, tx)
+		})
+	default:
 		err = x.writeTx(func(ctx context.Context, tx pgx.Tx) error {
 			var parentJob int64
 			if err := tx.QueryRow(ctx, sqlFinishRun, x.runID, string(state), out, msg).Scan(&parentJob); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 				return fmt.Errorf("finish run: %w", err)
+			}
+			if err := cancelChildren(ctx, tx); err != nil {
+				return err
 			}
 			// The parent wakes in the transaction that records the child's end.
 			if parentJob != 0 {

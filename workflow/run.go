@@ -34,7 +34,7 @@ type StartOpts struct {
 	Priority int
 	// MaxAttempts is how many executions may crash or fail (not those that
 	// suspend): the execution after the last of them fails the run instead
-	// of running it (its job has one attempt more for that). Default
+	// of running it (its job has a few attempts more for that). Default
 	// DefaultMaxAttempts.
 	MaxAttempts int
 }
@@ -56,10 +56,11 @@ type Handle[Out any] struct {
 // Result waits for the run to finish and returns its output, or a
 // *RunError, reading the run through db. It waits on the registry's one
 // shared LISTEN connection (no pool connection is held while waiting),
-// polling as a fallback; ctx bounds the wait.
+// polling as a fallback; ctx bounds the wait. A registry made without a
+// pool has no listener: its handles poll, as Result.
 func (h Handle[Out]) Result(ctx context.Context, db core.DB) (Out, error) {
 	var w *waiter
-	if h.reg != nil {
+	if h.reg != nil && h.reg.pool != nil {
 		w = &h.reg.waiter
 	}
 	return result[Out](ctx, db, h.ID, w)
@@ -93,13 +94,16 @@ func StartNamed(ctx context.Context, db core.DB, reg *Registry, name string, inp
 		input = json.RawMessage("null")
 	}
 	if !json.Valid(input) {
-		return "", false, fmt.Errorf("workflow: start %s: input is not valid JSON", name)
+		return "", false, fmt.Errorf("workflow: start %s: %w", name, errInvalidInput)
 	}
 	if len(input) > MaxPayloadBytes {
 		return "", false, fmt.Errorf("workflow: start %s: %w: input is %d bytes", name, ErrTooLarge, len(input))
 	}
 	return startRun(ctx, db, reg.tracer, name, input, opts, nil)
 }
+
+// errInvalidInput: StartNamed's input is not JSON.
+var errInvalidInput = errors.New("input is not valid JSON")
 
 // parentLink places a child run under its parent.
 type parentLink struct {
@@ -171,7 +175,7 @@ func startRun(ctx context.Context, db core.DB, tracer trace.Tracer, name string,
 			return nil
 		}
 		res, err := core.Enqueue(ctx, tx, runArgs{RunID: o.ID}, &core.EnqueueOpts{
-			Queue: o.Queue, Priority: new(o.Priority), MaxAttempts: o.MaxAttempts + 1, Metadata: meta,
+			Queue: o.Queue, Priority: new(o.Priority), MaxAttempts: o.MaxAttempts + failReserve, Metadata: meta,
 		})
 		if err != nil {
 			return err
