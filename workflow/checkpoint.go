@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -33,13 +34,23 @@ func (x *execution) writeTx(fn func(ctx context.Context, tx pgx.Tx) error, hold 
 	defer cancelWrite()
 	err := pgx.BeginFunc(wctx, x.r.pool, func(tx pgx.Tx) error {
 		b := &pgx.Batch{}
+		// The server's bound on this transaction, as wctx is the client's:
+		// a worker cut off after HoldLease (before its COMMIT arrives)
+		// would otherwise keep the run's job row locked, and its rescue
+		// waiting, until the server noticed the dead connection (hours,
+		// with default TCP keepalives).
+		b.Queue(sqlBoundIdleTx, strconv.FormatInt(writeTimeout.Milliseconds(), 10))
 		x.queueBookkeeping(b, true)
 		br := tx.SendBatch(wctx, b)
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return fmt.Errorf("bound the transaction: %w", err)
+		}
 		if err := br.QueryRow().Scan(&cancel); err != nil {
 			br.Close()
 			return fmt.Errorf("touch run: %w", err)
 		}
-		for i := 1; i < b.Len(); i++ {
+		for i := 2; i < b.Len(); i++ {
 			if _, err := br.Exec(); err != nil {
 				br.Close()
 				return fmt.Errorf("write deferred checkpoints: %w", err)

@@ -179,3 +179,27 @@ func TestStaleExecutionCannotTakeASignal(t *testing.T) {
 		t.Fatal("the run's outcome changed")
 	}
 }
+
+// A checkpoint's transaction is bounded on the server too: a worker cut off
+// between HoldLease and its COMMIT must not keep the run's job row locked
+// (and its rescue waiting) until the server notices the dead connection.
+func TestCheckpointTransactionIsBoundedOnTheServer(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	wf := workflow.MustRegister(b.reg, "bounded", func(wctx workflow.Context, _ int) (string, error) {
+		return workflow.StepTx(wctx, "read", func(ctx context.Context, tx pgx.Tx) (string, error) {
+			var v string
+			err := tx.QueryRow(ctx, `SHOW idle_in_transaction_session_timeout`).Scan(&v)
+			return v, err
+		}, nil)
+	})
+	b.start()
+	h, err := workflow.Start(context.Background(), b.pool, wf, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := result[string](t, b.pool, h.ID)
+	if err != nil || out != "30s" {
+		t.Fatalf("idle_in_transaction_session_timeout in a StepTx: %q, %v; want 30s", out, err)
+	}
+}

@@ -240,3 +240,7 @@ WHERE id IN (
     ORDER BY r.finished_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED)`
+
+// sqlBoundIdleTx ends the transaction on the server if it sits idle longer
+// than $1 milliseconds (see execution.writeTx).
+const sqlBoundIdleTx = `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`
