@@ -30,6 +30,8 @@ func runBench(ctx context.Context, args []string) error {
 	jobSleep := fs.Duration("job-sleep", 0, "each handler sleeps this long")
 	jobHash := fs.Int("job-hash", 0, "each handler runs this many rounds of SHA-256")
 	fill := fs.Int("fill-finished", 0, "burn-down: first fill the table with this many finished jobs")
+	backlog := fs.Int("key-backlog", 0, "first give one ordering key a running head and this many jobs queued behind it, ahead of the burn-down's jobs")
+	keys := fs.Int("keys", 0, "give every job an ordering key among this many, Zipf-distributed (the outbox-shaped load); prints the order violations found")
 	prefetch := fs.Int("prefetch", 0, "jobs each process may claim beyond --workers (QueueConfig.Prefetch)")
 	traced := fs.Bool("trace", false, "record every span (to a discarding exporter), to measure tracing's cost")
 	wf := fs.Bool("workflow", false, "workflows instead of jobs: --runs three-step runs started up front and drained, then --callers callers each starting runs and waiting for their results")
@@ -42,8 +44,8 @@ func runBench(ctx context.Context, args []string) error {
 	if *wf {
 		return runBenchWorkflow(ctx, *dbURL, *wfRuns, *workers, *wfShape, *wfCallers, *duration)
 	}
-	if *jobs < 1 || *workers < 1 || *processes < 1 || *rate < 0 || *fill < 0 {
-		return fmt.Errorf("bench: --jobs, --workers, --processes must be ≥ 1; --rate, --fill-finished ≥ 0")
+	if *jobs < 1 || *workers < 1 || *processes < 1 || *rate < 0 || *fill < 0 || *backlog < 0 || *keys < 0 {
+		return fmt.Errorf("bench: --jobs, --workers, --processes must be ≥ 1; --rate, --fill-finished, --key-backlog, --keys ≥ 0")
 	}
 	if *traced {
 		os.Setenv(bench.EnvTrace, "1") // the worker processes inherit it
@@ -56,6 +58,9 @@ func runBench(ctx context.Context, args []string) error {
 	defer db.Close()
 	pool, schemaURL := db.Pool, db.URL
 	sys := bench.Relay{}
+	if *keys > 0 {
+		sys.Keys = bench.NewKeyPicker(*keys)
+	}
 	if err := sys.Setup(ctx, pool); err != nil {
 		return err
 	}
@@ -70,9 +75,21 @@ func runBench(ctx context.Context, args []string) error {
 	fmt.Printf("bench: %s\nbench: relay: %s\n", bench.Machine(ctx, pool), sys.Describe(cfg))
 
 	var res bench.Result
+	if *backlog > 0 && *rate > 0 {
+		if err := sys.Reset(ctx, pool); err != nil {
+			return err
+		}
+		fmt.Printf("bench: one ordering key with a running head and %d jobs queued behind it\n", *backlog)
+		if err := sys.FillKeyBacklog(ctx, pool, *backlog); err != nil {
+			return err
+		}
+		if _, err := pool.Exec(ctx, "VACUUM ANALYZE relay_jobs"); err != nil {
+			return err
+		}
+	}
 	if *rate > 0 {
 		fmt.Printf("bench: steady %d jobs/s for %s, %d process(es) × %d workers\n", *rate, *duration, *processes, *workers)
-		res, err = bench.RunSteady(ctx, env, sys, bench.Steady{Rate: *rate, Duration: *duration, Workers: *workers, Prefetch: *prefetch, Processes: *processes, Job: job})
+		res, err = bench.RunSteady(ctx, env, sys, bench.Steady{Rate: *rate, Duration: *duration, Workers: *workers, Prefetch: *prefetch, Processes: *processes, Job: job, KeepTable: *backlog > 0})
 	} else {
 		if *fill > 0 {
 			fmt.Printf("bench: filling the table with %d finished jobs\n", *fill)
@@ -83,11 +100,29 @@ func runBench(ctx context.Context, args []string) error {
 				return err
 			}
 		}
+		if *backlog > 0 {
+			if *fill == 0 {
+				if err := sys.Reset(ctx, pool); err != nil {
+					return err
+				}
+			}
+			fmt.Printf("bench: one ordering key with a running head and %d jobs queued behind it\n", *backlog)
+			if err := sys.FillKeyBacklog(ctx, pool, *backlog); err != nil {
+				return err
+			}
+		}
 		fmt.Printf("bench: burn-down of %d jobs, %d process(es) × %d workers\n", *jobs, *processes, *workers)
-		res, err = bench.RunBurnDown(ctx, env, sys, bench.BurnDown{Jobs: *jobs, Workers: *workers, Prefetch: *prefetch, Processes: *processes, Job: job, KeepTable: *fill > 0})
+		res, err = bench.RunBurnDown(ctx, env, sys, bench.BurnDown{Jobs: *jobs, Workers: *workers, Prefetch: *prefetch, Processes: *processes, Job: job, KeepTable: *fill > 0 || *backlog > 0})
 	}
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)
+	}
+	if *keys > 0 {
+		jobs, bad, err := sys.OrderViolations(ctx, pool)
+		if err != nil {
+			return fmt.Errorf("bench: order check: %w", err)
+		}
+		fmt.Printf("bench: ordering keys %d (Zipf): %d jobs started before their key's previous job finished, on %d keys\n", *keys, jobs, bad)
 	}
 	fmt.Println(res.Line())
 	return nil
