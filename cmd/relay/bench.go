@@ -25,13 +25,14 @@ func runBench(ctx context.Context, args []string) error {
 	jobSleep := fs.Duration("job-sleep", 0, "each handler sleeps this long")
 	jobHash := fs.Int("job-hash", 0, "each handler runs this many rounds of SHA-256")
 	fill := fs.Int("fill-finished", 0, "burn-down: first fill the table with this many finished jobs")
+	backlog := fs.Int("key-backlog", 0, "burn-down: first give one ordering key a running head and this many jobs queued behind it, ahead of the burn-down's jobs")
 	prefetch := fs.Int("prefetch", 0, "jobs each process may claim beyond --workers (QueueConfig.Prefetch)")
 	traced := fs.Bool("trace", false, "record every span (to a discarding exporter), to measure tracing's cost")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if *jobs < 1 || *workers < 1 || *processes < 1 || *rate < 0 || *fill < 0 {
-		return fmt.Errorf("bench: --jobs, --workers, --processes must be ≥ 1; --rate, --fill-finished ≥ 0")
+	if *jobs < 1 || *workers < 1 || *processes < 1 || *rate < 0 || *fill < 0 || *backlog < 0 {
+		return fmt.Errorf("bench: --jobs, --workers, --processes must be ≥ 1; --rate, --fill-finished, --key-backlog ≥ 0")
 	}
 	if *traced {
 		os.Setenv(bench.EnvTrace, "1") // the worker processes inherit it
@@ -71,8 +72,19 @@ func runBench(ctx context.Context, args []string) error {
 				return err
 			}
 		}
+		if *backlog > 0 {
+			if *fill == 0 {
+				if err := sys.Reset(ctx, pool); err != nil {
+					return err
+				}
+			}
+			fmt.Printf("bench: one ordering key with a running head and %d jobs queued behind it\n", *backlog)
+			if err := sys.FillKeyBacklog(ctx, pool, *backlog); err != nil {
+				return err
+			}
+		}
 		fmt.Printf("bench: burn-down of %d jobs, %d process(es) × %d workers\n", *jobs, *processes, *workers)
-		res, err = bench.RunBurnDown(ctx, env, sys, bench.BurnDown{Jobs: *jobs, Workers: *workers, Prefetch: *prefetch, Processes: *processes, Job: job, KeepTable: *fill > 0})
+		res, err = bench.RunBurnDown(ctx, env, sys, bench.BurnDown{Jobs: *jobs, Workers: *workers, Prefetch: *prefetch, Processes: *processes, Job: job, KeepTable: *fill > 0 || *backlog > 0})
 	}
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)

@@ -89,6 +89,31 @@ func (Relay) FillFinished(ctx context.Context, pool *pgxpool.Pool, n int) error 
 	return tx.Commit(ctx)
 }
 
+// FillKeyBacklog gives ordering key "hot" a running head (claimed, with an
+// hour-long lease: a stuck or slow delivery) and n-1 queued jobs behind it,
+// enqueued an hour in the past so that they come first in claim order:
+// the outbox's hot-key case beside which a burn-down then runs (issue 17).
+// The backlog is of a kind no bench worker handles; only its head could
+// run, and it is held.
+func (Relay) FillKeyBacklog(ctx context.Context, pool *pgxpool.Pool, n int) error {
+	if n <= 0 {
+		return nil
+	}
+	for _, q := range []string{
+		`INSERT INTO relay_jobs (kind, ordering_key, run_at) VALUES ('backlog', 'hot', now() - interval '1 hour')`,
+		`UPDATE relay_jobs SET state = 'claimed', attempt = 1, attempted_at = now(), attempted_by = 'bench',
+		        lease_token = gen_random_uuid(), lease_expires_at = now() + interval '1 hour'
+		 WHERE kind = 'backlog'`,
+		fmt.Sprintf(`INSERT INTO relay_jobs (kind, ordering_key, run_at)
+		 SELECT 'backlog', 'hot', now() - interval '1 hour' FROM generate_series(2, %d)`, n),
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			return fmt.Errorf("fill key backlog: %w", err)
+		}
+	}
+	return nil
+}
+
 func (Relay) EndToEnd(ctx context.Context, pool *pgxpool.Pool) (p50, p95, p99 time.Duration, err error) {
 	return EndToEndQuery(ctx, pool, `
 		SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM finalized_at - created_at))
