@@ -70,9 +70,11 @@ RETURNING id, xmax <> 0`
 //
 //   - The CTE walks relay_jobs_claim_idx (queue, priority, run_at, id) over
 //     queued rows only, so finished rows cost nothing, and stops at $2 rows.
-//   - A job with an ordering key is skipped while an earlier job with its key
-//     is queued, claimed or dead (one probe of relay_jobs_ordering_idx); a job
-//     without one pays only the IS NULL test.
+//   - The index holds claimable jobs only: a job waiting for an earlier job
+//     of its ordering key (key_waiting) is not in it, so a claim never walks
+//     or probes a busy key's backlog, and unordered jobs queued behind one
+//     cost what they cost beside none. The triggers of the migration
+//     *_ordering_heads keep key_waiting (TestClaimSkipsKeyBacklog).
 //   - FOR UPDATE SKIP LOCKED locks the rows it picks and steps over rows
 //     another worker's claim has locked: claimers never wait on each other,
 //     and no row is picked twice.
@@ -96,11 +98,7 @@ const sqlClaim = `
 WITH picked AS (
     SELECT id
     FROM relay_jobs AS c
-    WHERE state = 'queued' AND queue = $1 AND run_at <= now()
-      AND (ordering_key IS NULL OR NOT EXISTS (
-          SELECT 1 FROM relay_jobs AS e
-          WHERE e.queue = c.queue AND e.ordering_key = c.ordering_key AND e.id < c.id
-            AND e.state IN ('queued', 'claimed', 'dead')))
+    WHERE state = 'queued' AND NOT key_waiting AND queue = $1 AND run_at <= now()
     ORDER BY priority, run_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -126,8 +124,8 @@ RETURNING j.id, j.kind, j.queue, j.priority, j.attempt, j.max_attempts, j.run_at
 // cursor (a more urgent new job, a rescued one) are reached when the fetch
 // loop drops the cursor: on every notification and every poll.
 var sqlClaimAfter = strings.Replace(sqlClaim,
-	"WHERE state = 'queued' AND queue = $1 AND run_at <= now()\n",
-	"WHERE state = 'queued' AND queue = $1 AND run_at <= now()\n      AND (priority, run_at, id) > ($6::smallint, $7::timestamptz, $8::bigint)\n", 1)
+	"WHERE state = 'queued' AND NOT key_waiting AND queue = $1 AND run_at <= now()\n",
+	"WHERE state = 'queued' AND NOT key_waiting AND queue = $1 AND run_at <= now()\n      AND (priority, run_at, id) > ($6::smallint, $7::timestamptz, $8::bigint)\n", 1)
 
 // sqlCompleteMany records the success of a batch of attempts, each fenced by
 // its token. RETURNING names those recorded; the others had lost their lease.
@@ -324,10 +322,11 @@ ORDER BY d.id
 LIMIT $2`
 
 // sqlQueueDepths counts the runnable jobs of each queue and the age of the
-// oldest, from the claim index alone.
+// oldest, from the claim index alone (jobs waiting behind an earlier job of
+// their ordering key are not runnable, and not in it).
 const sqlQueueDepths = `
 SELECT queue, count(*), coalesce(extract(epoch FROM now() - min(run_at)), 0)::float8
-FROM relay_jobs WHERE state = 'queued' AND run_at <= now()
+FROM relay_jobs WHERE state = 'queued' AND NOT key_waiting AND run_at <= now()
 GROUP BY queue`
 
 // sqlDrawIDs draws $1 job ids, in order, for a COPY batch.
@@ -386,12 +385,8 @@ const sqlClaimLimited = `
 WITH candidates AS (
     SELECT id, kind, priority, run_at, tags
     FROM relay_jobs AS c
-    WHERE state = 'queued' AND queue = $1 AND run_at <= now()
+    WHERE state = 'queued' AND NOT key_waiting AND queue = $1 AND run_at <= now()
       AND NOT (kind = ANY($6::text[])) AND NOT (tags && $10::text[])
-      AND (ordering_key IS NULL OR NOT EXISTS (
-          SELECT 1 FROM relay_jobs AS e
-          WHERE e.queue = c.queue AND e.ordering_key = c.ordering_key AND e.id < c.id
-            AND e.state IN ('queued', 'claimed', 'dead')))
     ORDER BY priority, run_at, id
     LIMIT $9
     FOR UPDATE SKIP LOCKED
