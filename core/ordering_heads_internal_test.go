@@ -296,8 +296,9 @@ func TestKeyHeadRepeatableRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Rollback(ctx)                                                     //nolint:errcheck
-	if _, err := tx.Exec(ctx, `SELECT count(*) FROM relay_jobs`); err != nil { // takes the snapshot
+	defer tx.Rollback(ctx) //nolint:errcheck
+	// The first statement takes the transaction's snapshot.
+	if _, err := tx.Exec(ctx, `SELECT count(*) FROM relay_jobs`); err != nil {
 		t.Fatal(err)
 	}
 	completeSQL(t, pool, head...)
