@@ -26,13 +26,14 @@ func runBench(ctx context.Context, args []string) error {
 	jobHash := fs.Int("job-hash", 0, "each handler runs this many rounds of SHA-256")
 	fill := fs.Int("fill-finished", 0, "burn-down: first fill the table with this many finished jobs")
 	backlog := fs.Int("key-backlog", 0, "burn-down: first give one ordering key a running head and this many jobs queued behind it, ahead of the burn-down's jobs")
+	keys := fs.Int("keys", 0, "give every job an ordering key among this many, Zipf-distributed (the outbox-shaped load); prints the order violations found")
 	prefetch := fs.Int("prefetch", 0, "jobs each process may claim beyond --workers (QueueConfig.Prefetch)")
 	traced := fs.Bool("trace", false, "record every span (to a discarding exporter), to measure tracing's cost")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if *jobs < 1 || *workers < 1 || *processes < 1 || *rate < 0 || *fill < 0 || *backlog < 0 {
-		return fmt.Errorf("bench: --jobs, --workers, --processes must be ≥ 1; --rate, --fill-finished, --key-backlog ≥ 0")
+	if *jobs < 1 || *workers < 1 || *processes < 1 || *rate < 0 || *fill < 0 || *backlog < 0 || *keys < 0 {
+		return fmt.Errorf("bench: --jobs, --workers, --processes must be ≥ 1; --rate, --fill-finished, --key-backlog, --keys ≥ 0")
 	}
 	if *traced {
 		os.Setenv(bench.EnvTrace, "1") // the worker processes inherit it
@@ -45,6 +46,9 @@ func runBench(ctx context.Context, args []string) error {
 	defer db.Close()
 	pool, schemaURL := db.Pool, db.URL
 	sys := bench.Relay{}
+	if *keys > 0 {
+		sys.Keys = bench.NewKeyPicker(*keys)
+	}
 	if err := sys.Setup(ctx, pool); err != nil {
 		return err
 	}
@@ -88,6 +92,13 @@ func runBench(ctx context.Context, args []string) error {
 	}
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)
+	}
+	if *keys > 0 {
+		jobs, bad, err := sys.OrderViolations(ctx, pool)
+		if err != nil {
+			return fmt.Errorf("bench: order check: %w", err)
+		}
+		fmt.Printf("bench: ordering keys %d (Zipf): %d jobs started before their key's previous job finished, on %d keys\n", *keys, jobs, bad)
 	}
 	fmt.Println(res.Line())
 	return nil

@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand"
+	"strconv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -13,8 +16,35 @@ import (
 	"github.com/relayq/relay/migrations"
 )
 
-// Relay is the System for this repository's core queue.
-type Relay struct{}
+// Relay is the System for this repository's core queue. The zero value
+// inserts jobs without an ordering key.
+type Relay struct {
+	// Keys, when set, gives every inserted job an ordering key drawn from
+	// it (the outbox-shaped load of issue 17).
+	Keys *KeyPicker
+}
+
+// KeyPicker draws ordering keys "k0" … "k<n-1>", Zipf-distributed (s =
+// 1.1: a few hot keys, a long tail), safe for concurrent use.
+type KeyPicker struct {
+	mu   sync.Mutex
+	zipf *rand.Zipf
+}
+
+// NewKeyPicker returns a picker over n keys.
+func NewKeyPicker(n int) *KeyPicker {
+	return &KeyPicker{zipf: rand.NewZipf(rand.New(rand.NewSource(1)), 1.1, 1, uint64(n-1))}
+}
+
+func (p *KeyPicker) opts() *core.EnqueueOpts {
+	if p == nil {
+		return nil
+	}
+	p.mu.Lock()
+	k := p.zipf.Uint64()
+	p.mu.Unlock()
+	return &core.EnqueueOpts{OrderingKey: "k" + strconv.FormatUint(k, 10)}
+}
 
 type benchArgs struct {
 	Stamp int64 `json:"s"`
@@ -52,18 +82,18 @@ func (Relay) Reset(ctx context.Context, pool *pgxpool.Pool) error {
 	return err
 }
 
-func (Relay) InsertBatch(ctx context.Context, pool *pgxpool.Pool, n int) error {
+func (r Relay) InsertBatch(ctx context.Context, pool *pgxpool.Pool, n int) error {
 	stamp := time.Now().UnixNano()
 	params := make([]core.EnqueueParams, n)
 	for i := range params {
-		params[i] = core.EnqueueParams{Args: benchArgs{Stamp: stamp}}
+		params[i] = core.EnqueueParams{Args: benchArgs{Stamp: stamp}, Opts: r.Keys.opts()}
 	}
 	_, err := core.EnqueueMany(ctx, pool, params)
 	return err
 }
 
-func (Relay) InsertOne(ctx context.Context, pool *pgxpool.Pool, stamp time.Time) error {
-	_, err := core.Enqueue(ctx, pool, benchArgs{Stamp: stamp.UnixNano()}, nil)
+func (r Relay) InsertOne(ctx context.Context, pool *pgxpool.Pool, stamp time.Time) error {
+	_, err := core.Enqueue(ctx, pool, benchArgs{Stamp: stamp.UnixNano()}, r.Keys.opts())
 	return err
 }
 
@@ -112,6 +142,19 @@ func (Relay) FillKeyBacklog(ctx context.Context, pool *pgxpool.Pool, n int) erro
 		}
 	}
 	return nil
+}
+
+// OrderViolations counts the finished bench jobs that started before the
+// previous job of their ordering key had finished (by id: the order in
+// which they were enqueued), and the keys that had any.
+func (Relay) OrderViolations(ctx context.Context, pool *pgxpool.Pool) (jobs, keys int64, err error) {
+	err = pool.QueryRow(ctx, `
+		SELECT count(*), count(DISTINCT ordering_key) FROM (
+		    SELECT ordering_key, attempted_at,
+		           lag(finalized_at) OVER (PARTITION BY queue, ordering_key ORDER BY id) AS prev_done
+		    FROM relay_jobs WHERE kind = 'bench' AND ordering_key IS NOT NULL) AS t
+		WHERE attempted_at < prev_done`).Scan(&jobs, &keys)
+	return jobs, keys, err
 }
 
 func (Relay) EndToEnd(ctx context.Context, pool *pgxpool.Pool) (p50, p95, p99 time.Duration, err error) {
