@@ -68,13 +68,17 @@ RETURNING id, xmax <> 0`
 // sqlClaim leases up to $2 runnable jobs of queue $1 to worker $4 for $3
 // milliseconds, in one statement:
 //
-//   - The CTE walks relay_jobs_claim_idx (queue, priority, run_at, id) over
+//   - The CTE walks relay_jobs_claim_idx (queue, key_waiting, priority,
+//     run_at, id) over
 //     queued rows only, so finished rows cost nothing, and stops at $2 rows.
-//   - The index holds claimable jobs only: a job waiting for an earlier job
-//     of its ordering key (key_waiting) is not in it, so a claim never walks
-//     or probes a busy key's backlog, and unordered jobs queued behind one
-//     cost what they cost beside none. The triggers of the migration
-//     *_ordering_heads keep key_waiting (TestClaimSkipsKeyBacklog).
+//   - A job waiting for an earlier job of its ordering key (key_waiting) is
+//     in a range of the index of its own (queue, true, ...), which the claim
+//     (queue, false, ...) never enters: a claim never walks or probes a busy
+//     key's backlog, and unordered jobs queued behind one cost what they
+//     cost beside none. The triggers of the migration *_ordering_heads keep
+//     key_waiting (TestClaimSkipsKeyBacklog).
+//   - A paused queue (a row in relay_queue_pauses, see core/pause.go)
+//     yields nothing: one primary-key probe, evaluated once per statement.
 //   - FOR UPDATE SKIP LOCKED locks the rows it picks and steps over rows
 //     another worker's claim has locked: claimers never wait on each other,
 //     and no row is picked twice.
@@ -99,6 +103,7 @@ WITH picked AS (
     SELECT id
     FROM relay_jobs AS c
     WHERE state = 'queued' AND NOT key_waiting AND queue = $1 AND run_at <= now()
+      AND NOT EXISTS (SELECT 1 FROM relay_queue_pauses WHERE queue = $1)
     ORDER BY priority, run_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -322,11 +327,10 @@ ORDER BY d.id
 LIMIT $2`
 
 // sqlQueueDepths counts the runnable jobs of each queue and the age of the
-// oldest, from the claim index alone (jobs waiting behind an earlier job of
-// their ordering key are not runnable, and not in it).
+// oldest, from the claim index alone.
 const sqlQueueDepths = `
 SELECT queue, count(*), coalesce(extract(epoch FROM now() - min(run_at)), 0)::float8
-FROM relay_jobs WHERE state = 'queued' AND NOT key_waiting AND run_at <= now()
+FROM relay_jobs WHERE state = 'queued' AND run_at <= now()
 GROUP BY queue`
 
 // sqlDrawIDs draws $1 job ids, in order, for a COPY batch.
@@ -386,6 +390,7 @@ WITH candidates AS (
     SELECT id, kind, priority, run_at, tags
     FROM relay_jobs AS c
     WHERE state = 'queued' AND NOT key_waiting AND queue = $1 AND run_at <= now()
+      AND NOT EXISTS (SELECT 1 FROM relay_queue_pauses WHERE queue = $1)
       AND NOT (kind = ANY($6::text[])) AND NOT (tags && $10::text[])
     ORDER BY priority, run_at, id
     LIMIT $9

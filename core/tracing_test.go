@@ -1,9 +1,11 @@
 package core_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -85,6 +87,11 @@ func TestTracing(t *testing.T) {
 		if len(attempts) != 3 {
 			t.Fatalf("mode %d: %d attempt spans, want 3", mode, len(attempts))
 		}
+		// Spans are recorded as they end, and an attempt's span ends after
+		// its outcome is written, so a quick next attempt may end first.
+		slices.SortFunc(attempts, func(a, b sdktrace.ReadOnlySpan) int {
+			return cmp.Compare(attr(a, "relay.job.attempt").AsInt64(), attr(b, "relay.job.attempt").AsInt64())
+		})
 		j, err := core.JobGet(ctx, pool, res.ID)
 		if err != nil {
 			t.Fatal(err)

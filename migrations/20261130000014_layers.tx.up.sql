@@ -46,7 +46,7 @@ CREATE TABLE relay_outbox_subscriptions (
     endpoint     text        NOT NULL,
     -- The jobs' enqueue options (zero: core's defaults).
     queue        text        NOT NULL,
-    priority     integer     NOT NULL,
+    priority     integer,     -- NULL: the kind's default
     max_attempts integer     NOT NULL,
     metadata     jsonb       NOT NULL,
     created_at   timestamptz NOT NULL DEFAULT now(),

@@ -6,9 +6,9 @@
 -- queued behind a busy key paid for walking its whole backlog (10 / 67 /
 -- 230-270 ms per claim beside 1k / 10k / 100k blocked jobs).
 --
--- Now a job that waits for an earlier job of its key is marked key_waiting
--- and left out of the claim index, which holds only claimable rows; the
--- claim walks no blocked job and probes nothing. The rule is unchanged: a
+-- Now a job that waits for an earlier job of its key is marked key_waiting,
+-- which the claim index holds apart (its second column): the claim walks no
+-- blocked job and probes nothing. The rule is unchanged: a
 -- queued job waits while an earlier job (lower id) of its key and queue is
 -- queued, claimed or dead. key_waiting is a column, not a state: the state
 -- machine is unchanged, and jobs without a key never touch any of this (the
@@ -51,10 +51,13 @@ WHERE j.ordering_key IS NOT NULL AND j.state = 'queued'
               WHERE e.queue = j.queue AND e.ordering_key = j.ordering_key AND e.id < j.id
                 AND e.state IN ('queued', 'claimed', 'dead'));
 
--- The claim index holds claimable jobs only.
+-- The claim index puts a queue's waiting jobs in a range of their own: the
+-- claim reads (queue, false, ...) in priority, run_at, id order and never
+-- steps on one. Its predicate stays state = 'queued', so every other query
+-- of queued jobs (admin lists and counts, queue depths) is served as before.
 DROP INDEX relay_jobs_claim_idx;
-CREATE INDEX relay_jobs_claim_idx ON relay_jobs (queue, priority, run_at, id)
-    WHERE state = 'queued' AND NOT key_waiting;
+CREATE INDEX relay_jobs_claim_idx ON relay_jobs (queue, key_waiting, priority, run_at, id)
+    WHERE state = 'queued';
 
 -- A keyed insert waits if an earlier job of its key is unfinished (rows
 -- inserted earlier by the same statement included).

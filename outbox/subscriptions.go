@@ -31,7 +31,7 @@ type SubscriptionInfo struct {
 	Kind        string
 	Endpoint    string
 	Queue       string
-	Priority    int
+	Priority    *int // nil: the job kind's default
 	MaxAttempts int
 	Metadata    json.RawMessage
 	CreatedAt   time.Time

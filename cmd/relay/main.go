@@ -33,6 +33,9 @@ Usage:
   relay bench [flags]                  measure throughput and latency: a burn-down of
                                        --jobs, or --rate jobs/s for --duration
                                        (relay bench -h lists the flags)
+  relay serve   [flags]                serve the admin API, /metrics, /healthz, /readyz
+                                       (relay serve -h lists the flags; docs/admin.md)
+  relay token   [flags]                print a development token signed with $RELAY_JWT_SECRET
 
 The database URL defaults to $DATABASE_URL.
 `
@@ -75,6 +78,10 @@ func run(args []string) int {
 		err = runProveIdemWorker(ctx, args[1:])
 	case "prove-scheduler":
 		err = runProveSchedulerProcess(ctx, args[1:])
+	case "serve":
+		err = runServe(ctx, args[1:])
+	case "token":
+		err = runToken(args[1:])
 	case "help", "-h", "--help", "-help":
 		fmt.Print(usage)
 		return 0

@@ -22,6 +22,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -114,9 +115,21 @@ func run(ctx context.Context, url string, out io.Writer) (result, error) {
 		tp.Shutdown(sctx) //nolint:errcheck // a failed export is reported by ForceFlush below
 	}()
 	otel.SetTracerProvider(tp)
-	// A failed export is reported once, by the ForceFlush below, not also
-	// logged by the SDK at every retry and at shutdown.
-	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(error) {}))
+	// A failed export is reported once, after the run, not logged by the
+	// SDK at every retry and at shutdown. The batcher may export (and fail)
+	// before the final ForceFlush, which then has nothing left to send: the
+	// first error the SDK reports is kept for that case.
+	var firstExportErr struct {
+		sync.Mutex
+		err error
+	}
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+		firstExportErr.Lock()
+		defer firstExportErr.Unlock()
+		if firstExportErr.err == nil {
+			firstExportErr.err = err
+		}
+	}))
 
 	// A schema of its own, reset at each run: the example runs again and
 	// again on a shared DATABASE_URL and never counts another run's rows.
@@ -174,6 +187,11 @@ func run(ctx context.Context, url string, out io.Writer) (result, error) {
 	fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	res.ExportErr = tp.ForceFlush(fctx)
+	if res.ExportErr == nil {
+		firstExportErr.Lock()
+		res.ExportErr = firstExportErr.err
+		firstExportErr.Unlock()
+	}
 	return res, nil
 }
 

@@ -1,0 +1,170 @@
+// Package admin is Relay's admin API: an http.Handler over jobs, queues,
+// schedules, the outbox, idempotency keys and the audit log, for an operator
+// who needs to find a dead job, read why it died and requeue it — safely,
+// with nobody else able to.
+//
+// Every request is authenticated by a bearer JWT (see Auth) and authorised by
+// scope: relay:read for every GET, relay:write for every change. Every change
+// writes a row to the audit log in the same transaction. Every error is an
+// RFC 9457 application/problem+json body, including unknown routes (404) and
+// wrong methods (405). The OpenAPI 3.1 document is served at /openapi.json;
+// it is generated from the handlers' Go types by huma, so it cannot drift
+// from them.
+//
+// Changes go through the public APIs of core (Cancel, Requeue, PauseQueue,
+// ResumeQueue) and scheduler (Pause, Resume, TriggerNow); reads and the few
+// changes those packages have no call for (retry now, delete a finished job,
+// redispatch an outbox event, delete an idempotency key) are statements of
+// its own, all in admin/queries.go. No database row type crosses the API
+// boundary.
+package admin
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/danielgtaylor/huma/v2"
+	"github.com/danielgtaylor/huma/v2/adapters/humago"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/outbox"
+)
+
+// Config configures Handler. Auth (or NoAuth) is needed; the zero value of
+// every other field is a sensible default.
+type Config struct {
+	// Auth verifies bearer tokens. Required unless NoAuth is set.
+	Auth *Auth
+	// NoAuth serves every request without a token, as subject "anonymous"
+	// with every scope. Only for a handler reachable from loopback alone;
+	// relay serve refuses it on any other address.
+	NoAuth bool
+	// Subscriptions are the outbox subscriptions to report at
+	// /v1/outbox/subscriptions (they live in code, not in the database).
+	Subscriptions []outbox.Subscription
+	// BulkBatchSize caps the jobs a bulk operation changes per transaction.
+	// Default 500.
+	BulkBatchSize int
+	// BulkTimeBudget is how long a bulk operation keeps starting batches;
+	// when it runs out the answer says done: false, with the counts so far,
+	// and running the operation again continues. Default 20s.
+	BulkTimeBudget time.Duration
+	// RequestTimeout bounds every request's work. Default 60s.
+	RequestTimeout time.Duration
+	// TraceURL, when set, makes each traced job link to its trace: the URL
+	// with {trace_id} replaced ("http://jaeger:16686/trace/{trace_id}").
+	TraceURL string
+	// Logger receives unexpected errors. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Version is the API's version in its OpenAPI document.
+const Version = "1.0.0"
+
+// maxBodyBytes bounds every request body; a larger one is refused with 413.
+const maxBodyBytes = 64 << 10
+
+// server holds what every handler needs.
+type server struct {
+	pool     *pgxpool.Pool
+	cfg      Config
+	log      *slog.Logger
+	verifier *verifier
+}
+
+// Handler returns the admin API as an http.Handler, to serve on its own (relay
+// serve) or to mount in a service's mux (with http.StripPrefix when mounted
+// under a path). It fails when cfg asks for no authentication without saying
+// so, or when the auth configuration is unusable.
+func Handler(pool *pgxpool.Pool, cfg *Config) (http.Handler, error) {
+	h, _, err := newAPI(pool, cfg)
+	return h, err
+}
+
+// newAPI builds the handler and returns its huma API too (tests read its
+// OpenAPI document).
+func newAPI(pool *pgxpool.Pool, cfg *Config) (http.Handler, huma.API, error) {
+	if pool == nil {
+		return nil, nil, errors.New("admin: nil pool")
+	}
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	c.BulkBatchSize = cmp.Or(c.BulkBatchSize, 500)
+	c.BulkTimeBudget = cmp.Or(c.BulkTimeBudget, 20*time.Second)
+	c.RequestTimeout = cmp.Or(c.RequestTimeout, 60*time.Second)
+	s := &server{pool: pool, cfg: c, log: cmp.Or(c.Logger, slog.Default())}
+	switch {
+	case c.Auth != nil && c.NoAuth:
+		return nil, nil, errors.New("admin: both Auth and NoAuth set")
+	case c.Auth != nil:
+		v, err := newVerifier(c.Auth)
+		if err != nil {
+			return nil, nil, err
+		}
+		s.verifier = v
+	case !c.NoAuth:
+		return nil, nil, errors.New("admin: no Auth configured (set NoAuth to serve without authentication)")
+	}
+	if c.TraceURL != "" && !strings.Contains(c.TraceURL, "{trace_id}") {
+		return nil, nil, errors.New("admin: TraceURL must contain {trace_id}")
+	}
+
+	mux := http.NewServeMux()
+	hc := huma.DefaultConfig("Relay admin API", Version)
+	hc.Info.Description = "Jobs, queues, schedules, outbox and idempotency keys of a Relay database. " +
+		"GET needs scope relay:read, every change relay:write. Errors are RFC 9457 problem+json."
+	hc.DocsPath = ""     // the docs page loads scripts from a CDN; the document is enough
+	hc.SchemasPath = ""  // schemas are inline in /openapi.json
+	hc.CreateHooks = nil // no $schema links in bodies: a body is exactly its type
+	hc.RejectUnknownQueryParameters = true
+	hc.Components.SecuritySchemes = map[string]*huma.SecurityScheme{
+		"bearer": {Type: "http", Scheme: "bearer", BearerFormat: "JWT",
+			Description: "A JWT with scope relay:read (GETs) and/or relay:write (changes)."},
+	}
+	hc.Transformers = append(hc.Transformers, problemTransformer)
+	api := humago.New(mux, hc)
+	api.UseMiddleware(s.authenticate(api))
+
+	s.registerJobs(api)
+	s.registerQueues(api)
+	s.registerSchedules(api)
+	s.registerOutbox(api)
+	s.registerIdempotency(api)
+	s.registerAudit(api)
+	s.registerWhoami(api)
+	s.registerWorkflows(api)
+	return problemRouter{mux: mux}, api, nil
+}
+
+// op is the common shape of every operation: its id, method, path, summary,
+// tags, the bearer requirement with its scope, and the body bound.
+func op(id, method, path, summary, tag string) huma.Operation {
+	scope := ScopeWrite
+	if method == http.MethodGet {
+		scope = ScopeRead
+	}
+	return huma.Operation{
+		OperationID:  id,
+		Method:       method,
+		Path:         path,
+		Summary:      summary,
+		Tags:         []string{tag},
+		Security:     []map[string][]string{{"bearer": {scope}}},
+		MaxBodyBytes: maxBodyBytes,
+		Errors:       []int{http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden, http.StatusUnprocessableEntity},
+	}
+}
+
+// internalError logs an unexpected error and returns a 500 problem that
+// does not leak it.
+func (s *server) internalError(what string, err error) error {
+	s.log.Error("admin: "+what, "err", err)
+	return huma.Error500InternalServerError(fmt.Sprintf("%s failed; see the server log", what))
+}

@@ -1,0 +1,179 @@
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/danielgtaylor/huma/v2"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/relayq/relay/scheduler"
+)
+
+// Schedule is a stored schedule with its coming and latest fires.
+type Schedule struct {
+	Name     string          `json:"name"`
+	Spec     string          `json:"spec"`
+	TimeZone string          `json:"time_zone"`
+	Kind     string          `json:"kind"`
+	Args     json.RawMessage `json:"args"`
+	Queue    string          `json:"queue"`
+	CatchUp  string          `json:"catch_up"`
+	Overlap  string          `json:"overlap"`
+	Paused   bool            `json:"paused"`
+	// DisabledAt is set when the last process to start did not declare the
+	// schedule; it does not fire.
+	DisabledAt *time.Time `json:"disabled_at,omitempty"`
+	// NextFires are the coming fire times, the first being the next fire
+	// not yet handled (it may be in the past while a scheduler catches up).
+	NextFires []time.Time `json:"next_fires"`
+	LastFires []Fire      `json:"last_fires" doc:"Latest fires first"`
+}
+
+// Fire is one handled fire time of a schedule.
+type Fire struct {
+	FireTime   time.Time `json:"fire_time"`
+	Outcome    string    `json:"outcome" enum:"enqueued,skipped_overlap,triggered"`
+	JobID      *int64    `json:"job_id,omitempty"`
+	RecordedAt time.Time `json:"recorded_at"`
+}
+
+type listSchedulesInput struct {
+	Next int `query:"next" minimum:"1" maximum:"20" default:"5" doc:"How many coming fire times to show"`
+	Last int `query:"last" minimum:"0" maximum:"50" default:"5" doc:"How many latest fires to show"`
+}
+
+type listSchedulesOutput struct {
+	Body struct {
+		Items []Schedule `json:"items" doc:"Every schedule, by name (schedules are declared in code and few: no paging)"`
+	}
+}
+
+type scheduleInput struct {
+	Name string `path:"name" minLength:"1" maxLength:"200"`
+	Next int    `query:"next" minimum:"1" maximum:"20" default:"5"`
+	Last int    `query:"last" minimum:"0" maximum:"50" default:"5"`
+}
+
+type scheduleNameInput struct {
+	Name string `path:"name" minLength:"1" maxLength:"200"`
+}
+
+type scheduleOutput struct {
+	Body Schedule
+}
+
+// ScheduleChange says what a schedule action did.
+type ScheduleChange struct {
+	Name   string `json:"name"`
+	Action string `json:"action" enum:"pause,resume,trigger"`
+	// JobID is the job a trigger enqueued.
+	JobID int64 `json:"job_id,omitempty"`
+}
+
+type scheduleChangeOutput struct {
+	Body ScheduleChange
+}
+
+func (s *server) registerSchedules(api huma.API) {
+	huma.Register(api, op("list-schedules", http.MethodGet, "/v1/schedules", "List schedules with next and last fires", "schedules"),
+		func(ctx context.Context, in *listSchedulesInput) (*listSchedulesOutput, error) {
+			items, err := s.schedules(ctx, "", in.Next, in.Last)
+			if err != nil {
+				return nil, s.internalError("list schedules", err)
+			}
+			out := &listSchedulesOutput{}
+			out.Body.Items = items
+			return out, nil
+		})
+	huma.Register(api, op("get-schedule", http.MethodGet, "/v1/schedules/{name}", "Get one schedule", "schedules"),
+		func(ctx context.Context, in *scheduleInput) (*scheduleOutput, error) {
+			items, err := s.schedules(ctx, in.Name, in.Next, in.Last)
+			if err != nil {
+				return nil, s.internalError("get schedule", err)
+			}
+			if len(items) == 0 {
+				return nil, huma.Error404NotFound(fmt.Sprintf("schedule %q not found", in.Name))
+			}
+			return &scheduleOutput{Body: items[0]}, nil
+		})
+	for _, a := range []struct {
+		action, summary string
+		do              func(ctx context.Context, name string) (int64, error)
+	}{
+		{"pause", "Pause a schedule (lasts across restarts)", func(ctx context.Context, name string) (int64, error) {
+			return 0, scheduler.Pause(ctx, s.pool, name)
+		}},
+		{"resume", "Resume a paused schedule", func(ctx context.Context, name string) (int64, error) {
+			return 0, scheduler.Resume(ctx, s.pool, name)
+		}},
+		{"trigger", "Enqueue the schedule's job now, as an extra fire", func(ctx context.Context, name string) (int64, error) {
+			r, err := scheduler.TriggerNow(ctx, s.pool, name)
+			return r.ID, err
+		}},
+	} {
+		o := op(a.action+"-schedule", http.MethodPost, "/v1/schedules/{name}/"+a.action, a.summary, "schedules")
+		o.Description = "Made through the scheduler package's API, which runs its own statement; the audit row is written " +
+			"in a transaction held open around that call and committed only when the call succeeded."
+		huma.Register(api, o, func(ctx context.Context, in *scheduleNameInput) (*scheduleChangeOutput, error) {
+			var jobID int64
+			_, err := s.change(ctx, "schedules."+a.action, map[string]any{"name": in.Name}, func(pgx.Tx) (int64, error) {
+				var err error
+				jobID, err = a.do(ctx, in.Name)
+				return 1, err
+			})
+			if errors.Is(err, scheduler.ErrNotFound) {
+				return nil, huma.Error404NotFound(fmt.Sprintf("schedule %q not found", in.Name))
+			}
+			if err != nil {
+				return nil, s.internalError(a.action+" schedule", err)
+			}
+			return &scheduleChangeOutput{Body: ScheduleChange{Name: in.Name, Action: a.action, JobID: jobID}}, nil
+		})
+	}
+}
+
+// schedules reads every schedule (or the one named) with its fires.
+func (s *server) schedules(ctx context.Context, name string, next, last int) ([]Schedule, error) {
+	infos, err := scheduler.List(ctx, s.pool)
+	if err != nil {
+		return nil, err
+	}
+	out := []Schedule{}
+	for _, in := range infos {
+		if name != "" && in.Name != name {
+			continue
+		}
+		sc := Schedule{Name: in.Name, Spec: in.Spec, TimeZone: in.TimeZone, Kind: in.Kind, Args: in.Args, Queue: in.Queue,
+			CatchUp: in.CatchUp, Overlap: in.Overlap, Paused: in.Paused, DisabledAt: in.DisabledAt,
+			NextFires: []time.Time{}, LastFires: []Fire{}}
+		if loc, err := time.LoadLocation(in.TimeZone); err == nil {
+			if spec, err := scheduler.ParseSpec(in.Spec, loc); err == nil {
+				t := in.NextFireAt
+				for range next {
+					sc.NextFires = append(sc.NextFires, t)
+					t = spec.Next(t)
+				}
+			}
+		}
+		if last > 0 {
+			rows, err := s.pool.Query(ctx, sqlScheduleFires, in.Name, last)
+			if err != nil {
+				return nil, err
+			}
+			sc.LastFires, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Fire, error) {
+				var f Fire
+				return f, r.Scan(&f.FireTime, &f.Outcome, &f.JobID, &f.RecordedAt)
+			})
+			if err != nil {
+				return nil, err
+			}
+		}
+		out = append(out, sc)
+	}
+	return out, nil
+}

@@ -1,0 +1,166 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/relayq/relay/admin"
+	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/telemetry"
+)
+
+// runServe serves the admin API, /metrics, /healthz and /readyz until ctx
+// ends (SIGINT/SIGTERM), then shuts down gracefully.
+func runServe(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	url := fs.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL")
+	listen := fs.String("listen", "127.0.0.1:8080", "address to listen on")
+	issuer := fs.String("issuer", defaultIssuer, "required iss claim of tokens")
+	audience := fs.String("audience", defaultAudience, "required aud claim of tokens")
+	jwks := fs.String("jwks-file", "", "JWKS file of RS256/ES256 public keys (instead of $"+secretEnv+")")
+	noAuth := fs.Bool("no-auth", false, "serve without authentication (loopback addresses only)")
+	traceURL := fs.String("trace-url", "", "link each traced job to its trace: a URL with {trace_id}, e.g. http://localhost:16686/trace/{trace_id}")
+	demoWorkers := fs.Bool("demo-workers", false, "also run workers for the demo's jobs, with demo.doomed fixed (the README walkthrough)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *url == "" {
+		return errors.New("serve: no database: pass --database-url or set $DATABASE_URL")
+	}
+	cfg := &admin.Config{Logger: slog.Default(), TraceURL: *traceURL}
+	secret := os.Getenv(secretEnv)
+	switch {
+	case *jwks != "":
+		cfg.Auth = &admin.Auth{Issuer: *issuer, Audience: *audience, JWKSFile: *jwks}
+	case secret != "":
+		cfg.Auth = &admin.Auth{Issuer: *issuer, Audience: *audience, HS256Secret: []byte(secret)}
+	case *noAuth:
+		cfg.NoAuth = true
+	default:
+		return errors.New("serve: no authentication configured: set $" + secretEnv + " (HS256), pass --jwks-file, or --no-auth on a loopback address")
+	}
+	if cfg.Auth != nil && *noAuth {
+		return errors.New("serve: --no-auth given with authentication configured")
+	}
+	if cfg.NoAuth && !isLoopback(*listen) {
+		return fmt.Errorf("serve: refusing to listen on %s without authentication (only loopback addresses may use --no-auth)", *listen)
+	}
+
+	pool, err := pgxpool.New(ctx, *url)
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	defer pool.Close()
+	api, err := admin.Handler(pool, cfg)
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	mp, metrics, err := telemetry.Prometheus()
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	defer mp.Shutdown(context.WithoutCancel(ctx)) //nolint:errcheck // nothing left to report to
+
+	if *demoWorkers {
+		stop, err := startDemoWorkers(ctx, pool, mp)
+		if err != nil {
+			return fmt.Errorf("serve: demo workers: %w", err)
+		}
+		defer stop()
+	}
+
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", metrics)
+	mux.Handle("GET /healthz", admin.Healthz())
+	mux.Handle("GET /readyz", admin.Readyz(pool))
+	mux.Handle("/", api)
+	srv := &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      60 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	auth := "JWT (" + *issuer + ", " + *audience + ")"
+	if cfg.NoAuth {
+		auth = "NO AUTHENTICATION (loopback only)"
+	}
+	fmt.Printf("relay serve: admin API on http://%s (auth: %s); /openapi.json, /metrics, /healthz, /readyz\n", ln.Addr(), auth)
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	shutCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutCtx); err != nil {
+		return fmt.Errorf("serve: shutdown: %w", err)
+	}
+	return nil
+}
+
+// isLoopback reports whether addr (host:port) listens on loopback only.
+// An empty host (":8080") listens on every interface.
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil || host == "" {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// startDemoWorkers runs the demo's workers on queue "demo", with the
+// always-failing demo.doomed fixed (its card now goes through), so that a
+// dead demo job requeued through the API succeeds. It returns the stop.
+func startDemoWorkers(ctx context.Context, pool *pgxpool.Pool, mp metric.MeterProvider) (func(), error) {
+	ws := core.NewWorkers()
+	core.MustAddWorker(ws, core.WorkFunc[greetArgs](func(ctx context.Context, j *core.Job[greetArgs]) error { return nil }))
+	core.MustAddWorker(ws, core.WorkFunc[flakyArgs](func(ctx context.Context, j *core.Job[flakyArgs]) error {
+		if j.Attempt <= j.Args.FailTimes {
+			return fmt.Errorf("upstream unavailable (attempt %d)", j.Attempt)
+		}
+		return nil
+	}))
+	core.MustAddWorker(ws, core.WorkFunc[doomedArgs](func(ctx context.Context, j *core.Job[doomedArgs]) error {
+		fmt.Printf("relay serve: demo worker: job %d %s attempt %d succeeds (the card goes through now)\n", j.ID, j.Kind, j.Attempt)
+		return nil
+	}))
+	client, err := core.NewClient(pool, &core.Config{
+		Workers:       ws,
+		Queues:        map[string]core.QueueConfig{"demo": {MaxWorkers: 4}},
+		MeterProvider: mp,
+		Logger:        slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := client.Start(ctx); err != nil {
+		return nil, err
+	}
+	return func() {
+		stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		client.Stop(stopCtx) //nolint:errcheck // shutting down
+	}, nil
+}
