@@ -25,7 +25,7 @@ func runBench(ctx context.Context, args []string) error {
 	jobSleep := fs.Duration("job-sleep", 0, "each handler sleeps this long")
 	jobHash := fs.Int("job-hash", 0, "each handler runs this many rounds of SHA-256")
 	fill := fs.Int("fill-finished", 0, "burn-down: first fill the table with this many finished jobs")
-	backlog := fs.Int("key-backlog", 0, "burn-down: first give one ordering key a running head and this many jobs queued behind it, ahead of the burn-down's jobs")
+	backlog := fs.Int("key-backlog", 0, "first give one ordering key a running head and this many jobs queued behind it, ahead of the burn-down's jobs")
 	keys := fs.Int("keys", 0, "give every job an ordering key among this many, Zipf-distributed (the outbox-shaped load); prints the order violations found")
 	prefetch := fs.Int("prefetch", 0, "jobs each process may claim beyond --workers (QueueConfig.Prefetch)")
 	traced := fs.Bool("trace", false, "record every span (to a discarding exporter), to measure tracing's cost")
@@ -63,9 +63,21 @@ func runBench(ctx context.Context, args []string) error {
 	fmt.Printf("bench: %s\nbench: relay: %s\n", bench.Machine(ctx, pool), sys.Describe(cfg))
 
 	var res bench.Result
+	if *backlog > 0 && *rate > 0 {
+		if err := sys.Reset(ctx, pool); err != nil {
+			return err
+		}
+		fmt.Printf("bench: one ordering key with a running head and %d jobs queued behind it\n", *backlog)
+		if err := sys.FillKeyBacklog(ctx, pool, *backlog); err != nil {
+			return err
+		}
+		if _, err := pool.Exec(ctx, "VACUUM ANALYZE relay_jobs"); err != nil {
+			return err
+		}
+	}
 	if *rate > 0 {
 		fmt.Printf("bench: steady %d jobs/s for %s, %d process(es) × %d workers\n", *rate, *duration, *processes, *workers)
-		res, err = bench.RunSteady(ctx, env, sys, bench.Steady{Rate: *rate, Duration: *duration, Workers: *workers, Prefetch: *prefetch, Processes: *processes, Job: job})
+		res, err = bench.RunSteady(ctx, env, sys, bench.Steady{Rate: *rate, Duration: *duration, Workers: *workers, Prefetch: *prefetch, Processes: *processes, Job: job, KeepTable: *backlog > 0})
 	} else {
 		if *fill > 0 {
 			fmt.Printf("bench: filling the table with %d finished jobs\n", *fill)

@@ -165,6 +165,8 @@ type Steady struct {
 	Job       Job
 	// Producers is the number of goroutines inserting. Default 32.
 	Producers int
+	// KeepTable skips emptying the table first (a key's backlog stays).
+	KeepTable bool
 }
 
 // RunSteady offers Rate single-job inserts per second for Duration to
@@ -177,8 +179,10 @@ func RunSteady(ctx context.Context, env Env, sys System, o Steady) (Result, erro
 	}
 	o.Processes = max(o.Processes, 1)
 	r := Result{Mode: "steady", System: sys.Name(), Workers: o.Workers, Processes: o.Processes, Job: o.Job}
-	if err := sys.Reset(ctx, env.Pool); err != nil {
-		return r, fmt.Errorf("reset: %w", err)
+	if !o.KeepTable {
+		if err := sys.Reset(ctx, env.Pool); err != nil {
+			return r, fmt.Errorf("reset: %w", err)
+		}
 	}
 	f, err := startFleet(ctx, env, sys, WorkerConfig{Workers: o.Workers, Prefetch: o.Prefetch, Job: o.Job}, o.Processes)
 	if err != nil {
