@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/core"
@@ -93,8 +94,21 @@ func (r Relay) InsertBatch(ctx context.Context, pool *pgxpool.Pool, n int) error
 }
 
 func (r Relay) InsertOne(ctx context.Context, pool *pgxpool.Pool, stamp time.Time) error {
-	_, err := core.Enqueue(ctx, pool, benchArgs{Stamp: stamp.UnixNano()}, r.Keys.opts())
-	return err
+	opts := r.Keys.opts()
+	if opts == nil {
+		_, err := core.Enqueue(ctx, pool, benchArgs{Stamp: stamp.UnixNano()}, nil)
+		return err
+	}
+	// Producers of one key serialise on a lock taken before the job's id
+	// is drawn, as outbox.Publish does, so that a key's ids follow commit
+	// order: the order the jobs must run in.
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, opts.OrderingKey); err != nil {
+			return err
+		}
+		_, err := core.Enqueue(ctx, tx, benchArgs{Stamp: stamp.UnixNano()}, opts)
+		return err
+	})
 }
 
 // FillFinished writes succeeded rows directly. The insert trigger admits
