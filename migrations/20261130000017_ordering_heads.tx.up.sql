@@ -41,6 +41,12 @@
 -- Several waiting jobs inserted by one transaction (the outbox's batches)
 -- check once: a job whose nearest earlier unfinished job was written by
 -- the same transaction leaves the check to it.
+--
+-- A transaction that holds the heads of several keys at its commit, racing
+-- a completion batch of the same heads in the other order, can deadlock
+-- for the moment of the commit; PostgreSQL breaks it (40P01) and the loser
+-- retries (the client's completer retries on its own). Rare: both must
+-- touch two heads of the same keys within the same commit window.
 
 ALTER TABLE relay_jobs ADD COLUMN key_waiting boolean NOT NULL DEFAULT false;
 
