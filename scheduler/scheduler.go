@@ -477,12 +477,15 @@ func recordFire(ctx context.Context, tx pgx.Tx, name string, ft time.Time, outco
 
 // enqueueFire enqueues a fire's job in tx and links the fire record to it.
 func enqueueFire(ctx context.Context, tx pgx.Tx, r *row, ft time.Time) (int64, error) {
-	meta := map[string]any{}
-	if err := json.Unmarshal(r.metadata, &meta); err != nil {
+	// Values stay raw JSON: decoding them into any would turn large numbers
+	// into float64 and change them on the way to the job.
+	stored := map[string]json.RawMessage{}
+	if err := json.Unmarshal(r.metadata, &stored); err != nil {
 		return 0, fmt.Errorf("decode stored metadata: %w", err)
 	}
-	if meta == nil { // stored JSON null
-		meta = map[string]any{}
+	meta := make(map[string]any, len(stored)+2)
+	for k, v := range stored { // a stored JSON null leaves stored nil: no keys
+		meta[k] = v
 	}
 	meta[MetaSchedule] = r.name
 	meta[MetaFireTime] = ft.UTC().Format(time.RFC3339Nano)

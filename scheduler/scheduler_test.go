@@ -316,3 +316,32 @@ func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
 	t.Helper()
 	return testdb.Count(t, pool, sql, args...)
 }
+
+// A schedule's metadata reaches each fire's job exactly: a large integer is
+// not turned into a float64 on the way.
+func TestFireKeepsMetadataNumbersExact(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	s, err := scheduler.New(pool, &scheduler.Config{Schedules: []scheduler.Schedule{{
+		Name: "exact", Spec: "@every 1h", Args: reportArgs{Region: "eu"},
+		Opts: &core.EnqueueOpts{Metadata: map[string]any{"order_id": json.Number("1234567890123456789")}},
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Declare(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res, err := scheduler.TriggerNow(ctx, pool, "exact")
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := core.JobGet(ctx, pool, res.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(j.Metadata), `"order_id": 1234567890123456789`) && !strings.Contains(string(j.Metadata), `"order_id":1234567890123456789`) {
+		t.Fatalf("job metadata %s: the schedule's order_id changed", j.Metadata)
+	}
+}
