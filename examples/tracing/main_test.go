@@ -204,64 +204,14 @@ func TestWorkflowTraceInJaeger(t *testing.T) {
 // first two with error status. Needs the Jaeger binary: .ci/run builds it
 // (tools/jaeger/build.sh) and sets RELAY_JAEGER_BIN.
 func TestTraceInJaeger(t *testing.T) {
-	bin := os.Getenv("RELAY_JAEGER_BIN")
-	if bin == "" {
-		t.Skip("RELAY_JAEGER_BIN not set (tools/jaeger/build.sh builds Jaeger; .ci/run sets it)")
-	}
-	queryHTTP, queryGRPC, otlpGRPC, otlpHTTP := freePort(t), freePort(t), freePort(t), freePort(t)
-	cfg := filepath.Join(t.TempDir(), "jaeger.yaml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(jaegerConfig, queryHTTP, queryGRPC, otlpGRPC, otlpHTTP)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	var logs bytes.Buffer
-	cmd := exec.Command(bin, "--config", cfg)
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { cmd.Process.Kill(); cmd.Wait() }()
-	api := fmt.Sprintf("http://127.0.0.1:%d", queryHTTP)
-	testdb.WaitFor(t, "Jaeger's query API", func() bool {
-		resp, err := http.Get(api + "/api/services")
-		if err == nil {
-			resp.Body.Close()
-		}
-		return err == nil && resp.StatusCode == 200
-	})
-
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", fmt.Sprintf("http://127.0.0.1:%d", otlpHTTP))
+	api, logs := startJaeger(t)
 	var out bytes.Buffer
 	res, err := run(context.Background(), testdb.URL(t), &out)
 	if err != nil || res.TraceID == "" || res.ExportErr != nil {
 		t.Fatalf("run: %+v %v\n%s", res, err, out.String())
 	}
 	traceID := res.TraceID
-
-	var spans []otlpSpan
-	testdb.WaitFor(t, "the trace in Jaeger", func() bool {
-		resp, err := http.Get(api + "/api/v3/traces/" + traceID)
-		if err != nil {
-			return false
-		}
-		defer resp.Body.Close()
-		var body struct {
-			Result struct {
-				ResourceSpans []struct {
-					ScopeSpans []struct {
-						Spans []otlpSpan `json:"spans"`
-					} `json:"scopeSpans"`
-				} `json:"resourceSpans"`
-			} `json:"result"`
-		}
-		if resp.StatusCode != 200 || json.NewDecoder(resp.Body).Decode(&body) != nil {
-			return false
-		}
-		spans = spans[:0]
-		for _, rs := range body.Result.ResourceSpans {
-			for _, ss := range rs.ScopeSpans {
-				spans = append(spans, ss.Spans...)
-			}
-		}
+	spans := traceSpans(t, api, traceID, func(spans []otlpSpan) bool {
 		return len(spans) >= 7 // producer, 3 attempts, 3 handler spans
 	})
 	var producers, attempts, failed int
