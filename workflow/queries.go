@@ -1,22 +1,31 @@
 package workflow
 
+import "github.com/relayq/relay/internal/jobinsert"
+
 // All of the workflow layer's SQL. Every write an execution makes (a
 // checkpoint, a consumed signal, a child started, the run's outcome) runs in
 // a transaction that ends with core.HoldLease on the run's job: it commits
 // only while the execution's attempt still holds the run, so a late
 // execution can record nothing (see fence in execution.go).
 
-// sqlInsertRun creates a run unless its id exists. RETURNING is empty for
-// an existing id; sqlRunIdentity then says which workflow holds it.
-const sqlInsertRun = `
-INSERT INTO relay_workflow_runs (id, workflow, input, queue, parent_id, parent_position, trace)
-VALUES ($1, $2, $3::jsonb, $4, nullif($5, ''), $6, $7::jsonb)
-ON CONFLICT (id) DO NOTHING
-RETURNING id`
+// sqlStartRun creates a run unless its id exists and, with it, the core
+// job that executes it: the job's id is drawn from relay_jobs' sequence
+// into the run row, and the core's enqueue statement (internal/jobinsert)
+// inserts the job, through relay_jobs' triggers, once per run row
+// inserted. It returns the job's id; no row for an existing id, which
+// sqlRunIdentity then says which workflow holds.
+var sqlStartRun = `
+WITH run AS (
+    INSERT INTO relay_workflow_runs (id, workflow, input, queue, parent_id, parent_position, trace, job_id)
+    VALUES ($1, $2, $3::jsonb, $4, nullif($5, ''), $6, $7::jsonb, nextval(pg_get_serial_sequence('relay_jobs', 'id')))
+    ON CONFLICT (id) DO NOTHING
+    RETURNING job_id
+), job AS (` + jobinsert.SQL("run", "job_id", 8) + `)
+SELECT id FROM job`
 
 const sqlRunIdentity = `SELECT workflow FROM relay_workflow_runs WHERE id = $1`
 
-// sqlSetRunJob records the job that executes run $1.
+// sqlSetRunJob records the job that executes run $1 (Retry).
 const sqlSetRunJob = `UPDATE relay_workflow_runs SET job_id = $2 WHERE id = $1`
 
 // sqlLoadRun reads what an execution needs of its run, the job executing

@@ -17,6 +17,7 @@ import (
 
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/internal/dbx"
+	"github.com/relayq/relay/internal/jobinsert"
 )
 
 // StartOpts tune one Start. The zero value (or nil) means: a random run id,
@@ -111,8 +112,11 @@ type parentLink struct {
 	position int
 }
 
-// startRun writes the run and its job in one transaction (the caller's, or
-// one of its own).
+// errRunExists ends the producer span of a start whose run id was taken.
+var errRunExists = errors.New("workflow: run id exists; nothing started")
+
+// startRun writes the run and its job in one statement (in the caller's
+// transaction, or its own).
 func startRun(ctx context.Context, db core.DB, tracer trace.Tracer, name string, input []byte, opts *StartOpts, parent *parentLink) (string, bool, error) {
 	var o StartOpts
 	if opts != nil {
@@ -152,37 +156,45 @@ func startRun(ctx context.Context, db core.DB, tracer trace.Tracer, name string,
 	if parent != nil {
 		parentID, parentPos = parent.runID, &parent.position
 	}
+	// The run, its job and the link between them are one statement (one
+	// round trip on a pool, where it is its own transaction): the job's id
+	// is drawn with the run row, and the job is inserted, by the core's
+	// own statement, only if the run was.
+	job, err := jobinsert.Prepare(ctx, runArgs{RunID: o.ID}, &core.EnqueueOpts{
+		Queue: o.Queue, Priority: new(o.Priority), MaxAttempts: o.MaxAttempts + failReserve, Metadata: meta,
+	})
+	if err != nil {
+		return "", false, fmt.Errorf("workflow: start %s: %w", name, err)
+	}
 	existing := false
-	err := inTx(ctx, db, func(tx core.DB) error {
-		ex, err := dbx.For(tx)
+	err = func() error {
+		ex, err := dbx.For(db)
 		if err != nil {
 			return err
 		}
-		inserted := false
-		if err := ex.Query(ctx, sqlInsertRun, []any{o.ID, name, string(input), o.Queue, parentID, parentPos, string(traceJSON)},
-			func(dbx.Scanner) error { inserted = true; return nil }); err != nil {
+		var jobID int64
+		if err := ex.Query(job.Ctx, sqlStartRun, []any{o.ID, name, string(input), o.Queue, parentID, parentPos, string(traceJSON), job.Row},
+			func(r dbx.Scanner) error { return r.Scan(&jobID) }); err != nil {
+			job.Done(0, err)
 			return err
 		}
-		if !inserted {
-			var holder string
-			if err := ex.Query(ctx, sqlRunIdentity, []any{o.ID}, func(r dbx.Scanner) error { return r.Scan(&holder) }); err != nil {
-				return err
-			}
-			if holder != name {
-				return fmt.Errorf("%w: run %s is a run of %q", ErrIDInUse, o.ID, holder)
-			}
-			existing = true
+		if jobID != 0 {
+			job.Done(jobID, nil)
 			return nil
 		}
-		res, err := core.Enqueue(ctx, tx, runArgs{RunID: o.ID}, &core.EnqueueOpts{
-			Queue: o.Queue, Priority: new(o.Priority), MaxAttempts: o.MaxAttempts + failReserve, Metadata: meta,
-		})
-		if err != nil {
+		job.Done(0, errRunExists)
+		// The id is taken (by a run committed before this statement
+		// ended, or it would have waited for it): by which workflow?
+		var holder string
+		if err := ex.Query(ctx, sqlRunIdentity, []any{o.ID}, func(r dbx.Scanner) error { return r.Scan(&holder) }); err != nil {
 			return err
 		}
-		_, err = ex.Exec(ctx, sqlSetRunJob, o.ID, res.ID)
-		return err
-	})
+		if holder != name {
+			return fmt.Errorf("%w: run %s is a run of %q", ErrIDInUse, o.ID, holder)
+		}
+		existing = true
+		return nil
+	}()
 	if err != nil {
 		return "", false, fmt.Errorf("workflow: start %s: %w", name, err)
 	}
