@@ -117,40 +117,54 @@ type outcome struct {
 // batchWrite is write without a function of the caller's, in one round
 // trip: the lease check (core.LeaseCheck), the bookkeeping, the deferred
 // checkpoints and, given fin, the run's outcome and the wake-up of Result
-// callers are one pipelined batch, which PostgreSQL runs as one implicit
-// transaction: all of it commits under the lease, or none of it.
+// callers are one statement (checkpointStatement) or, when that cannot be,
+// one pipelined batch; either is one implicit transaction: all of it
+// commits under the lease, or none of it.
 func (x *execution) batchWrite(fin *outcome, extra ...*stepWrite) error {
 	ctx, cancelWrite := context.WithTimeout(context.WithoutCancel(x.ctx), writeTimeout)
 	defer cancelWrite()
-	b := &pgx.Batch{}
 	// The cancel flag matters to an execution that goes on; the outcome's
 	// batch reads it only as part of the first write's touch.
 	readCancel := fin == nil || !x.touched
-	x.queueBookkeeping(b, readCancel)
-	for _, w := range extra {
-		b.Queue(sqlUpsertStep, w.args(x.runID)...)
+	writes := make([]*stepWrite, 0, len(x.pending)+len(extra))
+	for _, s := range x.pending {
+		writes = append(writes, &stepWrite{row: s, attempts: 1, delay: -1})
 	}
-	if fin != nil {
-		b.Queue(sqlFinishRootRun, x.runID, string(fin.state), fin.output, fin.msg)
-	}
-	// Last, as in writeTx: rows are locked in one order everywhere (the
-	// run's row, then its job's), which Cancel and Signal follow too, so
-	// no two writers deadlock.
-	sql, args := core.LeaseCheck(x.job.JobRow)
-	b.Queue(sql, args...)
-	br := x.r.pool.SendBatch(ctx, b)
+	writes = append(writes, extra...)
+	leaseSQL, leaseArgs := core.LeaseCheck(x.job.JobRow)
 	cancel := false
 	var err error
-	first := 0
-	if readCancel {
-		err = br.QueryRow().Scan(&cancel)
-		first = 1
-	}
-	for i := first; err == nil && i < b.Len(); i++ {
-		_, err = br.Exec()
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
+	if sql, args, ok := x.checkpointStatement(readCancel, fin, writes, leaseArgs); ok {
+		// One statement (see checkpointStatement).
+		var held bool
+		err = x.r.pool.QueryRow(ctx, sql, args...).Scan(&cancel, &held)
+	} else {
+		// The run row changes twice (or a step row would): a pipelined
+		// batch of statements in order, one implicit transaction.
+		b := &pgx.Batch{}
+		x.queueBookkeeping(b, readCancel)
+		for _, w := range extra {
+			b.Queue(sqlUpsertStep, w.args(x.runID)...)
+		}
+		if fin != nil {
+			b.Queue(sqlFinishRootRun, x.runID, string(fin.state), fin.output, fin.msg)
+		}
+		// Last, as in writeTx: rows are locked in one order everywhere (the
+		// run's row, then its job's), which Cancel and Signal follow too, so
+		// no two writers deadlock.
+		b.Queue(leaseSQL, leaseArgs...)
+		br := x.r.pool.SendBatch(ctx, b)
+		first := 0
+		if readCancel {
+			err = br.QueryRow().Scan(&cancel)
+			first = 1
+		}
+		for i := first; err == nil && i < b.Len(); i++ {
+			_, err = br.Exec()
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
 	}
 	if err != nil {
 		if core.IsLeaseLost(err) {

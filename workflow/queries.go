@@ -32,10 +32,11 @@ const sqlSetRunJob = `UPDATE relay_workflow_runs SET job_id = $2 WHERE id = $1`
 // it, the database's clock (every due check of the execution compares
 // with it) and the run's whole history, in one statement whatever its
 // length: a replay costs one query however many steps it passes. The
-// history comes as one array per column, aligned (one aggregate pass). A
-// run no execution has written to yet (started_at is set by the first
-// write, with the first checkpoint) has no history: its steps are not
-// looked up.
+// history comes as one array per column, aligned (one aggregate pass); a
+// first execution's is one probe of the steps' primary key that finds
+// nothing. (It is not skipped while started_at is NULL: that would tie
+// the load to every writer of steps marking the run started first, for
+// one index probe.)
 const sqlLoadRun = `
 SELECT r.workflow, r.state, r.input::text, r.queue, coalesce(r.parent_id, ''), r.trace::text,
        r.cancel_requested, r.generation, coalesce(r.job_id, 0), now(),
@@ -47,7 +48,7 @@ LEFT JOIN LATERAL (
            array_agg(coalesce(s.error, '')) AS errors, array_agg(s.attempts) AS attempts,
            array_agg(s.wake_at) AS wake_ats, array_agg(coalesce(s.child_id, '')) AS child_ids
     FROM relay_workflow_steps AS s
-    WHERE s.run_id = r.id AND r.started_at IS NOT NULL
+    WHERE s.run_id = r.id
 ) AS h ON true
 WHERE r.id = $1`
 
@@ -87,6 +88,28 @@ SET state       = excluded.state,
     child_id    = coalesce(excluded.child_id, relay_workflow_steps.child_id),
     finished_at = excluded.finished_at
 RETURNING wake_at`
+
+// sqlInsertSteps is sqlUpsertStep for any number of checkpoints of run $1
+// in one statement, given as aligned arrays ($2 positions … $11 child
+// ids); a CTE of the statement an execution writes a checkpoint with (see
+// checkpointStatement).
+const sqlInsertSteps = `
+INSERT INTO relay_workflow_steps (run_id, position, key, kind, state, output, error, attempts, wake_at, child_id, finished_at)
+SELECT $1, w.position, w.key, w.kind, w.state, w.output::jsonb, nullif(w.error, ''), w.attempts,
+       coalesce(w.wake_at, now() + w.delay_us * interval '1 microsecond'),
+       nullif(w.child_id, ''),
+       CASE WHEN w.state IN ('completed', 'failed') THEN now() END
+FROM unnest($2::int[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::int[], $9::timestamptz[], $10::bigint[], $11::text[])
+     AS w(position, key, kind, state, output, error, attempts, wake_at, delay_us, child_id)
+ON CONFLICT (run_id, position) DO UPDATE
+SET state       = excluded.state,
+    output      = excluded.output,
+    error       = excluded.error,
+    attempts    = relay_workflow_steps.attempts + excluded.attempts,
+    wake_at     = excluded.wake_at,
+    child_id    = coalesce(excluded.child_id, relay_workflow_steps.child_id),
+    finished_at = excluded.finished_at
+RETURNING 1`
 
 // sqlCompleteWaits marks due sleeps completed (positions $2), lazily, in
 // the next transaction the execution writes anyway.
