@@ -25,38 +25,32 @@ func (x *execution) write(fn func(ctx context.Context, tx pgx.Tx) error) error {
 // writeTx is write; hold false leaves the fence to fn (which completes the
 // job with core.CompleteTx, itself fenced by the lease token).
 //
-// The execution's own bookkeeping goes first, in one round trip (a batch):
-// the run's touch or cancel check, due sleeps, a state change, and the
-// deferred checkpoints (see later).
+// The execution's own bookkeeping goes first, in one statement (or, when
+// it cannot be one, a batch in one round trip): the run's touch or cancel
+// check, due sleeps, a state change, and the deferred checkpoints (see
+// later).
 func (x *execution) writeTx(fn func(ctx context.Context, tx pgx.Tx) error, hold bool) error {
 	cancel := false
 	wctx, cancelWrite := context.WithTimeout(context.WithoutCancel(x.ctx), writeTimeout)
 	defer cancelWrite()
 	err := pgx.BeginFunc(wctx, x.r.pool, func(tx pgx.Tx) error {
-		b := &pgx.Batch{}
 		// The server's bound on this transaction, as wctx is the client's:
 		// a worker cut off after HoldLease (before its COMMIT arrives)
 		// would otherwise keep the run's job row locked, and its rescue
 		// waiting, until the server noticed the dead connection (hours,
 		// with default TCP keepalives).
-		b.Queue(sqlBoundIdleTx, strconv.FormatInt(writeTimeout.Milliseconds(), 10))
-		x.queueBookkeeping(b, true)
-		br := tx.SendBatch(wctx, b)
-		if _, err := br.Exec(); err != nil {
-			br.Close()
-			return fmt.Errorf("bound the transaction: %w", err)
+		bound := strconv.FormatInt(writeTimeout.Milliseconds(), 10)
+		writes := make([]*stepWrite, 0, len(x.pending))
+		for _, s := range x.pending {
+			writes = append(writes, &stepWrite{row: s, attempts: 1, delay: -1})
 		}
-		if err := br.QueryRow().Scan(&cancel); err != nil {
-			br.Close()
-			return fmt.Errorf("touch run: %w", err)
-		}
-		for i := 2; i < b.Len(); i++ {
-			if _, err := br.Exec(); err != nil {
-				br.Close()
-				return fmt.Errorf("write deferred checkpoints: %w", err)
+		if sql, args, ok := x.checkpointStatement(true, nil, writes, nil, bound); ok {
+			// The bound and the bookkeeping in one statement.
+			var bounded bool
+			if err := tx.QueryRow(wctx, sql, args...).Scan(&cancel, &bounded); err != nil {
+				return fmt.Errorf("touch run and write deferred checkpoints: %w", err)
 			}
-		}
-		if err := br.Close(); err != nil {
+		} else if err := x.bookkeepingBatch(wctx, tx, bound, &cancel); err != nil {
 			return err
 		}
 		if err := fn(wctx, tx); err != nil {
@@ -79,6 +73,28 @@ func (x *execution) writeTx(fn func(ctx context.Context, tx pgx.Tx) error, hold 
 	x.cancelling = x.cancelling || cancel
 	x.r.stats.checkpoints.Add(1)
 	return nil
+}
+
+// bookkeepingBatch is writeTx's bound and bookkeeping as a batch of
+// statements, when they cannot be one (see checkpointStatement).
+func (x *execution) bookkeepingBatch(ctx context.Context, tx pgx.Tx, bound string, cancel *bool) error {
+	b := &pgx.Batch{}
+	b.Queue(sqlBoundIdleTx, bound)
+	x.queueBookkeeping(b, true)
+	br := tx.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return fmt.Errorf("bound the transaction: %w", err)
+	}
+	if err := br.QueryRow().Scan(cancel); err != nil {
+		return fmt.Errorf("touch run: %w", err)
+	}
+	for i := 2; i < b.Len(); i++ {
+		if _, err := br.Exec(); err != nil {
+			return fmt.Errorf("write deferred checkpoints: %w", err)
+		}
+	}
+	return br.Close()
 }
 
 // queueBookkeeping queues the execution's own writes in b, first of every
@@ -134,7 +150,7 @@ func (x *execution) batchWrite(fin *outcome, extra ...*stepWrite) error {
 	leaseSQL, leaseArgs := core.LeaseCheck(x.job.JobRow)
 	cancel := false
 	var err error
-	if sql, args, ok := x.checkpointStatement(readCancel, fin, writes, leaseArgs); ok {
+	if sql, args, ok := x.checkpointStatement(readCancel, fin, writes, leaseArgs, ""); ok {
 		// One statement (see checkpointStatement).
 		var held bool
 		err = x.r.pool.QueryRow(ctx, sql, args...).Scan(&cancel, &held)

@@ -38,9 +38,10 @@ func (c *checkpointStmt) cte(name, body string) {
 // (a touch, a state change, an outcome: each a transition the run's
 // trigger checks, in order), or writes one step row twice (one statement
 // cannot change a row twice). The statement returns one row: the cancel
-// flag (false when not read) and, given lease (job id and token), the
-// lease check's result.
-func (x *execution) checkpointStatement(readCancel bool, fin *outcome, writes []*stepWrite, lease []any) (sql string, args []any, ok bool) {
+// flag (false when not read) and a bool: given lease (job id and token),
+// that of the lease check; given bound instead, that of setting the
+// transaction's idle timeout to bound milliseconds (see writeTx).
+func (x *execution) checkpointStatement(readCancel bool, fin *outcome, writes []*stepWrite, lease []any, bound string) (sql string, args []any, ok bool) {
 	touch := readCancel && !x.touched
 	runWrites := 0
 	for _, w := range []bool{touch, x.setState != "", fin != nil} {
@@ -113,9 +114,13 @@ func (x *execution) checkpointStatement(readCancel bool, fin *outcome, writes []
 		b.WriteString("\n")
 	}
 	b.WriteString("SELECT " + cancel)
-	if lease != nil {
-		b.WriteString(", " + "relay_hold_lease(" + c.param(lease[0]) + ", " + c.param(lease[1]) + "::uuid) IS NULL")
-	} else {
+	switch {
+	case lease != nil:
+		// core.LeaseCheck's function, with this statement's parameters.
+		b.WriteString(", relay_hold_lease(" + c.param(lease[0]) + ", " + c.param(lease[1]) + "::uuid) IS NULL")
+	case bound != "":
+		b.WriteString(", set_config('idle_in_transaction_session_timeout', " + c.param(bound) + ", true) IS NOT NULL")
+	default:
 		b.WriteString(", true")
 	}
 	if len(c.names) > 0 {
