@@ -14,7 +14,12 @@ import (
 // lease, or none of it. The lease check runs last, in the outer query,
 // after every CTE has run to its end (each is read through an aggregate in
 // the FROM list), so rows are locked in the order every writer follows:
-// the run's row (and its steps), then its job's.
+// the run's row (its updates) and its steps, then its job's. The foreign
+// key checks of the step rows run at the very end of the statement, after
+// the lease check: they lock the run's row FOR KEY SHARE, which no writer
+// holding a lock on a job row conflicts with (Cancel and Signal take the
+// run's row FOR NO KEY UPDATE; only deleting a run, which locks no job,
+// conflicts), so no two writers deadlock on it either.
 
 // checkpointStmt builds a statement. $1 is the run id.
 type checkpointStmt struct {
