@@ -50,6 +50,9 @@ func prepareJobInsert(ctx context.Context, a, o any) (jobinsert.Job, error) {
 			span.SetStatus(codes.Error, err.Error())
 			return
 		}
+		if id == 0 {
+			return // not inserted: nothing sent, nothing counted
+		}
 		span.SetAttributes(attribute.String("messaging.message.id", strconv.FormatInt(id, 10)))
 		countEnqueued(ctx, nil, rows, []EnqueueResult{{ID: id}})
 	}

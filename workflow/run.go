@@ -112,9 +112,6 @@ type parentLink struct {
 	position int
 }
 
-// errRunExists ends the producer span of a start whose run id was taken.
-var errRunExists = errors.New("workflow: run id exists; nothing started")
-
 // startRun writes the run and its job in one statement (in the caller's
 // transaction, or its own).
 func startRun(ctx context.Context, db core.DB, tracer trace.Tracer, name string, input []byte, opts *StartOpts, parent *parentLink) (string, bool, error) {
@@ -182,7 +179,7 @@ func startRun(ctx context.Context, db core.DB, tracer trace.Tracer, name string,
 			job.Done(jobID, nil)
 			return nil
 		}
-		job.Done(0, errRunExists)
+		job.Done(0, nil) // no job: the run exists
 		// The id is taken (by a run committed before this statement
 		// ended, or it would have waited for it): by which workflow?
 		var holder string
