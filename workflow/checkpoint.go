@@ -25,32 +25,38 @@ func (x *execution) write(fn func(ctx context.Context, tx pgx.Tx) error) error {
 // writeTx is write; hold false leaves the fence to fn (which completes the
 // job with core.CompleteTx, itself fenced by the lease token).
 //
-// The execution's own bookkeeping goes first, in one statement (or, when
-// it cannot be one, a batch in one round trip): the run's touch or cancel
-// check, due sleeps, a state change, and the deferred checkpoints (see
-// later).
+// The execution's own bookkeeping goes first, in one round trip (a batch):
+// the run's touch or cancel check, due sleeps, a state change, and the
+// deferred checkpoints (see later).
 func (x *execution) writeTx(fn func(ctx context.Context, tx pgx.Tx) error, hold bool) error {
 	cancel := false
 	wctx, cancelWrite := context.WithTimeout(context.WithoutCancel(x.ctx), writeTimeout)
 	defer cancelWrite()
 	err := pgx.BeginFunc(wctx, x.r.pool, func(tx pgx.Tx) error {
+		b := &pgx.Batch{}
 		// The server's bound on this transaction, as wctx is the client's:
 		// a worker cut off after HoldLease (before its COMMIT arrives)
 		// would otherwise keep the run's job row locked, and its rescue
 		// waiting, until the server noticed the dead connection (hours,
 		// with default TCP keepalives).
-		bound := strconv.FormatInt(writeTimeout.Milliseconds(), 10)
-		writes := make([]*stepWrite, 0, len(x.pending))
-		for _, s := range x.pending {
-			writes = append(writes, &stepWrite{row: s, attempts: 1, delay: -1})
+		b.Queue(sqlBoundIdleTx, strconv.FormatInt(writeTimeout.Milliseconds(), 10))
+		x.queueBookkeeping(b, true)
+		br := tx.SendBatch(wctx, b)
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return fmt.Errorf("bound the transaction: %w", err)
 		}
-		if sql, args, ok := x.checkpointStatement(true, nil, writes, nil, bound); ok {
-			// The bound and the bookkeeping in one statement.
-			var bounded bool
-			if err := tx.QueryRow(wctx, sql, args...).Scan(&cancel, &bounded); err != nil {
-				return fmt.Errorf("touch run and write deferred checkpoints: %w", err)
+		if err := br.QueryRow().Scan(&cancel); err != nil {
+			br.Close()
+			return fmt.Errorf("touch run: %w", err)
+		}
+		for i := 2; i < b.Len(); i++ {
+			if _, err := br.Exec(); err != nil {
+				br.Close()
+				return fmt.Errorf("write deferred checkpoints: %w", err)
 			}
-		} else if err := x.bookkeepingBatch(wctx, tx, bound, &cancel); err != nil {
+		}
+		if err := br.Close(); err != nil {
 			return err
 		}
 		if err := fn(wctx, tx); err != nil {
@@ -73,28 +79,6 @@ func (x *execution) writeTx(fn func(ctx context.Context, tx pgx.Tx) error, hold 
 	x.cancelling = x.cancelling || cancel
 	x.r.stats.checkpoints.Add(1)
 	return nil
-}
-
-// bookkeepingBatch is writeTx's bound and bookkeeping as a batch of
-// statements, when they cannot be one (see checkpointStatement).
-func (x *execution) bookkeepingBatch(ctx context.Context, tx pgx.Tx, bound string, cancel *bool) error {
-	b := &pgx.Batch{}
-	b.Queue(sqlBoundIdleTx, bound)
-	x.queueBookkeeping(b, true)
-	br := tx.SendBatch(ctx, b)
-	defer br.Close()
-	if _, err := br.Exec(); err != nil {
-		return fmt.Errorf("bound the transaction: %w", err)
-	}
-	if err := br.QueryRow().Scan(cancel); err != nil {
-		return fmt.Errorf("touch run: %w", err)
-	}
-	for i := 2; i < b.Len(); i++ {
-		if _, err := br.Exec(); err != nil {
-			return fmt.Errorf("write deferred checkpoints: %w", err)
-		}
-	}
-	return br.Close()
 }
 
 // queueBookkeeping queues the execution's own writes in b, first of every
@@ -133,54 +117,40 @@ type outcome struct {
 // batchWrite is write without a function of the caller's, in one round
 // trip: the lease check (core.LeaseCheck), the bookkeeping, the deferred
 // checkpoints and, given fin, the run's outcome and the wake-up of Result
-// callers are one statement (checkpointStatement) or, when that cannot be,
-// one pipelined batch; either is one implicit transaction: all of it
-// commits under the lease, or none of it.
+// callers are one pipelined batch, which PostgreSQL runs as one implicit
+// transaction: all of it commits under the lease, or none of it.
 func (x *execution) batchWrite(fin *outcome, extra ...*stepWrite) error {
 	ctx, cancelWrite := context.WithTimeout(context.WithoutCancel(x.ctx), writeTimeout)
 	defer cancelWrite()
+	b := &pgx.Batch{}
 	// The cancel flag matters to an execution that goes on; the outcome's
 	// batch reads it only as part of the first write's touch.
 	readCancel := fin == nil || !x.touched
-	writes := make([]*stepWrite, 0, len(x.pending)+len(extra))
-	for _, s := range x.pending {
-		writes = append(writes, &stepWrite{row: s, attempts: 1, delay: -1})
+	x.queueBookkeeping(b, readCancel)
+	for _, w := range extra {
+		b.Queue(sqlUpsertStep, w.args(x.runID)...)
 	}
-	writes = append(writes, extra...)
-	leaseSQL, leaseArgs := core.LeaseCheck(x.job.JobRow)
+	if fin != nil {
+		b.Queue(sqlFinishRootRun, x.runID, string(fin.state), fin.output, fin.msg)
+	}
+	// Last, as in writeTx: rows are locked in one order everywhere (the
+	// run's row, then its job's), which Cancel and Signal follow too, so
+	// no two writers deadlock.
+	sql, args := core.LeaseCheck(x.job.JobRow)
+	b.Queue(sql, args...)
+	br := x.r.pool.SendBatch(ctx, b)
 	cancel := false
 	var err error
-	if sql, args, ok := x.checkpointStatement(readCancel, fin, writes, leaseArgs, ""); ok {
-		// One statement (see checkpointStatement).
-		var held bool
-		err = x.r.pool.QueryRow(ctx, sql, args...).Scan(&cancel, &held)
-	} else {
-		// The run row changes twice (or a step row would): a pipelined
-		// batch of statements in order, one implicit transaction.
-		b := &pgx.Batch{}
-		x.queueBookkeeping(b, readCancel)
-		for _, w := range extra {
-			b.Queue(sqlUpsertStep, w.args(x.runID)...)
-		}
-		if fin != nil {
-			b.Queue(sqlFinishRootRun, x.runID, string(fin.state), fin.output, fin.msg)
-		}
-		// Last, as in writeTx: rows are locked in one order everywhere (the
-		// run's row, then its job's), which Cancel and Signal follow too, so
-		// no two writers deadlock.
-		b.Queue(leaseSQL, leaseArgs...)
-		br := x.r.pool.SendBatch(ctx, b)
-		first := 0
-		if readCancel {
-			err = br.QueryRow().Scan(&cancel)
-			first = 1
-		}
-		for i := first; err == nil && i < b.Len(); i++ {
-			_, err = br.Exec()
-		}
-		if cerr := br.Close(); err == nil {
-			err = cerr
-		}
+	first := 0
+	if readCancel {
+		err = br.QueryRow().Scan(&cancel)
+		first = 1
+	}
+	for i := first; err == nil && i < b.Len(); i++ {
+		_, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
 	}
 	if err != nil {
 		if core.IsLeaseLost(err) {

@@ -89,28 +89,6 @@ SET state       = excluded.state,
     finished_at = excluded.finished_at
 RETURNING wake_at`
 
-// sqlInsertSteps is sqlUpsertStep for any number of checkpoints of run $1
-// in one statement, given as aligned arrays ($2 positions … $11 child
-// ids); a CTE of the statement an execution writes a checkpoint with (see
-// checkpointStatement).
-const sqlInsertSteps = `
-INSERT INTO relay_workflow_steps (run_id, position, key, kind, state, output, error, attempts, wake_at, child_id, finished_at)
-SELECT $1, w.position, w.key, w.kind, w.state, w.output::jsonb, nullif(w.error, ''), w.attempts,
-       coalesce(w.wake_at, now() + w.delay_us * interval '1 microsecond'),
-       nullif(w.child_id, ''),
-       CASE WHEN w.state IN ('completed', 'failed') THEN now() END
-FROM unnest($2::int[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::int[], $9::timestamptz[], $10::bigint[], $11::text[])
-     AS w(position, key, kind, state, output, error, attempts, wake_at, delay_us, child_id)
-ON CONFLICT (run_id, position) DO UPDATE
-SET state       = excluded.state,
-    output      = excluded.output,
-    error       = excluded.error,
-    attempts    = relay_workflow_steps.attempts + excluded.attempts,
-    wake_at     = excluded.wake_at,
-    child_id    = coalesce(excluded.child_id, relay_workflow_steps.child_id),
-    finished_at = excluded.finished_at
-RETURNING 1`
-
 // sqlCompleteWaits marks due sleeps completed (positions $2), lazily, in
 // the next transaction the execution writes anyway.
 const sqlCompleteWaits = `
