@@ -29,28 +29,22 @@ const sqlRunIdentity = `SELECT workflow FROM relay_workflow_runs WHERE id = $1`
 const sqlSetRunJob = `UPDATE relay_workflow_runs SET job_id = $2 WHERE id = $1`
 
 // sqlLoadRun reads what an execution needs of its run, the job executing
-// it, the database's clock (every due check of the execution compares
-// with it) and the run's whole history, in one statement whatever its
-// length: a replay costs one query however many steps it passes. The
-// history comes as one array per column, aligned (one aggregate pass); a
-// first execution's is one probe of the steps' primary key that finds
-// nothing. (It is not skipped while started_at is NULL: that would tie
-// the load to every writer of steps marking the run started first, for
-// one index probe.)
+// it, and the database's clock (every due check of the execution compares
+// with it).
 const sqlLoadRun = `
-SELECT r.workflow, r.state, r.input::text, r.queue, coalesce(r.parent_id, ''), r.trace::text,
-       r.cancel_requested, r.generation, coalesce(r.job_id, 0), now(),
-       h.positions, h.keys, h.kinds, h.states, h.outputs, h.errors, h.attempts, h.wake_ats, h.child_ids
-FROM relay_workflow_runs AS r
-LEFT JOIN LATERAL (
-    SELECT array_agg(s.position) AS positions, array_agg(s.key) AS keys, array_agg(s.kind) AS kinds,
-           array_agg(s.state) AS states, array_agg(coalesce(s.output::text, '')) AS outputs,
-           array_agg(coalesce(s.error, '')) AS errors, array_agg(s.attempts) AS attempts,
-           array_agg(s.wake_at) AS wake_ats, array_agg(coalesce(s.child_id, '')) AS child_ids
-    FROM relay_workflow_steps AS s
-    WHERE s.run_id = r.id
-) AS h ON true
-WHERE r.id = $1`
+SELECT workflow, state, input::text, queue, coalesce(parent_id, ''), trace::text,
+       cancel_requested, generation, coalesce(job_id, 0), now()
+FROM relay_workflow_runs
+WHERE id = $1`
+
+// sqlLoadSteps reads a run's whole history in one statement, whatever its
+// length: a replay costs one query however many steps it passes.
+const sqlLoadSteps = `
+SELECT position, key, kind, state, coalesce(output::text, ''), coalesce(error, ''), attempts,
+       wake_at, coalesce(child_id, '')
+FROM relay_workflow_steps
+WHERE run_id = $1
+ORDER BY position`
 
 // sqlJobLastError reads why the previous attempt of job $1 ended.
 const sqlJobLastError = `SELECT coalesce(last_error, '') FROM relay_jobs WHERE id = $1`

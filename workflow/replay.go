@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
@@ -178,39 +177,37 @@ func (x *execution) next(kind, key string) (int, *stepRow) {
 	return pos, h
 }
 
-// load reads the run and its whole history in one statement, the history
-// in one query however many steps it holds.
+// load reads the run and its whole history: two statements in one round
+// trip, the history in one query however many steps it holds.
 func (x *execution) load(ctx context.Context) error {
+	b := &pgx.Batch{}
+	b.Queue(sqlLoadRun, x.runID)
+	b.Queue(sqlLoadSteps, x.runID)
+	br := x.r.pool.SendBatch(ctx, b)
+	defer br.Close()
 	i := &x.run
-	var (
-		positions, attempts                []int32
-		keys, kinds, states, outputs, errs []string
-		childIDs                           []string
-		wakeAts                            []pgtype.Timestamptz
-	)
-	err := x.r.pool.QueryRow(ctx, sqlLoadRun, x.runID).Scan(&i.workflow, &i.state, &i.input, &i.queue, &i.parentID, &i.trace,
-		&i.cancelRequested, &i.generation, &i.jobID, &x.now,
-		&positions, &keys, &kinds, &states, &outputs, &errs, &attempts, &wakeAts, &childIDs)
+	err := br.QueryRow().Scan(&i.workflow, &i.state, &i.input, &i.queue, &i.parentID, &i.trace, &i.cancelRequested, &i.generation, &i.jobID, &x.now)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrRunNotFound
 	}
 	if err != nil {
 		return fmt.Errorf("workflow: load run %s: %w", x.runID, err)
 	}
-	n := len(positions)
-	if len(keys) != n || len(kinds) != n || len(states) != n || len(outputs) != n || len(errs) != n ||
-		len(attempts) != n || len(wakeAts) != n || len(childIDs) != n {
-		return fmt.Errorf("workflow: load steps of run %s: columns of unequal length", x.runID)
+	rows, err := br.Query()
+	if err != nil {
+		return fmt.Errorf("workflow: load steps of run %s: %w", x.runID, err)
 	}
-	x.hist = make(map[int]*stepRow, n)
-	for k := range n {
-		s := &stepRow{position: int(positions[k]), key: keys[k], kind: kinds[k], state: states[k], output: outputs[k],
-			errMsg: errs[k], attempts: int(attempts[k]), childID: childIDs[k]}
-		if wakeAts[k].Valid {
-			t := wakeAts[k].Time
-			s.wakeAt = &t
+	defer rows.Close()
+	x.hist = map[int]*stepRow{}
+	for rows.Next() {
+		s := &stepRow{}
+		if err := rows.Scan(&s.position, &s.key, &s.kind, &s.state, &s.output, &s.errMsg, &s.attempts, &s.wakeAt, &s.childID); err != nil {
+			return fmt.Errorf("workflow: load steps of run %s: %w", x.runID, err)
 		}
 		x.hist[s.position] = s
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("workflow: load steps of run %s: %w", x.runID, err)
 	}
 	return nil
 }
