@@ -58,9 +58,11 @@ func requestCancel(ctx context.Context, tx core.DB, ex dbx.Execer, id string) (i
 }
 
 // Retry runs a failed run again from its failed step (the last that
-// failed: for a run that failed in a compensation, that compensation): the
-// checkpoints before it are kept (their steps are not repeated), the failed
-// step and any after it are dropped, and a new execution job is queued. A
+// failed): the checkpoints before it are kept (their steps are not
+// repeated), the failed step and any after it are dropped, and a new
+// execution job is queued. A run that failed in its compensations runs
+// again only the compensations that failed: the step that failed the run
+// and the compensations that completed are kept. A
 // run that is not failed is ErrNotRetryable.
 func Retry(ctx context.Context, db core.DB, id string) error {
 	err := inTx(ctx, db, func(tx core.DB) error {
@@ -79,8 +81,14 @@ func Retry(ctx context.Context, db core.DB, id string) error {
 			}
 			return ErrNotRetryable
 		}
-		if _, err := ex.Exec(ctx, sqlRetryDropSteps, id); err != nil {
+		dropped, err := ex.Exec(ctx, sqlRetryDropFailedCompensations, id)
+		if err != nil {
 			return err
+		}
+		if dropped == 0 {
+			if _, err := ex.Exec(ctx, sqlRetryDropSteps, id); err != nil {
+				return err
+			}
 		}
 		run, err := getRun(ctx, ex, id)
 		if err != nil {

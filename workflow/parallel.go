@@ -30,6 +30,7 @@ type StepFuture[T any] struct {
 // first.
 func Go[T any](wctx Context, key string, fn func(ctx context.Context) (T, error), opts *StepOpts) *StepFuture[T] {
 	x := wctx.x
+	x.userKey("step", key)
 	p, out, err, done := planStep[T](x, "step", key, opts)
 	f := &StepFuture[T]{x: x, plan: p, done: make(chan struct{})}
 	if done {

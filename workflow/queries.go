@@ -244,3 +244,38 @@ WHERE id IN (
 // sqlBoundIdleTx ends the transaction on the server if it sits idle longer
 // than $1 milliseconds (see execution.writeTx).
 const sqlBoundIdleTx = `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`
+
+// sqlRetryDropFailedCompensations is Retry's drop for a run that failed in
+// its compensations (its last failed step is one): only the failed
+// compensations' checkpoints go. Every compensation ran (one failing does
+// not stop the older ones), so those that completed, before or after a
+// failed one, are kept and not repeated; the compensations' positions do
+// not move, as the replay registers the same ones in the same order. Keys
+// starting with "compensate:" are the package's alone (ErrReservedKey).
+const sqlRetryDropFailedCompensations = `
+DELETE FROM relay_workflow_steps
+WHERE run_id = $1 AND state = 'failed' AND kind = 'step' AND starts_with(key, 'compensate:')
+  AND EXISTS (
+    SELECT 1 FROM relay_workflow_steps AS l
+    WHERE l.run_id = $1 AND l.state = 'failed' AND l.kind = 'step' AND starts_with(l.key, 'compensate:')
+      AND l.position = (SELECT max(position) FROM relay_workflow_steps WHERE run_id = $1 AND state = 'failed'))`
+
+// sqlRequestCancelChildren is sqlRequestCancel for the unfinished
+// descendants of run $1, not the run itself (a run continuing as new
+// closes its children and goes on). Rows are locked in the same order.
+const sqlRequestCancelChildren = `
+WITH RECURSIVE tree AS (
+    SELECT id, 1 AS depth FROM relay_workflow_runs WHERE parent_id = $1
+    UNION
+    SELECT c.id, tree.depth + 1 FROM relay_workflow_runs AS c JOIN tree ON c.parent_id = tree.id
+), locked AS (
+    SELECT r.id FROM relay_workflow_runs AS r JOIN tree ON r.id = tree.id
+    WHERE r.finished_at IS NULL
+    ORDER BY tree.depth, r.id
+    FOR NO KEY UPDATE OF r
+)
+UPDATE relay_workflow_runs AS r
+SET cancel_requested = true
+FROM locked
+WHERE r.id = locked.id
+RETURNING coalesce(r.job_id, 0)`

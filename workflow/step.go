@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -47,6 +48,13 @@ var defaultStepRetry = core.Backoff{Base: time.Second, Max: 5 * time.Minute}
 // key identifies the step in the run's history: unique within the run and
 // the same on every replay (see docs/workflow.md, determinism).
 func Step[T any](wctx Context, key string, fn func(ctx context.Context) (T, error), opts *StepOpts) (T, error) {
+	wctx.x.userKey("step", key)
+	return step(wctx, key, fn, opts)
+}
+
+// step is Step without the check of a user's key: compensations run
+// through it under their generated keys.
+func step[T any](wctx Context, key string, fn func(ctx context.Context) (T, error), opts *StepOpts) (T, error) {
 	return runStep(wctx, "step", key, opts, func(ctx context.Context) (T, []byte, error, bool) {
 		out, err := callStep(ctx, fn)
 		if err != nil {
@@ -67,6 +75,7 @@ func Step[T any](wctx Context, key string, fn func(ctx context.Context) (T, erro
 // Step's. fn must not commit or roll back tx.
 func StepTx[T any](wctx Context, key string, fn func(ctx context.Context, tx pgx.Tx) (T, error), opts *StepOpts) (T, error) {
 	x := wctx.x
+	x.userKey("tx", key)
 	return runStep(wctx, "tx", key, opts, func(ctx context.Context) (T, []byte, error, bool) {
 		var out T
 		var userErr error
@@ -184,10 +193,7 @@ func settleStep[T any](x *execution, p stepPlan, out T, enc []byte, err error, r
 		// in the next execution.
 		x.stop(&unwind{kind: unwindAbort, err: fmt.Errorf("workflow: run %s: step %q interrupted: %w", x.runID, p.key, context.Cause(x.ctx))})
 	}
-	msg := err.Error()
-	if len(msg) > 8<<10 {
-		msg = msg[:8<<10] + "…(truncated)"
-	}
+	msg := boundError(err.Error())
 	delay, retryIn := core.RetryInDelay(err)
 	if !retryIn {
 		delay = p.policy.RetryDelay(p.n, err)
@@ -212,6 +218,27 @@ func callStep[T any](ctx context.Context, fn func(context.Context) (T, error)) (
 		}
 	}()
 	return fn(ctx)
+}
+
+// userKey fails the run when key, given in code to a primitive of kind,
+// uses a prefix the package generates keys with (ReservedKeyPrefixes), or
+// is a child key that could clash with the child id of a later generation
+// ("<n>/..." with n a number: a child "x" of generation n is
+// "<run>/<n>/x"). Fatal, as a duplicate key: the code is wrong, retrying
+// cannot help.
+func (x *execution) userKey(kind, key string) {
+	for _, p := range ReservedKeyPrefixes {
+		if strings.HasPrefix(key, p) {
+			x.fatal(fmt.Errorf("%w: %s key %q in run %s starts with %q, a prefix the package generates keys with (reserved: %s)",
+				ErrReservedKey, kind, key, x.runID, p, strings.Join(ReservedKeyPrefixes, ", ")))
+		}
+	}
+	if kind == "child" {
+		if head, _, found := strings.Cut(key, "/"); found && head != "" && strings.Trim(head, "0123456789") == "" {
+			x.fatal(fmt.Errorf("%w: child key %q in run %s starts with a number and a slash, as the child ids of a continued run (<run>/<generation>/<key>) do",
+				ErrReservedKey, key, x.runID))
+		}
+	}
 }
 
 // permanent marks err as not to be retried.
