@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"sync/atomic"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"unicode/utf8"
 
