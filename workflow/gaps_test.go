@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
@@ -280,5 +281,151 @@ func TestErrorTextBounded(t *testing.T) {
 	}
 	if n := b.count(`SELECT max(octet_length(error)) FROM relay_workflow_runs`); n > workflow.MaxErrorBytes {
 		t.Fatalf("a stored error has %d bytes", n)
+	}
+}
+
+// Each attempt of a step's function is kept in the step's attempt log
+// (start, end, error), the latest 20, and Get shows it: the admin timeline
+// can show a step's retries.
+func TestStepAttemptLog(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	now := core.RetryPolicyFunc(func(int, error) time.Duration { return 0 })
+	var flaky atomic.Int32
+	wf := workflow.MustRegister(b.reg, "retries", func(wctx workflow.Context, _ int) (int, error) {
+		v, err := workflow.Step(wctx, "flaky", func(ctx context.Context) (int, error) {
+			if n := flaky.Add(1); n < 3 {
+				return 0, errors.New("flaky " + itoa(int(n)))
+			}
+			return 3, nil
+		}, &workflow.StepOpts{MaxAttempts: 5, Retry: now})
+		if err != nil {
+			return 0, err
+		}
+		if _, err := workflow.StepTx(wctx, "tx", func(ctx context.Context, tx pgx.Tx) (int, error) { return 1, nil }, nil); err != nil {
+			return 0, err
+		}
+		_, err = workflow.Step(wctx, "hopeless", func(ctx context.Context) (int, error) {
+			return 0, errors.New("no luck")
+		}, &workflow.StepOpts{MaxAttempts: 23, Retry: now})
+		return v, err
+	})
+	b.start()
+	h, _ := workflow.Start(ctx, b.pool, wf, 0, nil)
+	if _, err := result[int](t, b.pool, h.ID); !errors.Is(err, workflow.ErrRunFailed) {
+		t.Fatalf("want failed by hopeless, got %v", err)
+	}
+	run, err := workflow.Get(ctx, b.pool, h.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := map[string][]workflow.StepAttempt{}
+	for _, s := range run.Steps {
+		logs[s.Key] = s.AttemptLog
+	}
+	check := func(key string, first, n int, errFor func(attempt int) string) {
+		t.Helper()
+		log := logs[key]
+		if len(log) != n {
+			t.Fatalf("%s: %d attempts logged, want %d: %+v", key, len(log), n, log)
+		}
+		for i, a := range log {
+			if a.Attempt != first+i || a.StartedAt.IsZero() || a.FinishedAt.Before(a.StartedAt) || a.Error != errFor(a.Attempt) ||
+				(i > 0 && a.StartedAt.Before(log[i-1].FinishedAt)) {
+				t.Fatalf("%s: attempt %d logged as %+v", key, first+i, a)
+			}
+		}
+	}
+	check("flaky", 1, 3, func(n int) string {
+		if n < 3 {
+			return "flaky " + itoa(n)
+		}
+		return ""
+	})
+	check("tx", 1, 1, func(int) string { return "" })
+	check("hopeless", 4, 20, func(int) string { return "no luck" }) // the latest 20 of 23
+}
+
+// A run whose job dies (every execution, the reserve ones that would fail
+// the run included, crashed or failed) ends failed with a clear error
+// instead of staying running behind a dead job: its Result returns, its
+// parent is woken (and gets a *ChildError), and its own children are
+// cancelled. Killed by the rescuer (a crash) and by a failed last attempt.
+func TestRunWithDeadJobEndsFailed(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	sleepy := workflow.MustRegister(b.reg, "sleepy", func(wctx workflow.Context, _ int) (int, error) {
+		return 0, workflow.Sleep(wctx, "nap", time.Hour)
+	})
+	var explosions atomic.Int32
+	crasher := workflow.MustRegister(b.reg, "crasher", func(wctx workflow.Context, _ int) (int, error) {
+		workflow.Child(wctx, "sleepy", sleepy, 0, nil)
+		return workflow.Step(wctx, "explode", func(ctx context.Context) (int, error) {
+			explosions.Add(1)
+			b.rescueNow(wctx.RunID()) // the execution dies here
+			return 0, nil
+		}, nil)
+	})
+	parent := workflow.MustRegister(b.reg, "crash-parent", func(wctx workflow.Context, _ int) (int, error) {
+		_, err := workflow.Child(wctx, "c", crasher, 0, &workflow.ChildOpts{MaxAttempts: 1}).Get(wctx)
+		var ce *workflow.ChildError
+		if !errors.As(err, &ce) || ce.State != workflow.StateFailed {
+			return 0, errors.New("want a failed child")
+		}
+		return 1, nil
+	})
+	// Every execution after the first of a "crasher" run dies before the
+	// run's code: as a process that crashes whenever it picks the run up.
+	kill := func(ctx context.Context, job *core.JobRow, next func(context.Context) error) error {
+		if job.Kind != workflow.RunKind || job.Attempt < 2 || !strings.Contains(string(job.EncodedArgs), "/c") {
+			return next(ctx)
+		}
+		if strings.Contains(string(job.EncodedArgs), "rescued") {
+			if _, err := b.pool.Exec(ctx, `UPDATE relay_jobs SET lease_token = gen_random_uuid(), lease_expires_at = now() - interval '1 second'
+				WHERE id = $1 AND state = 'claimed'`, job.ID); err != nil {
+				return err
+			}
+		}
+		return errors.New("process died")
+	}
+	ws := core.NewWorkers()
+	if err := b.reg.AddWorkers(ws); err != nil {
+		t.Fatal(err)
+	}
+	ws.Use(kill)
+	c, err := core.NewClient(b.pool, &core.Config{Workers: ws, PollInterval: 50 * time.Millisecond, RescueInterval: 50 * time.Millisecond,
+		Queues: map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: 4}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		stop, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c.Stop(stop)
+	})
+	for _, id := range []string{"rescued", "failed"} {
+		h, err := workflow.Start(ctx, b.pool, parent, 0, &workflow.StartOpts{ID: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out, err := result[int](t, b.pool, h.ID); err != nil || out != 1 {
+			t.Fatalf("%s: parent: %v %v", id, out, err)
+		}
+		_, err = result[int](t, b.pool, h.ID+"/c")
+		if !errors.Is(err, workflow.ErrRunFailed) || !strings.Contains(err.Error(), "4 executions crashed or failed, and its job") ||
+			!strings.Contains(err.Error(), "is dead") {
+			t.Fatalf("%s: child: want failed with its job dead, got %v", id, err)
+		}
+		if _, err := result[int](t, b.pool, h.ID+"/c/sleepy"); !errors.Is(err, workflow.ErrRunCancelled) {
+			t.Fatalf("%s: grandchild: want cancelled, got %v", id, err)
+		}
+	}
+	if n := explosions.Load(); n != 2 {
+		t.Fatalf("the step ran %d times, want once per run", n)
 	}
 }

@@ -153,6 +153,10 @@ type StepInfo struct {
 	ChildID    string
 	StartedAt  time.Time
 	FinishedAt *time.Time
+	// AttemptLog is the step's attempts, oldest first: the latest 20 that
+	// ran the step's function (Step, StepTx, Go, compensations), each with
+	// its start and end on the executing worker's clock and its error.
+	AttemptLog []StepAttempt
 }
 
 func scanRun(r dbx.Scanner) (*Run, error) {
@@ -203,10 +207,13 @@ func Get(ctx context.Context, db core.DB, id string) (*Run, error) {
 	}
 	err = ex.Query(ctx, sqlStepTimeline, []any{id}, func(r dbx.Scanner) error {
 		var s StepInfo
-		var output string
+		var output, log string
 		if err := r.Scan(&s.Position, &s.Key, &s.Kind, &s.State, &output, &s.Error, &s.Attempts,
-			&s.WakeAt, &s.ChildID, &s.StartedAt, &s.FinishedAt); err != nil {
+			&s.WakeAt, &s.ChildID, &s.StartedAt, &s.FinishedAt, &log); err != nil {
 			return err
+		}
+		if err := json.Unmarshal([]byte(log), &s.AttemptLog); err != nil {
+			return fmt.Errorf("attempt log of step %q: %w", s.Key, err)
 		}
 		if output != "" {
 			s.Output = json.RawMessage(output)

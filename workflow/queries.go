@@ -57,13 +57,16 @@ const sqlCancelRequested = `SELECT cancel_requested FROM relay_workflow_runs WHE
 // sqlUpsertStep writes the checkpoint at ($1 run, $2 position). A position
 // is rewritten only by the run's later executions (a retried step, a sleep
 // or a wait that ends); attempts accumulate ($8 is this write's share).
-// wake_at is absolute ($9) or database now() plus $10 microseconds.
+// wake_at is absolute ($9) or database now() plus $10 microseconds. $12,
+// when not NULL, is a step attempt (StepAttempt) appended to the attempt
+// log, which keeps the latest maxAttemptLog (20) entries.
 const sqlUpsertStep = `
-INSERT INTO relay_workflow_steps (run_id, position, key, kind, state, output, error, attempts, wake_at, child_id, finished_at)
+INSERT INTO relay_workflow_steps (run_id, position, key, kind, state, output, error, attempts, wake_at, child_id, finished_at, attempt_log)
 VALUES ($1, $2, $3, $4, $5, $6::jsonb, nullif($7, ''), $8,
         coalesce($9::timestamptz, now() + $10::bigint * interval '1 microsecond'),
         nullif($11, ''),
-        CASE WHEN $5 IN ('completed', 'failed') THEN now() END)
+        CASE WHEN $5 IN ('completed', 'failed') THEN now() END,
+        coalesce(jsonb_build_array($12::jsonb), '[]'))
 ON CONFLICT (run_id, position) DO UPDATE
 SET state       = excluded.state,
     output      = excluded.output,
@@ -71,7 +74,11 @@ SET state       = excluded.state,
     attempts    = relay_workflow_steps.attempts + excluded.attempts,
     wake_at     = excluded.wake_at,
     child_id    = coalesce(excluded.child_id, relay_workflow_steps.child_id),
-    finished_at = excluded.finished_at
+    finished_at = excluded.finished_at,
+    attempt_log = CASE
+        WHEN excluded.attempt_log = '[]' THEN relay_workflow_steps.attempt_log
+        WHEN jsonb_array_length(relay_workflow_steps.attempt_log) >= 20 THEN (relay_workflow_steps.attempt_log - 0) || excluded.attempt_log
+        ELSE relay_workflow_steps.attempt_log || excluded.attempt_log END
 RETURNING wake_at`
 
 // sqlCompleteWaits marks due sleeps completed (positions $2), lazily, in
@@ -219,7 +226,7 @@ LIMIT $5`
 // sqlStepTimeline reads a run's steps for inspection.
 const sqlStepTimeline = `
 SELECT position, key, kind, state, coalesce(output::text, ''), coalesce(error, ''), attempts,
-       wake_at, coalesce(child_id, ''), started_at, finished_at
+       wake_at, coalesce(child_id, ''), started_at, finished_at, attempt_log::text
 FROM relay_workflow_steps
 WHERE run_id = $1
 ORDER BY position`

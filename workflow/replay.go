@@ -58,6 +58,9 @@ type stepRow struct {
 	attempts int
 	wakeAt   *time.Time
 	childID  string
+	// attempt is the step attempt this write adds to the step's attempt
+	// log (nil: none). Not loaded with history.
+	attempt *StepAttempt
 }
 
 // Step states.

@@ -80,7 +80,12 @@ func StepTx[T any](wctx Context, key string, fn func(ctx context.Context, tx pgx
 		var out T
 		var userErr error
 		pos := x.pos - 1
+		n := 1
+		if h := x.hist[pos]; h != nil {
+			n = h.attempts + 1
+		}
 		err := x.write(func(_ context.Context, tx pgx.Tx) error {
+			began := time.Now()
 			var err error
 			out, err = callStep(ctx, func(ctx context.Context) (T, error) { return fn(ctx, tx) })
 			if err != nil {
@@ -92,7 +97,8 @@ func StepTx[T any](wctx Context, key string, fn func(ctx context.Context, tx pgx
 				userErr = core.Permanent(err)
 				return userErr
 			}
-			_, err = x.upsert(ctx, tx, &stepRow{position: pos, key: key, kind: "tx", state: stepCompleted, output: string(enc)}, 1, nil, 0)
+			_, err = x.upsert(ctx, tx, &stepRow{position: pos, key: key, kind: "tx", state: stepCompleted, output: string(enc),
+				attempt: newAttempt(n, began, time.Now(), nil)}, 1, nil, 0)
 			return err
 		})
 		switch {
@@ -126,9 +132,10 @@ func runStep[T any](wctx Context, kind, key string, opts *StepOpts, attempt func
 		ctx, cancel = context.WithTimeout(ctx, p.timeout)
 		defer cancel()
 	}
+	began := time.Now()
 	out, enc, err, recorded := attempt(ctx)
 	endSpan(span, err)
-	return settleStep(x, p, out, enc, err, recorded)
+	return settleStep(x, p, began, time.Now(), out, enc, err, recorded)
 }
 
 // stepPlan is a step about to run: its place and its retry policy.
@@ -179,11 +186,12 @@ func planStep[T any](x *execution, kind, key string, opts *StepOpts) (p stepPlan
 // settleStep records an attempt's outcome: the output (deferred, see
 // later), a retry (the run suspends for the delay) or the step's failure
 // for good (a *StepError).
-func settleStep[T any](x *execution, p stepPlan, out T, enc []byte, err error, recorded bool) (T, error) {
+func settleStep[T any](x *execution, p stepPlan, began, ended time.Time, out T, enc []byte, err error, recorded bool) (T, error) {
 	var zero T
 	if err == nil {
 		if !recorded {
-			x.later(&stepRow{position: p.pos, key: p.key, kind: p.kind, state: stepCompleted, output: string(enc)})
+			x.later(&stepRow{position: p.pos, key: p.key, kind: p.kind, state: stepCompleted, output: string(enc),
+				attempt: newAttempt(p.n, began, ended, nil)})
 		}
 		return out, nil
 	}
@@ -199,10 +207,12 @@ func settleStep[T any](x *execution, p stepPlan, out T, enc []byte, err error, r
 		delay = p.policy.RetryDelay(p.n, err)
 	}
 	if core.IsPermanent(err) || p.n >= p.maxAttempts {
-		x.record(&stepWrite{row: &stepRow{position: p.pos, key: p.key, kind: p.kind, state: stepFailed, errMsg: msg}, attempts: 1, delay: -1})
+		x.record(&stepWrite{row: &stepRow{position: p.pos, key: p.key, kind: p.kind, state: stepFailed, errMsg: msg,
+			attempt: newAttempt(p.n, began, ended, err)}, attempts: 1, delay: -1})
 		return zero, &StepError{RunID: x.runID, Key: p.key, Attempts: p.n, Message: msg, Err: err}
 	}
-	x.record(&stepWrite{row: &stepRow{position: p.pos, key: p.key, kind: p.kind, state: stepRetrying, errMsg: msg}, attempts: 1, delay: delay})
+	x.record(&stepWrite{row: &stepRow{position: p.pos, key: p.key, kind: p.kind, state: stepRetrying, errMsg: msg,
+		attempt: newAttempt(p.n, began, ended, err)}, attempts: 1, delay: delay})
 	x.suspend(delay)
 	return zero, nil // not reached
 }
@@ -218,6 +228,44 @@ func callStep[T any](ctx context.Context, fn func(context.Context) (T, error)) (
 		}
 	}()
 	return fn(ctx)
+}
+
+// StepAttempt is one attempt of a step's function, as kept in the step's
+// attempt log (StepInfo.AttemptLog): its number, its start and end on the
+// clock of the worker that ran it, and its error ("" for success),
+// bounded to maxAttemptErrorBytes (the step's latest error is kept whole,
+// to MaxErrorBytes, in StepInfo.Error). An attempt interrupted by its
+// execution's end (a crash, a lost lease, a shutdown) records nothing.
+type StepAttempt struct {
+	Attempt    int       `json:"attempt"`
+	StartedAt  time.Time `json:"started_at"`
+	FinishedAt time.Time `json:"finished_at"`
+	Error      string    `json:"error,omitempty"`
+}
+
+// maxAttemptLog is how many attempts a step's attempt log keeps (the
+// latest); sqlUpsertStep holds the same number.
+const maxAttemptLog = 20
+
+// maxAttemptErrorBytes bounds each attempt's error in the log.
+const maxAttemptErrorBytes = 1 << 10
+
+// newAttempt is attempt n of a step, from began to ended.
+func newAttempt(n int, began, ended time.Time, err error) *StepAttempt {
+	a := &StepAttempt{Attempt: n, StartedAt: began.UTC(), FinishedAt: ended.UTC()}
+	if err != nil {
+		a.Error = boundText(err.Error(), maxAttemptErrorBytes)
+	}
+	return a
+}
+
+// encode is the attempt as JSON for sqlUpsertStep, nil for none.
+func (a *StepAttempt) encode() any {
+	if a == nil {
+		return nil
+	}
+	b, _ := json.Marshal(a) // a struct of times, ints and a valid string: cannot fail
+	return string(b)
 }
 
 // userKey fails the run when key, given in code to a primitive of kind,
