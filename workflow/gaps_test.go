@@ -429,3 +429,35 @@ func TestRunWithDeadJobEndsFailed(t *testing.T) {
 		t.Fatalf("the step ran %d times, want once per run", n)
 	}
 }
+
+// A workflow function that returns an error because its execution was
+// stopped (here a shutdown cancels its context; under load, a lease whose
+// local deadline passed) does not fail the run: nothing is recorded, and
+// the next execution runs the function again.
+func TestStoppedExecutionDoesNotFailTheRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	started := make(chan struct{}, 1)
+	var calls atomic.Int32
+	wf := workflow.MustRegister(b.reg, "stopped", func(wctx workflow.Context, _ int) (int, error) {
+		if calls.Add(1) == 1 {
+			started <- struct{}{}
+			<-wctx.Done()
+			return 0, wctx.Err() // as a query made with wctx would fail
+		}
+		return 7, nil
+	})
+	c := b.start()
+	h, _ := workflow.Start(context.Background(), b.pool, wf, 0, nil)
+	<-started
+	stopCtx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	c.Stop(stopCtx)
+	cancel()
+	if n := b.count(`SELECT count(*) FROM relay_workflow_runs WHERE id = $1 AND finished_at IS NOT NULL`, h.ID); n != 0 {
+		t.Fatal("the stopped execution recorded the run's end")
+	}
+	b.start()
+	if out, err := result[int](t, b.pool, h.ID); err != nil || out != 7 {
+		t.Fatal(out, err)
+	}
+}

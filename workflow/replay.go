@@ -300,6 +300,9 @@ func (x *execution) main() error {
 	if u != nil {
 		return x.unwound(u, err)
 	}
+	if err != nil && x.ctx.Err() != nil {
+		return x.interrupted(err)
+	}
 	var fe *fatalError
 	switch {
 	case err == nil:

@@ -87,3 +87,16 @@ const compensationPrefix = "compensate:"
 func compensationFailure(cause string, failed []error) string {
 	return fmt.Sprintf("%s; %d compensation(s) failed: %s", boundText(cause, MaxErrorBytes/2), len(failed), errors.Join(failed...))
 }
+
+// interrupted ends an execution whose function returned err after the
+// execution was stopped (its lease deadline passed unrenewed, the client
+// shut down, the job was cancelled): err is likely that stop seen through
+// the function's own calls ("context canceled"), not the run's failure, so
+// nothing is recorded and the next execution runs the function again, as
+// for a step interrupted so (settleStep). The lease may still pass the
+// fence at that moment (a deadline passes locally before the rescuer ends
+// the lease), so the outcome must not be written: that failed runs of
+// relay prove workflow under load.
+func (x *execution) interrupted(err error) error {
+	return fmt.Errorf("workflow: run %s: execution stopped (%v) while the function returned: %w", x.runID, context.Cause(x.ctx), err)
+}
