@@ -66,6 +66,18 @@ type WorkflowStep struct {
 	ChildID     string          `json:"child_id,omitempty"`
 	OutputBytes int             `json:"output_bytes"`
 	Output      json.RawMessage `json:"output,omitempty" doc:"Absent when larger than 64 KiB (output_bytes says how large)"`
+	// AttemptLog is the step's attempts, oldest first (the latest 20 that
+	// ran its function): the timeline's retries.
+	AttemptLog []WorkflowStepAttempt `json:"attempt_log" doc:"Each attempt's start, end and error, oldest first (the latest 20)"`
+}
+
+// WorkflowStepAttempt is one attempt of a step's function.
+type WorkflowStepAttempt struct {
+	Attempt    int       `json:"attempt"`
+	StartedAt  time.Time `json:"started_at" doc:"On the clock of the worker that ran it"`
+	FinishedAt time.Time `json:"finished_at"`
+	DurationMS int64     `json:"duration_ms"`
+	Error      string    `json:"error,omitempty" doc:"Empty for the attempt that succeeded; at most 1 KiB"`
 }
 
 // maxStepOutputShown bounds the step outputs a run's page carries.
@@ -306,7 +318,11 @@ func (s *server) getRun(ctx context.Context, in *runIDInput) (*runOutput, error)
 		ws := WorkflowStep{Position: st.Position, Key: st.Key, Kind: st.Kind, State: st.State,
 			Compensation: strings.HasPrefix(st.Key, "compensate:"), Attempts: st.Attempts, Error: st.Error,
 			StartedAt: st.StartedAt, FinishedAt: st.FinishedAt, WakeAt: st.WakeAt, ChildID: st.ChildID,
-			OutputBytes: len(st.Output)}
+			OutputBytes: len(st.Output), AttemptLog: []WorkflowStepAttempt{}}
+		for _, a := range st.AttemptLog {
+			ws.AttemptLog = append(ws.AttemptLog, WorkflowStepAttempt{Attempt: a.Attempt, StartedAt: a.StartedAt,
+				FinishedAt: a.FinishedAt, DurationMS: a.FinishedAt.Sub(a.StartedAt).Milliseconds(), Error: a.Error})
+		}
 		if st.FinishedAt != nil {
 			ws.DurationMS = millis(st.StartedAt, *st.FinishedAt)
 		}

@@ -152,6 +152,10 @@ func TestWorkflowRunsThroughAPI(t *testing.T) {
 		st["hello"]["attempts"].(float64) != 1 || st["shout"]["kind"] != "child" || st["shout"]["child_id"] != "greet-1/shout" {
 		t.Fatalf("steps: %v", run["steps"])
 	}
+	if log := st["hello"]["attempt_log"].([]any); len(log) != 1 || log[0].(map[string]any)["attempt"].(float64) != 1 ||
+		log[0].(map[string]any)["started_at"] == nil || log[0].(map[string]any)["error"] != nil {
+		t.Fatalf("attempt log: %v", st["hello"]["attempt_log"])
+	}
 	kids := run["children"].([]any)
 	if len(kids) != 1 || kids[0].(map[string]any)["id"] != "greet-1/shout" || kids[0].(map[string]any)["state"] != "completed" {
 		t.Fatalf("children: %v", kids)

@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/relayq/relay/core"
 )
 
 // ChildOpts tune a child run. The zero value (or nil) runs the child on its
@@ -38,9 +40,16 @@ type Future[Out any] struct {
 // completion wakes the parent in the transaction that records it. Start
 // several children before calling Get on any for fan-out/fan-in.
 //
-// A cancelled parent cancels its unfinished children.
+// A child does not outlive its parent: when the parent ends (completed,
+// failed, compensated or cancelled) or continues as new, its children
+// still unfinished (started, their outcome never collected by Get) are
+// cancelled in the transaction that records the parent's end, and run their own
+// compensations as for Cancel (Temporal's default ParentClosePolicy,
+// TERMINATE, with the undo a cancel gives). A run meant to outlive its
+// starter is started with Start in a StepTx, with a fixed StartOpts.ID.
 func Child[In, Out any](wctx Context, key string, wf *Workflow[In, Out], in In, opts *ChildOpts) *Future[Out] {
 	x := wctx.x
+	x.userKey("child", key)
 	pos, h := x.next("child", key)
 	if h != nil {
 		return &Future[Out]{x: x, pos: pos, RunID: h.childID}
@@ -130,4 +139,37 @@ func (f *Future[Out]) Get(wctx Context) (Out, error) {
 		return err
 	})
 	return decode(s)
+}
+
+// openChildren reports whether the run started children whose outcome it
+// has not collected: their checkpoints still wait. They may have finished
+// meanwhile; cancelling asks only those that have not.
+func (x *execution) openChildren() bool {
+	for _, s := range x.hist {
+		if s.kind == "child" && s.state == stepWaiting {
+			return true
+		}
+	}
+	return false
+}
+
+// cancelChildren asks the run's unfinished children (and theirs) to
+// cancel, and wakes them, in tx: the run itself goes on (ContinueAsNew).
+func (x *execution) cancelChildren(ctx context.Context, tx pgx.Tx) error {
+	rows, err := tx.Query(ctx, sqlRequestCancelChildren, x.runID)
+	if err != nil {
+		return fmt.Errorf("cancel children: %w", err)
+	}
+	jobs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return fmt.Errorf("cancel children: %w", err)
+	}
+	for _, j := range jobs {
+		if j != 0 {
+			if err := core.Wake(ctx, tx, j); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }

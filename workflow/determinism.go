@@ -13,6 +13,7 @@ import (
 // checkpoints it: a value made once per run and replayed after.
 func record[T any](wctx Context, kind, key string, fn func() T) T {
 	x := wctx.x
+	x.userKey(kind, key)
 	pos, h := x.next(kind, key)
 	if h != nil && h.state == stepCompleted {
 		var v T

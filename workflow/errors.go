@@ -3,6 +3,8 @@ package workflow
 import (
 	"errors"
 	"fmt"
+	"strings"
+	"unicode/utf8"
 )
 
 var (
@@ -25,7 +27,55 @@ var (
 	ErrTooLarge = errors.New("workflow: payload too large")
 	// ErrNotRetryable: Retry was asked of a run that is not failed.
 	ErrNotRetryable = errors.New("workflow: only a failed run can be retried")
+	// ErrReservedKey: a step key given in code uses a prefix the package
+	// generates keys with (ReservedKeyPrefixes), or a child key would
+	// clash with a child id of a later generation.
+	ErrReservedKey = errors.New("workflow: reserved step key")
 )
+
+// ReservedKeyPrefixes are the prefixes of the step keys this package
+// generates: a compensation ("compensate:<key>"), a signal wait
+// ("signal:<name>#<n>"), a patch ("patch:<name>") and an event
+// ("event:<key>#<n>"). A key given to Step, StepTx, Go, Sleep, SleepUntil,
+// Child, Now, Random or UUID must not start with one of them: the call
+// fails the run with ErrReservedKey (a programming error, as a duplicate
+// key), rather than let the key meet a generated one.
+var ReservedKeyPrefixes = []string{"compensate:", "signal:", "patch:", "event:"}
+
+// MaxErrorBytes bounds the error text stored for a run (Run.Error,
+// RunError.Message) and for a step (StepInfo.Error, StepError.Message,
+// each entry of StepInfo.AttemptLog): longer text is cut on a UTF-8
+// boundary and ends with a marker saying how long it was (see
+// boundText).
+const MaxErrorBytes = 8 << 10
+
+// boundText makes s storable and bounded: invalid UTF-8 is replaced, NUL
+// bytes (which PostgreSQL text refuses) are dropped, and text over max
+// bytes is cut on a rune boundary, keeping room for the marker
+// "…(truncated, N bytes)" that ends it (N: the sanitized text's length).
+func boundText(s string, max int) string {
+	if !utf8.ValidString(s) {
+		s = strings.ToValidUTF8(s, "\uFFFD")
+	}
+	if strings.IndexByte(s, 0) >= 0 {
+		s = strings.ReplaceAll(s, "\x00", "")
+	}
+	if len(s) <= max {
+		return s
+	}
+	marker := fmt.Sprintf("…(truncated, %d bytes)", len(s))
+	cut := max - len(marker)
+	if cut < 0 {
+		cut = 0
+	}
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + marker
+}
+
+// boundError is boundText at MaxErrorBytes.
+func boundError(s string) string { return boundText(s, MaxErrorBytes) }
 
 // MaxPayloadBytes bounds a run's input and output, a step's output, a
 // signal's payload and an event's value, encoded as JSON (1 MiB). Larger

@@ -75,6 +75,11 @@ func ContinueAsNew(wctx Context, input any) error {
 		if _, err := tx.Exec(ctx, sqlContinueAsNew, x.runID, string(enc)); err != nil {
 			return err
 		}
+		if x.openChildren() { // children do not outlive their generation
+			if err := x.cancelChildren(ctx, tx); err != nil {
+				return err
+			}
+		}
 		_, err := tx.Exec(ctx, sqlDropHistory, x.runID)
 		return err
 	})

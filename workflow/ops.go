@@ -58,9 +58,11 @@ func requestCancel(ctx context.Context, tx core.DB, ex dbx.Execer, id string) (i
 }
 
 // Retry runs a failed run again from its failed step (the last that
-// failed: for a run that failed in a compensation, that compensation): the
-// checkpoints before it are kept (their steps are not repeated), the failed
-// step and any after it are dropped, and a new execution job is queued. A
+// failed): the checkpoints before it are kept (their steps are not
+// repeated), the failed step and any after it are dropped, and a new
+// execution job is queued. A run that failed in its compensations runs
+// again only the compensations that failed: the step that failed the run
+// and the compensations that completed are kept. A
 // run that is not failed is ErrNotRetryable.
 func Retry(ctx context.Context, db core.DB, id string) error {
 	err := inTx(ctx, db, func(tx core.DB) error {
@@ -79,8 +81,14 @@ func Retry(ctx context.Context, db core.DB, id string) error {
 			}
 			return ErrNotRetryable
 		}
-		if _, err := ex.Exec(ctx, sqlRetryDropSteps, id); err != nil {
+		dropped, err := ex.Exec(ctx, sqlRetryDropFailedCompensations, id)
+		if err != nil {
 			return err
+		}
+		if dropped == 0 {
+			if _, err := ex.Exec(ctx, sqlRetryDropSteps, id); err != nil {
+				return err
+			}
 		}
 		run, err := getRun(ctx, ex, id)
 		if err != nil {
@@ -145,6 +153,10 @@ type StepInfo struct {
 	ChildID    string
 	StartedAt  time.Time
 	FinishedAt *time.Time
+	// AttemptLog is the step's attempts, oldest first: the latest 20 that
+	// ran the step's function (Step, StepTx, Go, compensations), each with
+	// its start and end on the executing worker's clock and its error.
+	AttemptLog []StepAttempt
 }
 
 func scanRun(r dbx.Scanner) (*Run, error) {
@@ -195,10 +207,13 @@ func Get(ctx context.Context, db core.DB, id string) (*Run, error) {
 	}
 	err = ex.Query(ctx, sqlStepTimeline, []any{id}, func(r dbx.Scanner) error {
 		var s StepInfo
-		var output string
+		var output, log string
 		if err := r.Scan(&s.Position, &s.Key, &s.Kind, &s.State, &output, &s.Error, &s.Attempts,
-			&s.WakeAt, &s.ChildID, &s.StartedAt, &s.FinishedAt); err != nil {
+			&s.WakeAt, &s.ChildID, &s.StartedAt, &s.FinishedAt, &log); err != nil {
 			return err
+		}
+		if err := json.Unmarshal([]byte(log), &s.AttemptLog); err != nil {
+			return fmt.Errorf("attempt log of step %q: %w", s.Key, err)
 		}
 		if output != "" {
 			s.Output = json.RawMessage(output)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime/debug"
+	"time"
 )
 
 // StepFuture is a step started by Go, running alongside the workflow.
@@ -18,6 +19,8 @@ type StepFuture[T any] struct {
 	failed error  // the failure history holds (replay)
 	ended  bool   // Get has settled it
 	cancel func() // ends the attempt's context
+	began  time.Time
+	fnEnd  time.Time // when fn returned
 }
 
 // Go starts fn as the step key in a goroutine of its own, at once, and
@@ -30,6 +33,7 @@ type StepFuture[T any] struct {
 // first.
 func Go[T any](wctx Context, key string, fn func(ctx context.Context) (T, error), opts *StepOpts) *StepFuture[T] {
 	x := wctx.x
+	x.userKey("step", key)
 	p, out, err, done := planStep[T](x, "step", key, opts)
 	f := &StepFuture[T]{x: x, plan: p, done: make(chan struct{})}
 	if done {
@@ -51,6 +55,7 @@ func Go[T any](wctx Context, key string, fn func(ctx context.Context) (T, error)
 		cancel = func() { c2(); prev() }
 	}
 	f.cancel = cancel
+	f.began = time.Now()
 	x.goroutines.Add(1)
 	x.cancels = append(x.cancels, cancel)
 	go func() {
@@ -59,10 +64,12 @@ func Go[T any](wctx Context, key string, fn func(ctx context.Context) (T, error)
 		defer func() {
 			if r := recover(); r != nil {
 				f.err = fmt.Errorf("step panicked: %v\n%s", r, debug.Stack())
+				f.fnEnd = time.Now()
 			}
 			endSpan(span, f.err)
 		}()
 		f.out, f.err = fn(ctx)
+		f.fnEnd = time.Now()
 		if f.err == nil {
 			var err error
 			if f.enc, err = encode("output of step "+key, f.out); err != nil {
@@ -91,5 +98,5 @@ func (f *StepFuture[T]) Get(wctx Context) (T, error) {
 		return zero, fmt.Errorf("workflow: run %s: Get called twice on step %q", f.x.runID, f.plan.key)
 	}
 	f.ended = true
-	return settleStep(f.x, f.plan, f.out, f.enc, f.err, false)
+	return settleStep(f.x, f.plan, f.began, f.fnEnd, f.out, f.enc, f.err, false)
 }

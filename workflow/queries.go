@@ -66,13 +66,16 @@ const sqlCancelRequested = `SELECT cancel_requested FROM relay_workflow_runs WHE
 // sqlUpsertStep writes the checkpoint at ($1 run, $2 position). A position
 // is rewritten only by the run's later executions (a retried step, a sleep
 // or a wait that ends); attempts accumulate ($8 is this write's share).
-// wake_at is absolute ($9) or database now() plus $10 microseconds.
+// wake_at is absolute ($9) or database now() plus $10 microseconds. $12,
+// when not NULL, is a step attempt (StepAttempt) appended to the attempt
+// log, which keeps the latest maxAttemptLog (20) entries.
 const sqlUpsertStep = `
-INSERT INTO relay_workflow_steps (run_id, position, key, kind, state, output, error, attempts, wake_at, child_id, finished_at)
+INSERT INTO relay_workflow_steps (run_id, position, key, kind, state, output, error, attempts, wake_at, child_id, finished_at, attempt_log)
 VALUES ($1, $2, $3, $4, $5, $6::jsonb, nullif($7, ''), $8,
         coalesce($9::timestamptz, now() + $10::bigint * interval '1 microsecond'),
         nullif($11, ''),
-        CASE WHEN $5 IN ('completed', 'failed') THEN now() END)
+        CASE WHEN $5 IN ('completed', 'failed') THEN now() END,
+        coalesce(jsonb_build_array($12::jsonb), '[]'))
 ON CONFLICT (run_id, position) DO UPDATE
 SET state       = excluded.state,
     output      = excluded.output,
@@ -80,7 +83,11 @@ SET state       = excluded.state,
     attempts    = relay_workflow_steps.attempts + excluded.attempts,
     wake_at     = excluded.wake_at,
     child_id    = coalesce(excluded.child_id, relay_workflow_steps.child_id),
-    finished_at = excluded.finished_at
+    finished_at = excluded.finished_at,
+    attempt_log = CASE
+        WHEN excluded.attempt_log = '[]' THEN relay_workflow_steps.attempt_log
+        WHEN jsonb_array_length(relay_workflow_steps.attempt_log) >= 20 THEN (relay_workflow_steps.attempt_log - 0) || excluded.attempt_log
+        ELSE relay_workflow_steps.attempt_log || excluded.attempt_log END
 RETURNING wake_at`
 
 // sqlCompleteWaits marks due sleeps completed (positions $2), lazily, in
@@ -228,7 +235,7 @@ LIMIT $5`
 // sqlStepTimeline reads a run's steps for inspection.
 const sqlStepTimeline = `
 SELECT position, key, kind, state, coalesce(output::text, ''), coalesce(error, ''), attempts,
-       wake_at, coalesce(child_id, ''), started_at, finished_at
+       wake_at, coalesce(child_id, ''), started_at, finished_at, attempt_log::text
 FROM relay_workflow_steps
 WHERE run_id = $1
 ORDER BY position`
@@ -253,3 +260,38 @@ WHERE id IN (
 // sqlBoundIdleTx ends the transaction on the server if it sits idle longer
 // than $1 milliseconds (see execution.writeTx).
 const sqlBoundIdleTx = `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`
+
+// sqlRetryDropFailedCompensations is Retry's drop for a run that failed in
+// its compensations (its last failed step is one): only the failed
+// compensations' checkpoints go. Every compensation ran (one failing does
+// not stop the older ones), so those that completed, before or after a
+// failed one, are kept and not repeated; the compensations' positions do
+// not move, as the replay registers the same ones in the same order. Keys
+// starting with "compensate:" are the package's alone (ErrReservedKey).
+const sqlRetryDropFailedCompensations = `
+DELETE FROM relay_workflow_steps
+WHERE run_id = $1 AND state = 'failed' AND kind = 'step' AND starts_with(key, 'compensate:')
+  AND EXISTS (
+    SELECT 1 FROM relay_workflow_steps AS l
+    WHERE l.run_id = $1 AND l.state = 'failed' AND l.kind = 'step' AND starts_with(l.key, 'compensate:')
+      AND l.position = (SELECT max(position) FROM relay_workflow_steps WHERE run_id = $1 AND state = 'failed'))`
+
+// sqlRequestCancelChildren is sqlRequestCancel for the unfinished
+// descendants of run $1, not the run itself (a run continuing as new
+// closes its children and goes on). Rows are locked in the same order.
+const sqlRequestCancelChildren = `
+WITH RECURSIVE tree AS (
+    SELECT id, 1 AS depth FROM relay_workflow_runs WHERE parent_id = $1
+    UNION
+    SELECT c.id, tree.depth + 1 FROM relay_workflow_runs AS c JOIN tree ON c.parent_id = tree.id
+), locked AS (
+    SELECT r.id FROM relay_workflow_runs AS r JOIN tree ON r.id = tree.id
+    WHERE r.finished_at IS NULL
+    ORDER BY tree.depth, r.id
+    FOR NO KEY UPDATE OF r
+)
+UPDATE relay_workflow_runs AS r
+SET cancel_requested = true
+FROM locked
+WHERE r.id = locked.id
+RETURNING coalesce(r.job_id, 0)`

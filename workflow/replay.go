@@ -58,6 +58,9 @@ type stepRow struct {
 	attempts int
 	wakeAt   *time.Time
 	childID  string
+	// attempt is the step attempt this write adds to the step's attempt
+	// log (nil: none). Not loaded with history.
+	attempt *StepAttempt
 }
 
 // Step states.
@@ -297,6 +300,9 @@ func (x *execution) main() error {
 	if u != nil {
 		return x.unwound(u, err)
 	}
+	if err != nil && x.ctx.Err() != nil {
+		return x.interrupted(err)
+	}
 	var fe *fatalError
 	switch {
 	case err == nil:
@@ -369,15 +375,20 @@ func (x *execution) call() (out []byte, err error, u *unwind) {
 // parent's wake-up and its job's success are one transaction
 // (core.CompleteTx).
 func (x *execution) finish(state RunState, output []byte, msg string) error {
+	msg = boundError(msg) // a handler's 10 MB error is not stored whole
 	var out any
 	if output != nil {
 		out = string(output)
 	}
-	// A cancelled run cancels its unfinished children in the transaction
-	// that records its end: one started while the cancel was being asked
-	// for (after this execution last read the flag) is cancelled too.
+	// A run cancels its unfinished children in the transaction that
+	// records its end, whatever the end (docs/workflow.md, child runs): a
+	// child started and never collected does not outlive its parent. A
+	// cancelled run asks whatever its history holds: one started while the
+	// cancel was being asked for (after this execution last read the flag)
+	// is cancelled too.
+	closeChildren := state == StateCancelled || x.openChildren()
 	cancelChildren := func(ctx context.Context, tx pgx.Tx) error {
-		if state != StateCancelled {
+		if !closeChildren {
 			return nil
 		}
 		_, err := requestCancel(ctx, tx, dbx.PGX{Q: tx}, x.runID)
@@ -385,7 +396,7 @@ func (x *execution) finish(state RunState, output []byte, msg string) error {
 	}
 	var err error
 	switch {
-	case x.run.parentID == "" && state != StateCancelled:
+	case x.run.parentID == "" && !closeChildren:
 		// A root run: its outcome commits in one round trip under the
 		// lease; the job's success is then recorded by the core, as any
 		// job's (a crash in between re-executes the run, which finds it

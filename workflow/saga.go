@@ -2,6 +2,7 @@ package workflow
 
 import (
 	"context"
+	"errors"
 	"fmt"
 )
 
@@ -32,7 +33,10 @@ func Compensate(wctx Context, key string, fn func(ctx context.Context) error) {
 
 // compensate runs the registered compensations in reverse and records the
 // run's end: final (failed or cancelled) when none is registered, else
-// compensated (or cancelled), or failed if a compensation fails.
+// compensated (or cancelled). Every compensation runs, each a checkpointed
+// step with the default retries: one that fails for good is recorded and
+// the older ones still run; the run then ends failed, its error naming
+// every compensation that failed.
 func (x *execution) compensate(final RunState, cause string) (err error) {
 	if len(x.comps) == 0 {
 		return x.finish(final, nil, cause)
@@ -40,7 +44,8 @@ func (x *execution) compensate(final RunState, cause string) (err error) {
 	x.compensating = true
 	x.setState = StateCompensating
 	wctx := Context{Context: x.ctx, x: x}
-	var failed error
+	var failed []error
+	unwound := false
 	func() {
 		defer func() {
 			if p := recover(); p != nil {
@@ -49,28 +54,49 @@ func (x *execution) compensate(final RunState, cause string) (err error) {
 					panic(p)
 				}
 				err = x.unwound(u, nil)
-				failed = errUnwound
+				unwound = true
 			}
 		}()
 		for i := len(x.comps) - 1; i >= 0; i-- {
 			c := x.comps[i]
-			if _, err := Step(wctx, "compensate:"+c.key, func(ctx context.Context) (struct{}, error) {
+			if _, err := step(wctx, compensationPrefix+c.key, func(ctx context.Context) (struct{}, error) {
 				return struct{}{}, c.fn(ctx)
 			}, nil); err != nil {
-				failed = err
-				return
+				failed = append(failed, err) // recorded as failed; the older ones still run
 			}
 		}
 	}()
 	switch {
-	case failed == errUnwound:
+	case unwound:
 		return err
-	case failed != nil:
-		return x.finish(StateFailed, nil, cause+"; compensation failed: "+failed.Error())
+	case len(failed) > 0:
+		return x.finish(StateFailed, nil, compensationFailure(cause, failed))
 	case final == StateCancelled:
 		return x.finish(StateCancelled, nil, cause)
 	}
 	return x.finish(StateCompensated, nil, cause)
 }
 
-var errUnwound = fmt.Errorf("unwound")
+// compensationPrefix starts the key of every compensation's step.
+const compensationPrefix = "compensate:"
+
+// compensationFailure is the error of a run whose compensations failed:
+// the cause of the compensation (bounded to half of MaxErrorBytes, so the
+// failures that follow it stay readable), then each failed compensation's
+// error, newest first, as errors.Join joins them.
+func compensationFailure(cause string, failed []error) string {
+	return fmt.Sprintf("%s; %d compensation(s) failed: %s", boundText(cause, MaxErrorBytes/2), len(failed), errors.Join(failed...))
+}
+
+// interrupted ends an execution whose function returned err after the
+// execution was stopped (its lease deadline passed unrenewed, the client
+// shut down, the job was cancelled): err is likely that stop seen through
+// the function's own calls ("context canceled"), not the run's failure, so
+// nothing is recorded and the next execution runs the function again, as
+// for a step interrupted so (settleStep). The lease may still pass the
+// fence at that moment (a deadline passes locally before the rescuer ends
+// the lease), so the outcome must not be written: that failed runs of
+// relay prove workflow under load.
+func (x *execution) interrupted(err error) error {
+	return fmt.Errorf("workflow: run %s: execution stopped (%v) while the function returned: %w", x.runID, context.Cause(x.ctx), err)
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -47,6 +48,13 @@ var defaultStepRetry = core.Backoff{Base: time.Second, Max: 5 * time.Minute}
 // key identifies the step in the run's history: unique within the run and
 // the same on every replay (see docs/workflow.md, determinism).
 func Step[T any](wctx Context, key string, fn func(ctx context.Context) (T, error), opts *StepOpts) (T, error) {
+	wctx.x.userKey("step", key)
+	return step(wctx, key, fn, opts)
+}
+
+// step is Step without the check of a user's key: compensations run
+// through it under their generated keys.
+func step[T any](wctx Context, key string, fn func(ctx context.Context) (T, error), opts *StepOpts) (T, error) {
 	return runStep(wctx, "step", key, opts, func(ctx context.Context) (T, []byte, error, bool) {
 		out, err := callStep(ctx, fn)
 		if err != nil {
@@ -67,11 +75,17 @@ func Step[T any](wctx Context, key string, fn func(ctx context.Context) (T, erro
 // Step's. fn must not commit or roll back tx.
 func StepTx[T any](wctx Context, key string, fn func(ctx context.Context, tx pgx.Tx) (T, error), opts *StepOpts) (T, error) {
 	x := wctx.x
+	x.userKey("tx", key)
 	return runStep(wctx, "tx", key, opts, func(ctx context.Context) (T, []byte, error, bool) {
 		var out T
 		var userErr error
 		pos := x.pos - 1
+		n := 1
+		if h := x.hist[pos]; h != nil {
+			n = h.attempts + 1
+		}
 		err := x.write(func(_ context.Context, tx pgx.Tx) error {
+			began := time.Now()
 			var err error
 			out, err = callStep(ctx, func(ctx context.Context) (T, error) { return fn(ctx, tx) })
 			if err != nil {
@@ -83,7 +97,8 @@ func StepTx[T any](wctx Context, key string, fn func(ctx context.Context, tx pgx
 				userErr = core.Permanent(err)
 				return userErr
 			}
-			_, err = x.upsert(ctx, tx, &stepRow{position: pos, key: key, kind: "tx", state: stepCompleted, output: string(enc)}, 1, nil, 0)
+			_, err = x.upsert(ctx, tx, &stepRow{position: pos, key: key, kind: "tx", state: stepCompleted, output: string(enc),
+				attempt: newAttempt(n, began, time.Now(), nil)}, 1, nil, 0)
 			return err
 		})
 		switch {
@@ -117,9 +132,10 @@ func runStep[T any](wctx Context, kind, key string, opts *StepOpts, attempt func
 		ctx, cancel = context.WithTimeout(ctx, p.timeout)
 		defer cancel()
 	}
+	began := time.Now()
 	out, enc, err, recorded := attempt(ctx)
 	endSpan(span, err)
-	return settleStep(x, p, out, enc, err, recorded)
+	return settleStep(x, p, began, time.Now(), out, enc, err, recorded)
 }
 
 // stepPlan is a step about to run: its place and its retry policy.
@@ -170,11 +186,12 @@ func planStep[T any](x *execution, kind, key string, opts *StepOpts) (p stepPlan
 // settleStep records an attempt's outcome: the output (deferred, see
 // later), a retry (the run suspends for the delay) or the step's failure
 // for good (a *StepError).
-func settleStep[T any](x *execution, p stepPlan, out T, enc []byte, err error, recorded bool) (T, error) {
+func settleStep[T any](x *execution, p stepPlan, began, ended time.Time, out T, enc []byte, err error, recorded bool) (T, error) {
 	var zero T
 	if err == nil {
 		if !recorded {
-			x.later(&stepRow{position: p.pos, key: p.key, kind: p.kind, state: stepCompleted, output: string(enc)})
+			x.later(&stepRow{position: p.pos, key: p.key, kind: p.kind, state: stepCompleted, output: string(enc),
+				attempt: newAttempt(p.n, began, ended, nil)})
 		}
 		return out, nil
 	}
@@ -184,19 +201,18 @@ func settleStep[T any](x *execution, p stepPlan, out T, enc []byte, err error, r
 		// in the next execution.
 		x.stop(&unwind{kind: unwindAbort, err: fmt.Errorf("workflow: run %s: step %q interrupted: %w", x.runID, p.key, context.Cause(x.ctx))})
 	}
-	msg := err.Error()
-	if len(msg) > 8<<10 {
-		msg = msg[:8<<10] + "…(truncated)"
-	}
+	msg := boundError(err.Error())
 	delay, retryIn := core.RetryInDelay(err)
 	if !retryIn {
 		delay = p.policy.RetryDelay(p.n, err)
 	}
 	if core.IsPermanent(err) || p.n >= p.maxAttempts {
-		x.record(&stepWrite{row: &stepRow{position: p.pos, key: p.key, kind: p.kind, state: stepFailed, errMsg: msg}, attempts: 1, delay: -1})
+		x.record(&stepWrite{row: &stepRow{position: p.pos, key: p.key, kind: p.kind, state: stepFailed, errMsg: msg,
+			attempt: newAttempt(p.n, began, ended, err)}, attempts: 1, delay: -1})
 		return zero, &StepError{RunID: x.runID, Key: p.key, Attempts: p.n, Message: msg, Err: err}
 	}
-	x.record(&stepWrite{row: &stepRow{position: p.pos, key: p.key, kind: p.kind, state: stepRetrying, errMsg: msg}, attempts: 1, delay: delay})
+	x.record(&stepWrite{row: &stepRow{position: p.pos, key: p.key, kind: p.kind, state: stepRetrying, errMsg: msg,
+		attempt: newAttempt(p.n, began, ended, err)}, attempts: 1, delay: delay})
 	x.suspend(delay)
 	return zero, nil // not reached
 }
@@ -212,6 +228,65 @@ func callStep[T any](ctx context.Context, fn func(context.Context) (T, error)) (
 		}
 	}()
 	return fn(ctx)
+}
+
+// StepAttempt is one attempt of a step's function, as kept in the step's
+// attempt log (StepInfo.AttemptLog): its number, its start and end on the
+// clock of the worker that ran it, and its error ("" for success),
+// bounded to maxAttemptErrorBytes (the step's latest error is kept whole,
+// to MaxErrorBytes, in StepInfo.Error). An attempt interrupted by its
+// execution's end (a crash, a lost lease, a shutdown) records nothing.
+type StepAttempt struct {
+	Attempt    int       `json:"attempt"`
+	StartedAt  time.Time `json:"started_at"`
+	FinishedAt time.Time `json:"finished_at"`
+	Error      string    `json:"error,omitempty"`
+}
+
+// maxAttemptLog is how many attempts a step's attempt log keeps (the
+// latest); sqlUpsertStep holds the same number.
+const maxAttemptLog = 20
+
+// maxAttemptErrorBytes bounds each attempt's error in the log.
+const maxAttemptErrorBytes = 1 << 10
+
+// newAttempt is attempt n of a step, from began to ended.
+func newAttempt(n int, began, ended time.Time, err error) *StepAttempt {
+	a := &StepAttempt{Attempt: n, StartedAt: began.UTC(), FinishedAt: ended.UTC()}
+	if err != nil {
+		a.Error = boundText(err.Error(), maxAttemptErrorBytes)
+	}
+	return a
+}
+
+// encode is the attempt as JSON for sqlUpsertStep, nil for none.
+func (a *StepAttempt) encode() any {
+	if a == nil {
+		return nil
+	}
+	b, _ := json.Marshal(a) // a struct of times, ints and a valid string: cannot fail
+	return string(b)
+}
+
+// userKey fails the run when key, given in code to a primitive of kind,
+// uses a prefix the package generates keys with (ReservedKeyPrefixes), or
+// is a child key that could clash with the child id of a later generation
+// ("<n>/..." with n a number: a child "x" of generation n is
+// "<run>/<n>/x"). Fatal, as a duplicate key: the code is wrong, retrying
+// cannot help.
+func (x *execution) userKey(kind, key string) {
+	for _, p := range ReservedKeyPrefixes {
+		if strings.HasPrefix(key, p) {
+			x.fatal(fmt.Errorf("%w: %s key %q in run %s starts with %q, a prefix the package generates keys with (reserved: %s)",
+				ErrReservedKey, kind, key, x.runID, p, strings.Join(ReservedKeyPrefixes, ", ")))
+		}
+	}
+	if kind == "child" {
+		if head, _, found := strings.Cut(key, "/"); found && head != "" && strings.Trim(head, "0123456789") == "" {
+			x.fatal(fmt.Errorf("%w: child key %q in run %s starts with a number and a slash, as the child ids of a continued run (<run>/<generation>/<key>) do",
+				ErrReservedKey, key, x.runID))
+		}
+	}
 }
 
 // permanent marks err as not to be retried.

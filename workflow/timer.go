@@ -21,6 +21,7 @@ func SleepUntil(wctx Context, key string, t time.Time) error {
 
 func sleep(wctx Context, key string, until *time.Time, d time.Duration) error {
 	x := wctx.x
+	x.userKey("sleep", key)
 	pos, h := x.next("sleep", key)
 	if h != nil {
 		if h.state == stepCompleted || h.wakeAt == nil || !h.wakeAt.After(x.now) {
