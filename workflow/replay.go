@@ -423,6 +423,7 @@ func (x *execution) finish(state RunState, output []byte, msg string) error {
 		return fmt.Errorf("workflow: run %s: record outcome %s: %w", x.runID, state, err)
 	}
 	x.r.stats.finished.Add(1)
+	eagerFinished(x.ctx, x.runID, state, output, msg)
 	return nil
 }
 
