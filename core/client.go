@@ -148,10 +148,10 @@ type Client struct {
 	workCtx    context.Context         // the handlers' parent (set by Start)
 	// live is true from Start until Stop begins: InsertClaimed takes a
 	// slot only then.
-	live atomic.Bool
-	loops      sync.WaitGroup          // producers, rescuer, cleaner
-	background sync.WaitGroup          // listener, heartbeats
-	jobs       sync.WaitGroup          // running handlers
+	live       atomic.Bool
+	loops      sync.WaitGroup // producers, rescuer, cleaner
+	background sync.WaitGroup // listener, heartbeats
+	jobs       sync.WaitGroup // running handlers
 	bgCancel   context.CancelFunc
 	// hardCtx bounds every bookkeeping statement; it ends when Stop's
 	// deadline passes, so that no statement outlives Stop.

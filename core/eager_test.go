@@ -3,6 +3,7 @@ package core_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -121,7 +122,7 @@ func TestEagerLeaseRenewedByHeartbeats(t *testing.T) {
 	pool := testdb.New(t)
 	ctx := context.Background()
 	ws, started, release, _ := blocking(true)
-	c := startClient(t, pool, &core.Config{Workers: ws, LeaseDuration: 300 * time.Millisecond, RescueInterval: 20 * time.Millisecond})
+	c := startClient(t, pool, &core.Config{Workers: ws, LeaseDuration: 600 * time.Millisecond, RescueInterval: 20 * time.Millisecond})
 	cl, err := c.InsertClaimed(ctx, blockArgs{}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -136,7 +137,7 @@ func TestEagerLeaseRenewedByHeartbeats(t *testing.T) {
 	waitFor(t, "lease renewed 5 times over", func() bool {
 		var exp time.Time
 		pool.QueryRow(ctx, `SELECT lease_expires_at FROM relay_jobs WHERE id = $1`, cl.ID).Scan(&exp)
-		return exp.Sub(first) > 1500*time.Millisecond
+		return exp.Sub(first) > 3*time.Second
 	})
 	release <- nil
 	if err := <-done; err != nil {
@@ -157,7 +158,9 @@ func TestEagerKilledIsRescued(t *testing.T) {
 	pool := testdb.New(t)
 	ctx := context.Background()
 	wsA, startedA, releaseA, _ := blocking(false)
-	a := startClient(t, pool, &core.Config{Workers: wsA, ID: "eager-a", LeaseDuration: time.Minute, RescueInterval: -1})
+	// One slot, the eager job's: A cannot claim the job back.
+	a := startClient(t, pool, &core.Config{Workers: wsA, ID: "eager-a", LeaseDuration: time.Minute, RescueInterval: -1,
+		Queues: map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: 1}}})
 	cl, err := c0(a.InsertClaimed(ctx, blockArgs{}, nil, nil))
 	if err != nil {
 		t.Fatal(err)
@@ -230,7 +233,7 @@ func TestEagerStop(t *testing.T) {
 	}
 	<-done
 	j := waitState(t, pool, cl.ID, core.StateQueued)
-	if j.Attempt != 0 || len(j.History) != 0 {
+	if j.Attempt != 0 || len(j.History) != 1 || !strings.Contains(j.History[0].Error, "attempt not counted") {
 		t.Fatalf("interrupted eager job: %+v", j)
 	}
 	if _, err := c.InsertClaimed(ctx, blockArgs{}, nil, nil); !errors.Is(err, core.ErrEagerUnavailable) {
@@ -394,7 +397,7 @@ func TestEagerCallerGone(t *testing.T) {
 		t.Fatal(cause)
 	}
 	j := waitState(t, pool, cl.ID, core.StateSucceeded)
-	if j.Attempt != 1 || len(j.History) != 0 {
+	if j.Attempt != 1 || len(j.History) != 1 || !strings.Contains(j.History[0].Error, "attempt not counted") {
 		t.Fatalf("after the caller left: %+v", j)
 	}
 }
