@@ -272,22 +272,26 @@ func TestEagerFallsBackToQueuedStart(t *testing.T) {
 func TestEagerCallerGoneRunContinues(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
+	ctx, cancel := context.WithCancel(callerCtx(t))
 	wf := workflow.MustRegister(b.reg, "eager.abandoned", func(wctx workflow.Context, _ int) (int, error) {
 		return workflow.Step(wctx, "s", func(ctx context.Context) (int, error) {
 			if inCaller(ctx) {
-				<-ctx.Done() // the caller leaves while this step runs
+				cancel() // the caller leaves while this step runs
+				<-ctx.Done()
 				return 0, ctx.Err()
 			}
 			return 7, nil
 		}, nil)
 	})
 	c := b.start()
-	ctx, cancel := context.WithCancel(callerCtx(t))
-	time.AfterFunc(100*time.Millisecond, cancel)
 	if _, err := workflow.Execute(ctx, c, wf, 0, &workflow.StartOpts{ID: "left"}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Execute after its caller left: %v", err)
 	}
 	if out, err := result[int](t, b.pool, "left"); err != nil || out != 7 {
 		t.Fatalf("the run after its caller left: %d, %v", out, err)
+	}
+	// The interrupted attempt was not the step's failure.
+	if n := b.count(`SELECT attempts FROM relay_workflow_steps WHERE run_id = 'left' AND key = 's'`); n != 1 {
+		t.Fatalf("step attempts %d, want 1", n)
 	}
 }

@@ -216,7 +216,7 @@ func (x *execution) load(ctx context.Context) error {
 func (r *Registry) execute(ctx context.Context, job *core.Job[runArgs]) error {
 	r.stats.executions.Add(1)
 	x := &execution{r: r, job: job, runID: job.Args.RunID, keys: map[string]int{}, waitSeq: map[string]int{}, eventSeq: map[string]int{}, patches: map[string]bool{}}
-	if err := x.load(ctx); err != nil {
+	if err := x.loadOrEager(ctx); err != nil {
 		if errors.Is(err, ErrRunNotFound) {
 			r.logger.Warn("relay: workflow run not found; its job ends", "run_id", x.runID, "job_id", job.ID)
 			return nil
