@@ -122,7 +122,7 @@ func TestEagerLeaseRenewedByHeartbeats(t *testing.T) {
 	pool := testdb.New(t)
 	ctx := context.Background()
 	ws, started, release, _ := blocking(true)
-	c := startClient(t, pool, &core.Config{Workers: ws, LeaseDuration: 600 * time.Millisecond, RescueInterval: 20 * time.Millisecond})
+	c := startClient(t, pool, &core.Config{Workers: ws, LeaseDuration: time.Second, RescueInterval: 20 * time.Millisecond})
 	cl, err := c.InsertClaimed(ctx, blockArgs{}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
