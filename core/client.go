@@ -145,9 +145,13 @@ type Client struct {
 	stopped    bool
 	loopCancel context.CancelFunc      // stops claiming and maintenance
 	workCancel context.CancelCauseFunc // cancels running handlers (hard stop)
-	loops      sync.WaitGroup          // producers, rescuer, cleaner
-	background sync.WaitGroup          // listener, heartbeats
-	jobs       sync.WaitGroup          // running handlers
+	workCtx    context.Context         // the handlers' parent (set by Start)
+	// live is true from Start until Stop begins: InsertClaimed takes a
+	// slot only then.
+	live       atomic.Bool
+	loops      sync.WaitGroup // producers, rescuer, cleaner
+	background sync.WaitGroup // listener, heartbeats
+	jobs       sync.WaitGroup // running handlers
 	bgCancel   context.CancelFunc
 	// hardCtx bounds every bookkeeping statement; it ends when Stop's
 	// deadline passes, so that no statement outlives Stop.
@@ -329,7 +333,7 @@ func (c *Client) Start(ctx context.Context) error {
 	bgCtx, bgCancel := context.WithCancel(context.WithoutCancel(ctx))
 	loopCtx, loopCancel := context.WithCancel(bgCtx)
 	workCtx, workCancel := context.WithCancelCause(context.WithoutCancel(ctx))
-	c.bgCancel, c.loopCancel, c.workCancel = bgCancel, loopCancel, workCancel
+	c.bgCancel, c.loopCancel, c.workCancel, c.workCtx = bgCancel, loopCancel, workCancel, workCtx
 
 	c.hardCtx, c.hardCancel = context.WithCancel(context.Background())
 	c.own = c.pool
@@ -375,6 +379,7 @@ func (c *Client) Start(ctx context.Context) error {
 		c.loops.Add(1)
 		go func() { defer c.loops.Done(); c.every(loopCtx, c.cfg.Retention.Interval, c.cleanup) }()
 	}
+	c.live.Store(true)
 	return nil
 }
 
@@ -398,6 +403,7 @@ func (c *Client) Stop(ctx context.Context) error {
 		return nil
 	}
 	c.stopped = true
+	c.live.Store(false) // no eager job takes a slot from here (InsertClaimed)
 	drainCtx := ctx
 	if dl, ok := ctx.Deadline(); ok {
 		reserve := min(time.Until(dl)/4, 2*time.Second)

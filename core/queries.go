@@ -583,3 +583,35 @@ const sqlDeleteLimit = `DELETE FROM relay_limits WHERE scope = $1 AND name = $2`
 
 // sqlListLimits reads every limit.
 const sqlListLimits = `SELECT scope, name, max_running, rate, per_us FROM relay_limits ORDER BY scope, name`
+
+// InsertedJobID is an SQL expression for the id of the job a batch of
+// InsertClaimed inserted, for the statements a caller adds between its
+// insert and its claim (WithJob): the last value the job id sequence gave
+// in the session, which is the batch's own insert (one connection, one
+// transaction). As an uncorrelated subquery it is evaluated once per
+// statement, so a comparison of id with it probes the primary key.
+const InsertedJobID = `(SELECT currval(pg_get_serial_sequence('relay_jobs', 'id')))`
+
+// sqlClaimInserted claims the job InsertClaimed's batch has just inserted
+// (queued, without a wake-up) for worker $1, with lease token $2 for $3
+// milliseconds: the claim of sqlClaim for one known job, as if the
+// client's fetch loop had claimed it. It claims nothing, leaving the job
+// queued for the queues' normal claims, when the queue is paused or a
+// global limit names the job's queue, kind or one of its tags: an eager
+// start never bypasses them (the limits are counted and taken by
+// claimLimited's serialised claims, which this statement cannot join).
+var sqlClaimInserted = `
+UPDATE relay_jobs AS j
+SET state            = 'claimed',
+    attempt          = j.attempt + 1,
+    attempted_at     = now(),
+    attempted_by     = $1,
+    lease_token      = $2::uuid,
+    lease_expires_at = now() + $3 * interval '1 millisecond'
+WHERE j.id = ` + InsertedJobID + ` AND j.state = 'queued'
+  AND NOT EXISTS (SELECT 1 FROM relay_queue_pauses AS p WHERE p.queue = j.queue)
+  AND NOT EXISTS (SELECT 1 FROM relay_limits AS l
+                  WHERE (l.scope = 'queue' AND l.name = j.queue) OR (l.scope = 'kind' AND l.name = j.kind)
+                     OR (l.scope = 'tag' AND l.name = ANY (j.tags)))
+RETURNING j.id, j.kind, j.queue, j.priority, j.attempt, j.max_attempts, j.run_at,
+          j.created_at, j.attempted_at, j.args, j.metadata, j.lease_token, coalesce(j.ordering_key, ''), j.tags`

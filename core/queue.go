@@ -296,7 +296,7 @@ func (q *queue) finish(r *running) {
 	c := q.client
 	r.leaseTimer.Stop()
 	c.inflight.CompareAndDelete(r.row.ID, r)
-	if errors.Is(context.Cause(r.ctx), ErrShutdown) {
+	if givenBack(context.Cause(r.ctx)) {
 		c.completer.add(outcome{row: r.row, kind: outcomeRelease})
 	}
 	r.cancel(nil)
@@ -304,21 +304,23 @@ func (q *queue) finish(r *running) {
 	c.jobs.Done()
 }
 
-// executeOne runs one job and records its outcome.
-func (q *queue) executeOne(r *running) {
+// executeOne runs one job and records its outcome. It returns the
+// handler's error, or why the handler did not run.
+func (q *queue) executeOne(r *running) error {
 	c, row, ctx := q.client, r.row, r.ctx
 	if ctx.Err() != nil {
 		// Cancelled, lease lost or shutting down before it started (a
 		// prefetched job): nothing ran.
+		err := context.Cause(ctx)
 		q.finish(r)
-		return
+		return err
 	}
 	if c.leasePassed(r) {
 		// The claim's answer came too late (a partition healed, say): the
 		// lease may be gone already, so the handler must not start.
 		c.loseLease(r, "claimed after its local lease deadline")
 		q.finish(r)
-		return
+		return ErrLeaseLost
 	}
 	defer func() {
 		r.leaseTimer.Stop()
@@ -359,7 +361,7 @@ func (q *queue) executeOne(r *running) {
 			// holds (a lease that only missed its local deadline may).
 			c.completer.add(outcome{row: row, kind: outcomeSuccess, lost: r.lost.Load()})
 		}
-		return
+		return nil
 	}
 	cause := context.Cause(ctx)
 	log := c.logger.With("job_id", row.ID, "kind", row.Kind, "queue", row.Queue, "attempt", row.Attempt)
@@ -375,9 +377,9 @@ func (q *queue) executeOne(r *running) {
 		log.Info("relay: running job was cancelled", "error", err)
 		c.metrics.cancelled.Add(context.Background(), 1, attrs)
 		endAttemptSpan(span, fmt.Errorf("%w: %w", ErrJobCancelled, err), StateCancelled, 0)
-	case errors.Is(cause, ErrShutdown):
+	case givenBack(cause):
 		c.completer.add(outcome{row: row, kind: outcomeRelease})
-		endAttemptSpan(span, fmt.Errorf("%w: %w", ErrShutdown, err), StateQueued, 0)
+		endAttemptSpan(span, fmt.Errorf("%w: %w", cause, err), StateQueued, 0)
 	case isSnooze(err):
 		q.snoozed(row, span, err)
 	default:
@@ -387,6 +389,7 @@ func (q *queue) executeOne(r *running) {
 		state, delay := c.fail(log, reg, row, err)
 		endAttemptSpan(span, err, state, delay)
 	}
+	return err
 }
 
 // runHandler calls the worker with the job's timeout, turning a panic into

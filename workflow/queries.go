@@ -295,3 +295,13 @@ SET cancel_requested = true
 FROM locked
 WHERE r.id = locked.id
 RETURNING coalesce(r.job_id, 0)`
+
+// sqlEagerInsertRun inserts an eagerly started run (Execute) in the batch that
+// inserts its job already claimed (core.Client.InsertClaimed), after the
+// job's insert: job_id is that job's id. No ON CONFLICT: a run id in use
+// fails the batch, rolling the job back with it, and Execute then reads the
+// existing run.
+// The job_id expression is core.InsertedJobID (TestEagerInsertRunNamesTheJob).
+const sqlEagerInsertRun = `
+INSERT INTO relay_workflow_runs (id, workflow, input, queue, trace, job_id)
+VALUES ($1, $2, $3::jsonb, $4, $5::jsonb, (SELECT currval(pg_get_serial_sequence('relay_jobs', 'id'))))`

@@ -219,7 +219,7 @@ func (x *execution) load(ctx context.Context) error {
 func (r *Registry) execute(ctx context.Context, job *core.Job[runArgs]) error {
 	r.stats.executions.Add(1)
 	x := &execution{r: r, job: job, runID: job.Args.RunID, keys: map[string]int{}, waitSeq: map[string]int{}, eventSeq: map[string]int{}, patches: map[string]bool{}}
-	if err := x.load(ctx); err != nil {
+	if err := x.loadOrEager(ctx); err != nil {
 		if errors.Is(err, ErrRunNotFound) {
 			r.logger.Warn("relay: workflow run not found; its job ends", "run_id", x.runID, "job_id", job.ID)
 			return nil
@@ -434,6 +434,7 @@ func (x *execution) finish(state RunState, output []byte, msg string) error {
 		return fmt.Errorf("workflow: run %s: record outcome %s: %w", x.runID, state, err)
 	}
 	x.r.stats.finished.Add(1)
+	eagerFinished(x.ctx, x.runID, state, output, msg)
 	return nil
 }
 

@@ -2,7 +2,8 @@ package main
 
 import "github.com/relayq/relay/internal/bench"
 
-// relayWorkflowSystems is Relay's side of the workflow workloads.
+// relayWorkflowSystems is Relay's side of the workflow workloads: the
+// queued start, and (latency workloads only) the eager start.
 func relayWorkflowSystems() []bench.WorkflowSystem {
-	return []bench.WorkflowSystem{bench.RelayWorkflow{}}
+	return []bench.WorkflowSystem{bench.RelayWorkflow{}, bench.RelayWorkflow{Eager: true}}
 }

@@ -20,7 +20,13 @@ func workflowSystems() []bench.WorkflowSystem {
 // in a schema of its own, and prints each result.
 func (c *comparison) wfEach(ctx context.Context, title string, spec bench.WorkflowSpec) (map[string][]bench.WorkflowResult, error) {
 	fmt.Printf("\n== %s\n", title)
-	systems := workflowSystems()
+	var systems []bench.WorkflowSystem
+	for _, sys := range workflowSystems() {
+		if lo, ok := sys.(interface{ LatencyOnly() bool }); ok && lo.LatencyOnly() && spec.Mode != "latency" {
+			continue
+		}
+		systems = append(systems, sys)
+	}
 	for _, sys := range systems {
 		fmt.Printf("   %s: %s\n", sys.Name(), sys.Describe(spec))
 	}
@@ -102,10 +108,22 @@ func (c *comparison) wfLatency(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		c.add(name, "runs/s", false, wfCollect(res, func(r bench.WorkflowResult) float64 { return r.RunsPerSec }))
-		c.add(name, "p50 ms", true, wfCollect(res, func(r bench.WorkflowResult) float64 { return msf(r.P50) }))
-		c.add(name, "p99 ms", true, wfCollect(res, func(r bench.WorkflowResult) float64 { return msf(r.P99) }))
-		c.add(name, "PostgreSQL CPU ms / 1k runs", true, wfCollect(res, func(r bench.WorkflowResult) float64 { return perKRuns(r) }))
+		// A row per Relay start mode, each beside DBOS: queued start
+		// ("relay"), then eager start ("relay_eager").
+		eager := res["relay_eager"]
+		delete(res, "relay_eager")
+		for _, row := range []struct {
+			name string
+			res  map[string][]bench.WorkflowResult
+		}{{name, res}, {name + " Relay eager", map[string][]bench.WorkflowResult{"relay": eager, "dbos": res["dbos"]}}} {
+			if len(row.res["relay"]) == 0 {
+				continue
+			}
+			c.add(row.name, "runs/s", false, wfCollect(row.res, func(r bench.WorkflowResult) float64 { return r.RunsPerSec }))
+			c.add(row.name, "p50 ms", true, wfCollect(row.res, func(r bench.WorkflowResult) float64 { return msf(r.P50) }))
+			c.add(row.name, "p99 ms", true, wfCollect(row.res, func(r bench.WorkflowResult) float64 { return msf(r.P99) }))
+			c.add(row.name, "PostgreSQL CPU ms / 1k runs", true, wfCollect(row.res, func(r bench.WorkflowResult) float64 { return perKRuns(r) }))
+		}
 	}
 	return nil
 }

@@ -38,11 +38,12 @@ func runBench(ctx context.Context, args []string) error {
 	wfRuns := fs.Int("runs", 20000, "--workflow: runs started up front, then drained (0: skip)")
 	wfShape := fs.String("shape", "chain", "--workflow: chain (3 no-op steps), sleep (a Sleep(0) between steps) or child (each step a child run)")
 	wfCallers := fs.String("callers", "32,1", "--workflow: caller counts for the latency runs (empty: skip)")
+	wfEager := fs.Bool("eager", false, "--workflow: run each latency measurement a second time with eager start (workflow.Execute: the run executed in the caller's goroutine)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *wf {
-		return runBenchWorkflow(ctx, *dbURL, *wfRuns, *workers, *wfShape, *wfCallers, *duration)
+		return runBenchWorkflow(ctx, *dbURL, *wfRuns, *workers, *wfShape, *wfCallers, *duration, *wfEager)
 	}
 	if *jobs < 1 || *workers < 1 || *processes < 1 || *rate < 0 || *fill < 0 || *backlog < 0 || *keys < 0 {
 		return fmt.Errorf("bench: --jobs, --workers, --processes must be ≥ 1; --rate, --fill-finished, --key-backlog, --keys ≥ 0")
@@ -132,7 +133,7 @@ func runBench(ctx context.Context, args []string) error {
 // workflow workloads of bench/compare, alone, in this process: runs queued
 // up front and drained, then callers that each start a run and wait for its
 // result. Each measurement prints its summary line.
-func runBenchWorkflow(ctx context.Context, dbURL string, runs, workers int, shapeName, callers string, duration time.Duration) error {
+func runBenchWorkflow(ctx context.Context, dbURL string, runs, workers int, shapeName, callers string, duration time.Duration, eager bool) error {
 	shape, err := bench.ParseShape(shapeName)
 	if err != nil {
 		return err
@@ -177,12 +178,18 @@ func runBenchWorkflow(ctx context.Context, dbURL string, runs, workers int, shap
 	}
 	for _, spec := range specs {
 		spec.URL, spec.Schema = dbURL, schema
-		fmt.Printf("bench: relay workflow %s, %s shape: %s\n", spec.Mode, spec.Shape, sys.Describe(spec))
-		res, err := bench.RunWorkflow(ctx, sys, spec)
-		if err != nil {
-			return fmt.Errorf("bench: %w", err)
+		systems := []bench.RelayWorkflow{sys}
+		if eager && spec.Mode == "latency" {
+			systems = append(systems, bench.RelayWorkflow{Eager: true})
 		}
-		fmt.Println(res.Line())
+		for _, sys := range systems {
+			fmt.Printf("bench: %s workflow %s, %s shape: %s\n", sys.Name(), spec.Mode, spec.Shape, sys.Describe(spec))
+			res, err := bench.RunWorkflow(ctx, sys, spec)
+			if err != nil {
+				return fmt.Errorf("bench: %w", err)
+			}
+			fmt.Println(res.Line())
+		}
 	}
 	return nil
 }

@@ -20,12 +20,30 @@ import (
 // RelayWorkflow is the WorkflowSystem for this repository's workflow
 // package: a core client with spec.Workers slots on one queue executes the
 // runs, in the harness's process; callers Start a run on that queue and
-// wait with Result (LISTEN/NOTIFY, polling as a fallback).
-type RelayWorkflow struct{}
+// wait with Result (LISTEN/NOTIFY, polling as a fallback). With Eager,
+// callers use workflow.Execute instead: the run is inserted already claimed
+// by that client and executed in the caller's goroutine (an eager start).
+type RelayWorkflow struct {
+	Eager bool
+}
 
-func (RelayWorkflow) Name() string { return "relay" }
+func (r RelayWorkflow) Name() string {
+	if r.Eager {
+		return "relay_eager"
+	}
+	return "relay"
+}
 
-func (RelayWorkflow) Describe(spec WorkflowSpec) string {
+// LatencyOnly says the system differs from plain Relay only in how
+// callers start and wait (the latency mode): an eager start has no queued
+// mode of its own.
+func (r RelayWorkflow) LatencyOnly() bool { return r.Eager }
+
+func (r RelayWorkflow) Describe(spec WorkflowSpec) string {
+	if r.Eager {
+		return fmt.Sprintf("workflow.Execute (eager start: run and job inserted in one round trip, the job claimed by a core client with MaxWorkers %d on queue %q, executed in the caller's goroutine; a queued start when no slot is free), Step per step",
+			spec.Workers, relayWFQueue)
+	}
 	return fmt.Sprintf("workflow.Start on queue %q + a core client executing it (MaxWorkers %d, defaults otherwise: FetchLimit 1000, LISTEN/NOTIFY); callers wait with workflow.Result; Step per step, Sleep(0) for sleeps, Child+Get for child runs",
 		relayWFQueue, spec.Workers)
 }
@@ -34,6 +52,7 @@ const relayWFQueue = "bench"
 
 type relayWFEngine struct {
 	spec     WorkflowSpec
+	eager    bool
 	url      string
 	pool     *pgxpool.Pool // the callers' and the harness's
 	wpool    *pgxpool.Pool // the workers'
@@ -48,8 +67,8 @@ var relayStepKeys = [ChainSteps]string{"s1", "s2", "s3"}
 var relaySleepKeys = [ChainSteps]string{"z0", "z1", "z2"}
 var relayChildKeys = [ChainSteps]string{"c1", "c2", "c3"}
 
-func (RelayWorkflow) Open(ctx context.Context, spec WorkflowSpec) (WorkflowEngine, error) {
-	e := &relayWFEngine{spec: spec}
+func (r RelayWorkflow) Open(ctx context.Context, spec WorkflowSpec) (WorkflowEngine, error) {
+	e := &relayWFEngine{spec: spec, eager: r.Eager}
 	schema := pgx.Identifier{spec.Schema}.Sanitize()
 	conn, err := pgx.Connect(ctx, spec.URL)
 	if err != nil {
@@ -152,6 +171,10 @@ func (e *relayWFEngine) Finished(ctx context.Context) (n int64, err error) {
 }
 
 func (e *relayWFEngine) Call(ctx context.Context, shape Shape) error {
+	if e.eager {
+		_, err := workflow.Execute(ctx, e.client, e.chain, shape, &workflow.StartOpts{Queue: relayWFQueue})
+		return err
+	}
 	h, err := workflow.Start(ctx, e.pool, e.chain, shape, &workflow.StartOpts{Queue: relayWFQueue})
 	if err != nil {
 		return err

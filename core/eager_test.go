@@ -1,0 +1,403 @@
+package core_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/testdb"
+)
+
+type callerKey struct{}
+
+// eagerLease reads a job's lease as stored.
+func eagerLease(t *testing.T, pool *pgxpool.Pool, id int64) (state, by, token string, attempt int) {
+	t.Helper()
+	err := pool.QueryRow(context.Background(),
+		`SELECT state, coalesce(attempted_by, ''), coalesce(lease_token::text, ''), attempt FROM relay_jobs WHERE id = $1`, id).
+		Scan(&state, &by, &token, &attempt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return
+}
+
+// InsertClaimed writes the job claimed by the client (attempt 1, its id,
+// a lease token), with the caller's statements in the same round trip, and
+// Execute runs it in the caller's goroutine through the middleware, its
+// success recorded by the client as a claimed job's.
+func TestEagerExecuteRunsInCaller(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ws := core.NewWorkers()
+	var sawValue, sawMiddleware bool
+	ws.Use(func(ctx context.Context, job *core.JobRow, next func(context.Context) error) error {
+		sawMiddleware = true
+		return next(ctx)
+	})
+	started := make(chan string, 1)
+	core.MustAddWorker(ws, core.WorkFunc[echoArgs](func(ctx context.Context, j *core.Job[echoArgs]) error {
+		sawValue = ctx.Value(callerKey{}) == "the caller"
+		started <- j.Args.Msg
+		return nil
+	}))
+	c := startClient(t, pool, &core.Config{Workers: ws, ID: "eager-client", RescueInterval: -1})
+	ctx := context.WithValue(context.Background(), callerKey{}, "the caller")
+	var seen int64
+	cl, err := c.InsertClaimed(ctx, echoArgs{Msg: "hi"}, nil, &core.WithJob{
+		Queue: func(b *pgx.Batch) { b.Queue(`SELECT ` + core.InsertedJobID) },
+		Read:  func(br pgx.BatchResults) error { return br.QueryRow().Scan(&seen) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cl.Row == nil || seen != cl.ID || cl.Row.ID != cl.ID {
+		t.Fatalf("claimed %+v, the batch's statement saw job %d", cl, seen)
+	}
+	state, by, token, attempt := eagerLease(t, pool, cl.ID)
+	if state != "claimed" || by != "eager-client" || token != cl.Row.LeaseToken.String() || attempt != 1 || cl.Row.Attempt != 1 {
+		t.Fatalf("stored: %s by %q token %s attempt %d; row %+v", state, by, token, attempt, cl.Row)
+	}
+	if err := c.Execute(ctx, cl); err != nil {
+		t.Fatal(err)
+	}
+	// Execute returned: the handler ran before, in this goroutine's call.
+	select {
+	case msg := <-started:
+		if msg != "hi" || !sawValue || !sawMiddleware {
+			t.Fatalf("handler got %q, caller's value %v, middleware %v", msg, sawValue, sawMiddleware)
+		}
+	default:
+		t.Fatal("Execute returned before the handler ran")
+	}
+	j := waitState(t, pool, cl.ID, core.StateSucceeded)
+	if j.Attempt != 1 || j.AttemptedBy != "eager-client" {
+		t.Fatalf("after: %+v", j)
+	}
+	if s := c.Stats(); s.Claimed != 1 || s.Succeeded != 1 {
+		t.Fatalf("stats %+v", s)
+	}
+	if err := c.Execute(ctx, cl); !errors.Is(err, core.ErrNotClaimed) {
+		t.Fatalf("second Execute: %v, want ErrNotClaimed", err)
+	}
+}
+
+// An eager job's failure is recorded as any attempt's: retried after its
+// delay, its error kept.
+func TestEagerFailureIsRetried(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ws := core.NewWorkers()
+	core.MustAddWorker(ws, core.WorkFunc[echoArgs](func(ctx context.Context, j *core.Job[echoArgs]) error {
+		if j.Attempt == 1 {
+			return errors.New("first try fails")
+		}
+		return nil
+	}))
+	c := startClient(t, pool, &core.Config{Workers: ws, RetryPolicy: core.RetryPolicyFunc(func(int, error) time.Duration { return 0 })})
+	ctx := context.Background()
+	cl, err := c.InsertClaimed(ctx, echoArgs{}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Execute(ctx, cl); err == nil || err.Error() != "first try fails" {
+		t.Fatalf("Execute: %v", err)
+	}
+	j := waitState(t, pool, cl.ID, core.StateSucceeded)
+	if j.Attempt != 2 || len(j.History) != 1 || j.History[0].Error != "first try fails" {
+		t.Fatalf("after retry: %+v", j)
+	}
+}
+
+// The client's heartbeats renew an eager job's lease while it runs far
+// longer than the lease.
+func TestEagerLeaseRenewedByHeartbeats(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	ws, started, release, _ := blocking(true)
+	c := startClient(t, pool, &core.Config{Workers: ws, LeaseDuration: time.Second, RescueInterval: 20 * time.Millisecond})
+	cl, err := c.InsertClaimed(ctx, blockArgs{}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Execute(ctx, cl) }()
+	<-started
+	var first time.Time
+	if err := pool.QueryRow(ctx, `SELECT lease_expires_at FROM relay_jobs WHERE id = $1`, cl.ID).Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "lease renewed 5 times over", func() bool {
+		var exp time.Time
+		pool.QueryRow(ctx, `SELECT lease_expires_at FROM relay_jobs WHERE id = $1`, cl.ID).Scan(&exp)
+		return exp.Sub(first) > 3*time.Second
+	})
+	release <- nil
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	j := waitState(t, pool, cl.ID, core.StateSucceeded)
+	if j.Attempt != 1 || len(j.History) != 0 {
+		t.Fatalf("long eager job was rescued or rerun: %+v", j)
+	}
+}
+
+// A process that dies while executing an eager job (simulated: its lease
+// expires while it is stalled) loses the job to the rescuer; another
+// client runs it again, and the stalled executor's late result is refused
+// by the fence.
+func TestEagerKilledIsRescued(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	wsA, startedA, releaseA, _ := blocking(false)
+	// One slot, the eager job's: A cannot claim the job back.
+	a := startClient(t, pool, &core.Config{Workers: wsA, ID: "eager-a", LeaseDuration: time.Minute, RescueInterval: -1,
+		Queues: map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: 1}}})
+	cl, err := c0(a.InsertClaimed(ctx, blockArgs{}, nil, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	doneA := make(chan error, 1)
+	go func() { doneA <- a.Execute(ctx, cl) }()
+	<-startedA
+	if _, err := pool.Exec(ctx, `UPDATE relay_jobs SET lease_expires_at = now() - interval '1 second' WHERE id = $1`, cl.ID); err != nil {
+		t.Fatal(err)
+	}
+	wsB := core.NewWorkers()
+	core.MustAddWorker(wsB, core.WorkFunc[blockArgs](func(ctx context.Context, j *core.Job[blockArgs]) error { return nil }))
+	startClient(t, pool, &core.Config{Workers: wsB, ID: "eager-b", RescueInterval: 20 * time.Millisecond,
+		RetryPolicy: core.RetryPolicyFunc(func(int, error) time.Duration { return 0 })})
+	j := waitState(t, pool, cl.ID, core.StateSucceeded)
+	if j.AttemptedBy != "eager-b" || j.Attempt != 2 || len(j.History) != 1 || j.History[0].Worker != "eager-a" {
+		t.Fatalf("after rescue: %+v", j)
+	}
+	releaseA <- nil
+	<-doneA
+	waitFor(t, "A's refused write counted", func() bool { return a.Stats().LeaseLost == 1 })
+	if j2, _ := core.JobGet(ctx, pool, cl.ID); j2.AttemptedBy != "eager-b" || a.Stats().Succeeded != 0 {
+		t.Fatalf("late eager executor changed the job: %+v", j2)
+	}
+}
+
+func c0(cl *core.Claimed, err error) (*core.Claimed, error) {
+	if err == nil && cl.Row == nil {
+		err = errors.New("job not claimed")
+	}
+	return cl, err
+}
+
+// Stop waits for a running eager job, and at its deadline interrupts it
+// (cause ErrShutdown) and returns it to the queue uncounted; a stopped
+// client takes no eager job.
+func TestEagerStop(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	ws, started, _, ctxErr := blocking(true)
+	c, err := core.NewClient(pool, &core.Config{Workers: ws})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.InsertClaimed(ctx, blockArgs{}, nil, nil); !errors.Is(err, core.ErrEagerUnavailable) {
+		t.Fatalf("before Start: %v, want ErrEagerUnavailable", err)
+	}
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A graceful stop waits for the job.
+	cl, err := c0(c.InsertClaimed(ctx, blockArgs{}, nil, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Execute(ctx, cl) }()
+	<-started
+	stopped := make(chan error, 1)
+	stopCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	go func() { stopped <- c.Stop(stopCtx) }()
+	if cause := <-ctxErr; !errors.Is(cause, core.ErrShutdown) {
+		t.Fatalf("handler cancelled with %v, want ErrShutdown", cause)
+	}
+	var se *core.StopError
+	if err := <-stopped; !errors.As(err, &se) || se.Interrupted != 1 {
+		t.Fatalf("Stop: %v", err)
+	}
+	<-done
+	j := waitState(t, pool, cl.ID, core.StateQueued)
+	if j.Attempt != 0 || len(j.History) != 1 || !strings.Contains(j.History[0].Error, "attempt not counted") {
+		t.Fatalf("interrupted eager job: %+v", j)
+	}
+	if _, err := c.InsertClaimed(ctx, blockArgs{}, nil, nil); !errors.Is(err, core.ErrEagerUnavailable) {
+		t.Fatalf("after Stop: %v, want ErrEagerUnavailable", err)
+	}
+}
+
+// A graceful Stop does not return while an eager job runs.
+func TestEagerStopWaits(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	ws, started, release, _ := blocking(true)
+	c, err := core.NewClient(pool, &core.Config{Workers: ws})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := c0(c.InsertClaimed(ctx, blockArgs{}, nil, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go c.Execute(ctx, cl) //nolint:errcheck
+	<-started
+	stopped := make(chan error, 1)
+	go func() { stopped <- c.Stop(context.Background()) }()
+	select {
+	case err := <-stopped:
+		t.Fatalf("Stop returned (%v) while the eager job ran", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	release <- nil
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	if st := jobState(t, pool, cl.ID); st != core.StateSucceeded {
+		t.Fatalf("state %s", st)
+	}
+}
+
+// A queue or kind the client does not work is refused with nothing
+// written; a full queue is unavailable; a paused queue or a limit leaves
+// the job queued for the normal claims instead of bypassing them.
+func TestEagerRefusals(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	ws, started, release, _ := blocking(true)
+	core.MustAddWorker(ws, core.WorkFunc[echoArgs](func(context.Context, *core.Job[echoArgs]) error { return nil }))
+	c := startClient(t, pool, &core.Config{Workers: ws, Queues: map[string]core.QueueConfig{"q": {MaxWorkers: 1}}})
+	if _, err := c.InsertClaimed(ctx, blockArgs{}, &core.EnqueueOpts{Queue: "other"}, nil); !errors.Is(err, core.ErrNotWorked) {
+		t.Fatalf("queue not served: %v", err)
+	}
+	if _, err := c.InsertClaimed(ctx, unknownArgs{}, &core.EnqueueOpts{Queue: "q"}, nil); !errors.Is(err, core.ErrNotWorked) {
+		t.Fatalf("kind not registered: %v", err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM relay_jobs`); n != 0 {
+		t.Fatalf("%d jobs written by refused calls", n)
+	}
+	// The one slot busy: unavailable.
+	cl, err := c0(c.InsertClaimed(ctx, blockArgs{}, &core.EnqueueOpts{Queue: "q"}, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Execute(ctx, cl) }()
+	<-started
+	if _, err := c.InsertClaimed(ctx, echoArgs{}, &core.EnqueueOpts{Queue: "q"}, nil); !errors.Is(err, core.ErrEagerUnavailable) {
+		t.Fatalf("no free slot: %v", err)
+	}
+	release <- nil
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+
+	// Paused: inserted queued, run once the queue resumes.
+	if _, err := core.PauseQueue(ctx, pool, "q", "test"); err != nil {
+		t.Fatal(err)
+	}
+	paused, err := c.InsertClaimed(ctx, echoArgs{}, &core.EnqueueOpts{Queue: "q"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if paused.Row != nil || jobState(t, pool, paused.ID) != core.StateQueued {
+		t.Fatalf("eager job claimed on a paused queue: %+v", paused)
+	}
+	if err := c.Execute(ctx, paused); !errors.Is(err, core.ErrNotClaimed) {
+		t.Fatalf("Execute of a queued job: %v", err)
+	}
+	if _, err := core.ResumeQueue(ctx, pool, "q"); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, pool, paused.ID, core.StateSucceeded)
+
+	// A limit on the kind: inserted queued, claimed under the limit.
+	if err := core.SetLimit(ctx, pool, core.Limit{Kind: "echo", MaxRunning: 1}); err != nil {
+		t.Fatal(err)
+	}
+	limited, err := c.InsertClaimed(ctx, echoArgs{}, &core.EnqueueOpts{Queue: "q"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if limited.Row != nil {
+		t.Fatalf("eager job claimed past a limit: %+v", limited.Row)
+	}
+	waitState(t, pool, limited.ID, core.StateSucceeded)
+	// Without the limit the slot (given back by the jobs left queued)
+	// takes an eager job again.
+	if err := core.DeleteLimit(ctx, pool, core.Limit{Kind: "echo"}); err != nil {
+		t.Fatal(err)
+	}
+	cl, err = c0(c.InsertClaimed(ctx, echoArgs{}, &core.EnqueueOpts{Queue: "q"}, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Execute(ctx, cl); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type unknownArgs struct{}
+
+func (unknownArgs) Kind() string { return "nobody-works-this" }
+
+// When the caller's context ends during Execute, the handler is cancelled
+// with ErrCallerGone and the attempt goes back to the queue uncounted; the
+// client's workers then finish the job.
+func TestEagerCallerGone(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ws := core.NewWorkers()
+	calls := make(chan error, 4)
+	core.MustAddWorker(ws, core.WorkFunc[echoArgs](func(ctx context.Context, j *core.Job[echoArgs]) error {
+		if j.Args.Msg == "wait" && ctx.Value(callerKey{}) != nil {
+			<-ctx.Done()
+			calls <- context.Cause(ctx)
+			return ctx.Err()
+		}
+		calls <- nil
+		return nil
+	}))
+	c := startClient(t, pool, &core.Config{Workers: ws})
+	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), callerKey{}, "eager"))
+	cl, err := c0(c.InsertClaimed(ctx, echoArgs{Msg: "wait"}, nil, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.AfterFunc(50*time.Millisecond, cancel)
+	if err := c.Execute(ctx, cl); err == nil {
+		t.Fatal("Execute returned nil after its caller went away")
+	}
+	if cause := <-calls; !errors.Is(cause, core.ErrCallerGone) {
+		t.Fatalf("handler cancelled with %v, want ErrCallerGone", cause)
+	}
+	// Released, then claimed by the client's own fetch loop (whose
+	// context carries no caller value): it succeeds, the interrupted
+	// attempt uncounted.
+	if cause := <-calls; cause != nil {
+		t.Fatal(cause)
+	}
+	j := waitState(t, pool, cl.ID, core.StateSucceeded)
+	if j.Attempt != 1 || len(j.History) != 1 || !strings.Contains(j.History[0].Error, "attempt not counted") {
+		t.Fatalf("after the caller left: %+v", j)
+	}
+}

@@ -1,0 +1,203 @@
+package workflow
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/relayq/relay/core"
+)
+
+// Execute starts a run of wf and waits for its outcome, executing it in the
+// caller's goroutine: an eager start, Relay's twin of Temporal's Eager
+// Workflow Start and of DBOS's RunWorkflow. The run's row and its job are
+// written in one round trip with the job already claimed by c (as if c's
+// fetch loop had claimed it: attempt 1, a fresh lease token, c's lease
+// duration, one of the queue's MaxWorkers slots), and the execution then
+// runs here, through c's worker path (middleware, tracing, metrics, the
+// lease fence), with no NOTIFY, claim or wake-up between the start and the
+// result.
+//
+// Everything else is as for Start + Handle.Result: the run is durable from
+// the start's commit. If the process dies, the job's lease expires and the
+// rescuer hands the run to any worker; if the run suspends (Sleep,
+// WaitSignal, a child's Get) or its execution fails and is retried, the job
+// goes back to the queue as usual and Execute waits for the run's result, as
+// Handle.Result does. A run id that exists (StartOpts.ID) starts nothing:
+// Execute returns that run's result (ErrIDInUse if it is another workflow's).
+//
+// c must serve opts.Queue with the workers of wf's registry (AddWorkers):
+// otherwise Execute fails with core.ErrNotWorked and starts nothing. Execute falls
+// back to an ordinary start (Start, then the result) when c cannot take the
+// run now: every worker slot of the queue busy, or c not running (stopping,
+// say). A paused queue or a global limit on the queue or on RunKind is
+// never bypassed: the run is then started queued, and Execute waits for it.
+//
+// ctx bounds the wait. If it ends while the run executes here, the
+// execution is cancelled and its job returned to the queue (the attempt
+// not counted) for any worker to continue; the run goes on without the
+// caller.
+func Execute[In, Out any](ctx context.Context, c *core.Client, wf *Workflow[In, Out], in In, opts *StartOpts) (Out, error) {
+	var zero Out
+	if wf == nil || c == nil {
+		return zero, errors.New("workflow: run: nil workflow or client")
+	}
+	reg := wf.reg
+	if reg.pool == nil {
+		return zero, fmt.Errorf("workflow: run %s: the registry has no pool (NewRegistry(nil, ...))", wf.name)
+	}
+	input, err := encode("input of "+wf.name, in)
+	if err != nil {
+		return zero, fmt.Errorf("workflow: run %s: %w", wf.name, err)
+	}
+	o, err := startDefaults(wf.name, opts)
+	if err != nil {
+		return zero, err
+	}
+	sink := &eagerSink{runID: o.ID}
+	cl, err := insertEager(context.WithValue(ctx, eagerKey{}, sink), c, reg, wf.name, input, o)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.Is(err, core.ErrEagerUnavailable):
+		reg.logger.Debug("relay: eager start unavailable; starting the run queued", "workflow", wf.name, "reason", err)
+		h, err := Start(ctx, reg.pool, wf, in, &o)
+		if err != nil {
+			return zero, err
+		}
+		return h.Result(ctx, reg.pool)
+	case errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "relay_workflow_runs_pkey":
+		var holder string
+		if err := reg.pool.QueryRow(ctx, sqlRunIdentity, o.ID).Scan(&holder); err != nil {
+			return zero, fmt.Errorf("workflow: run %s: read existing run %s: %w", wf.name, o.ID, err)
+		}
+		if holder != wf.name {
+			return zero, fmt.Errorf("workflow: run %s: %w: run %s is a run of %q", wf.name, ErrIDInUse, o.ID, holder)
+		}
+	case err != nil:
+		return zero, fmt.Errorf("workflow: run %s: %w", wf.name, err)
+	case cl.Row != nil:
+		c.Execute(ctx, cl) //nolint:errcheck // the outcome is the run's, read below
+		if sink.done {
+			return eagerOutcome[Out](sink, wf.name)
+		}
+	}
+	// Suspended, retried, handed back, left queued (a paused or limited
+	// queue), or another caller's run: wait for it.
+	return result[Out](ctx, reg.pool, o.ID, &reg.waiter)
+}
+
+// eagerKey is the context key of an eager caller's eagerSink.
+type eagerKey struct{}
+
+// eagerSink receives the outcome of the eager caller's run when the
+// caller's own execution records it (execution.finish), so that Execute
+// returns it without reading it back.
+type eagerSink struct {
+	runID string
+	// run is the run as the caller inserted it: its first execution (the
+	// caller's) starts from it instead of reading it back (loadOrEager).
+	run    *runInfo
+	loaded bool
+	done   bool
+	state  RunState
+	output []byte
+	msg    string
+}
+
+// eagerFinished hands a run's recorded outcome to the eager caller
+// executing it, if any.
+func eagerFinished(ctx context.Context, runID string, state RunState, output []byte, msg string) {
+	if s, ok := ctx.Value(eagerKey{}).(*eagerSink); ok && s.runID == runID {
+		s.done, s.state, s.output, s.msg = true, state, output, msg
+	}
+}
+
+// loadOrEager loads the run and its history (load), except in the eager
+// caller's own first execution of its run: the run is then as the caller
+// inserted it in the claim's transaction, with an empty history, and the
+// claim's time (the database's now() of that transaction) stands for the
+// execution's clock. It saves a round trip per eager run.
+func (x *execution) loadOrEager(ctx context.Context) error {
+	s, ok := ctx.Value(eagerKey{}).(*eagerSink)
+	if !ok || s.runID != x.runID || s.run == nil || s.loaded || x.job.Attempt != 1 {
+		return x.load(ctx)
+	}
+	s.loaded = true
+	x.run = *s.run
+	x.run.jobID = x.job.ID
+	x.now = x.job.AttemptedAt
+	x.hist = map[int]*stepRow{}
+	return nil
+}
+
+// eagerOutcome is the run's outcome as Result returns it.
+func eagerOutcome[Out any](s *eagerSink, name string) (Out, error) {
+	var out Out
+	if s.state != StateCompleted {
+		return out, &RunError{RunID: s.runID, Workflow: name, State: s.state, Message: s.msg}
+	}
+	if err := json.Unmarshal(s.output, &out); err != nil {
+		return out, fmt.Errorf("workflow: result of %s: decode output into %T: %w", s.runID, out, err)
+	}
+	return out, nil
+}
+
+// startDefaults fills in opts' defaults and checks them (as startRun).
+func startDefaults(name string, opts *StartOpts) (StartOpts, error) {
+	var o StartOpts
+	if opts != nil {
+		o = *opts
+	}
+	if o.ID == "" {
+		o.ID = uuid.NewString()
+	}
+	if len(o.ID) > 255 {
+		return o, fmt.Errorf("workflow: start %s: run id longer than 255 bytes", name)
+	}
+	if o.Queue == "" {
+		o.Queue = core.DefaultQueue
+	}
+	if o.MaxAttempts == 0 {
+		o.MaxAttempts = DefaultMaxAttempts
+	}
+	if o.MaxAttempts < 0 || o.Priority < 0 || o.Priority > core.MaxPriority {
+		return o, fmt.Errorf("workflow: start %s: MaxAttempts %d or Priority %d out of range", name, o.MaxAttempts, o.Priority)
+	}
+	return o, nil
+}
+
+// insertEager writes the run and its job, claimed by c, in one round trip,
+// under the run's root span (as startRun).
+func insertEager(ctx context.Context, c *core.Client, reg *Registry, name string, input []byte, o StartOpts) (*core.Claimed, error) {
+	ctx, span := reg.tracer.Start(ctx, "workflow "+name, trace.WithAttributes(
+		attribute.String("relay.workflow.name", name), attribute.String("relay.workflow.run_id", o.ID),
+		attribute.Bool("relay.workflow.eager", true)))
+	defer span.End()
+	carrier := propagation.MapCarrier{}
+	traceContext.Inject(ctx, carrier)
+	traceJSON, _ := json.Marshal(carrier)
+	if s, ok := ctx.Value(eagerKey{}).(*eagerSink); ok {
+		s.run = &runInfo{workflow: name, state: string(StatePending), input: string(input), queue: o.Queue, trace: string(traceJSON)}
+	}
+	var meta map[string]any
+	if len(carrier) > 0 {
+		meta = map[string]any{}
+		for k, v := range carrier {
+			meta[k] = v
+		}
+	}
+	return c.InsertClaimed(ctx, runArgs{RunID: o.ID}, &core.EnqueueOpts{
+		Queue: o.Queue, Priority: new(o.Priority), MaxAttempts: o.MaxAttempts + failReserve, Metadata: meta,
+	}, &core.WithJob{
+		Queue: func(b *pgx.Batch) { b.Queue(sqlEagerInsertRun, o.ID, name, string(input), o.Queue, string(traceJSON)) },
+		Read:  func(br pgx.BatchResults) error { _, err := br.Exec(); return err },
+	})
+}
