@@ -47,6 +47,18 @@ type Config struct {
 	// PollInterval is the fallback fetch period when no notification comes.
 	// Default 1s.
 	PollInterval time.Duration
+	// ClaimCoalesce is the shortest time between two claims of a queue that
+	// notifications trigger. A notification that comes sooner after the
+	// previous claim waits out the rest of it, and one claim then takes
+	// every job notified meanwhile; one after a quiet spell claims at once,
+	// so a lone job waits for nothing. Under a steady load this bounds
+	// claims to one per ClaimCoalesce per queue and process, instead of one
+	// per job: fewer statements, and less PostgreSQL CPU per job, for at
+	// most this much more pickup latency. A drain (the last claim took all
+	// it asked for) is not slowed: a freed slot claims at once. Default 1ms
+	// (docs/benchmarks.md, "Steady load: PostgreSQL CPU per job");
+	// negative claims on every notification.
+	ClaimCoalesce time.Duration
 	// FetchLimit caps the jobs one claim statement takes (a claim takes no
 	// more than the free workers either). Large batches are cheaper per job:
 	// a burn-down with 2,000 workers drains about 40% faster at 1,000 than at
@@ -75,6 +87,11 @@ type Config struct {
 	// the global one (otel.SetMeterProvider).
 	MeterProvider metric.MeterProvider
 }
+
+// defaultClaimCoalesce is Config.ClaimCoalesce's default: see
+// docs/benchmarks.md, "Steady load: PostgreSQL CPU per job", for the
+// trade-off it was chosen on.
+const defaultClaimCoalesce = time.Millisecond
 
 // QueueConfig configures one queue of a Client.
 type QueueConfig struct {
@@ -255,6 +272,7 @@ func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 			cf.HeartbeatInterval, cf.LeaseDuration)
 	}
 	cf.PollInterval = cmp.Or(cf.PollInterval, time.Second)
+	cf.ClaimCoalesce = cmp.Or(cf.ClaimCoalesce, defaultClaimCoalesce)
 	cf.FetchLimit = cmp.Or(cf.FetchLimit, 1000)
 	cf.RescueInterval = cmp.Or(cf.RescueInterval, cf.LeaseDuration/2)
 	cf.Retention.Succeeded = cmp.Or(cf.Retention.Succeeded, 24*time.Hour)

@@ -51,6 +51,9 @@ type completer struct {
 	cancel  context.CancelFunc
 	mu      sync.Mutex
 	pending []outcome
+	// urgent: pending holds an outcome that makes a job runnable (see
+	// completeGather).
+	urgent  bool
 	signal  chan struct{}
 	done    chan struct{}
 	closing bool
@@ -63,10 +66,16 @@ const completeBatchMax = 2000
 // steady trickle of jobs this turns one UPDATE and one commit per job into
 // one per few milliseconds, at the cost of recording each outcome that much
 // later. The outcome is not visible in the table meanwhile; the job's lease
-// covers it.
+// covers it. A batch of plain successes, which make no other job runnable,
+// waits up to completeGatherQuiet: at a steady 1,000 jobs/s that is a
+// synchronous commit per 10 jobs instead of per 3. A batch holding an
+// outcome that makes a job runnable (the success of a job with an
+// ordering key, whose next job waits for it; a retry; a release) keeps
+// the short wait.
 const (
-	completeGather    = 3 * time.Millisecond
-	completeGatherMin = 100
+	completeGather      = 3 * time.Millisecond
+	completeGatherQuiet = 10 * time.Millisecond
+	completeGatherMin   = 100
 )
 
 func newCompleter(c *Client) *completer {
@@ -77,6 +86,9 @@ func newCompleter(c *Client) *completer {
 func (p *completer) add(o outcome) {
 	p.mu.Lock()
 	p.pending = append(p.pending, o)
+	if o.kind != outcomeSuccess || o.row.OrderingKey != "" {
+		p.urgent = true
+	}
 	p.mu.Unlock()
 	p.wake()
 }
@@ -106,6 +118,7 @@ func (p *completer) run() {
 				p.pending = p.pending[completeBatchMax:]
 			} else {
 				p.pending = nil
+				p.urgent = false
 			}
 			closing := p.closing
 			p.mu.Unlock()
@@ -140,15 +153,20 @@ func (p *completer) run() {
 	}
 }
 
-// gather waits, up to completeGather, for a small batch to grow.
+// gather waits, up to completeGatherQuiet (completeGather once an urgent
+// outcome is pending), for a small batch to grow.
 func (p *completer) gather() {
-	deadline := time.Now().Add(completeGather)
+	start := time.Now()
+	deadline := start.Add(completeGatherQuiet)
 	for time.Now().Before(deadline) {
 		p.mu.Lock()
-		n, closing := len(p.pending), p.closing
+		n, closing, urgent := len(p.pending), p.closing, p.urgent
 		p.mu.Unlock()
 		if n >= completeGatherMin || closing {
 			return
+		}
+		if urgent && start.Add(completeGather).Before(deadline) {
+			deadline = start.Add(completeGather)
 		}
 		select {
 		case <-p.signal:

@@ -184,7 +184,7 @@ func enqueueMany(ctx context.Context, db DB, params []EnqueueParams, tp trace.Tr
 	}
 	countEnqueued(ctx, ctr, rows, results)
 	if ownTx {
-		notifyQueues(ctx, ex, rows, results)
+		notifyQueues(ctx, db, ex, rows, results)
 	}
 	return results, nil
 }
@@ -201,9 +201,8 @@ func inTransaction(db DB) bool {
 }
 
 // notifyQueues wakes the workers of the queues that got a job runnable now,
-// after the enqueue committed. A failure loses nothing: the job is stored,
-// and workers poll.
-func notifyQueues(ctx context.Context, ex execer, rows []enqueueRow, results []EnqueueResult) {
+// after the enqueue on db committed (see wakeQueues).
+func notifyQueues(ctx context.Context, db DB, ex execer, rows []enqueueRow, results []EnqueueResult) {
 	now := time.Now()
 	var queues []string
 	for i, r := range rows {
@@ -212,11 +211,7 @@ func notifyQueues(ctx context.Context, ex execer, rows []enqueueRow, results []E
 		}
 		queues = append(queues, r.Queue)
 	}
-	if len(queues) == 0 {
-		return
-	}
-	list, _ := json.Marshal(queues)
-	ex.Exec(ctx, sqlNotifyQueues, string(list)) //nolint:errcheck
+	wakeQueues(ctx, db, ex, queues)
 }
 
 // countEnqueued adds the jobs written (not the duplicates) to ctr (nil:

@@ -82,6 +82,8 @@ func (q *queue) run(ctx, workCtx context.Context) {
 	// While a drain takes full batches, each claim starts after the last
 	// job of the previous one; a notification or the poll starts over.
 	var cursor *claimCursor
+	// When the last claim was sent (ClaimCoalesce counts from it).
+	var lastClaim time.Time
 	// Look for work at once: jobs enqueued while no client ran notified
 	// nobody, and the listener may take a while to connect.
 	q.notify()
@@ -92,6 +94,9 @@ func (q *queue) run(ctx, workCtx context.Context) {
 		case <-q.wake:
 		case <-poll.C:
 			cursor = nil
+		}
+		if !q.coalesce(ctx, lastClaim) {
+			return
 		}
 		if q.rescan.Swap(false) {
 			cursor = nil
@@ -108,6 +113,7 @@ func (q *queue) run(ctx, workCtx context.Context) {
 			// The lease runs, at the earliest, from the moment the claim
 			// is sent: the local lease deadline counts from here.
 			sent := time.Now()
+			lastClaim = sent
 			rows, err := q.claim(claimCtx, limit, cursor)
 			cancel()
 			if err != nil {
@@ -181,6 +187,30 @@ func (q *queue) run(ctx, workCtx context.Context) {
 			}
 		}
 	}
+}
+
+// coalesce waits, before a claim, until ClaimCoalesce has passed since the
+// last claim was sent (see Config.ClaimCoalesce), unless the queue is
+// draining a backlog (the last claim took all it asked for). A wake-up
+// that arrives meanwhile is taken with it: the claim that follows covers
+// it. It returns false when ctx ended.
+func (q *queue) coalesce(ctx context.Context, lastClaim time.Time) bool {
+	wait := q.client.cfg.ClaimCoalesce - time.Since(lastClaim)
+	if wait <= 0 || q.more.Load() {
+		return true
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+	}
+	select {
+	case <-q.wake:
+	default:
+	}
+	return true
 }
 
 func (q *queue) claim(ctx context.Context, limit int, after *claimCursor) ([]*JobRow, error) {

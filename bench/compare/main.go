@@ -22,7 +22,13 @@
 //  6. latency: 32 callers, then one, each starting a run and waiting for its
 //     result: p50, p99;
 //  7. suspension: the chain with a Sleep(0) between steps, and with each
-//     step a child run, queued as in 5.
+//     step a child run, queued as in 5;
+//
+// and, only when named (--workloads 8):
+//
+//  8. steady sweep: River beside Relay at each ClaimCoalesce of
+//     --sweep-windows, at each rate of --sweep-rates: PostgreSQL CPU per
+//     job against pickup latency.
 package main
 
 import (
@@ -77,13 +83,17 @@ type options struct {
 	wfRuns, wfSuspendRuns, wfWorkers int
 	wfCallers                        []int
 	wfDuration, wfWarmup, wfDBOSPoll time.Duration
+
+	sweepRates    []int
+	sweepWindows  []time.Duration
+	sweepDuration time.Duration
 }
 
 func run(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("compare", flag.ContinueOnError)
 	var o options
 	fs.StringVar(&o.url, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL (default: a throwaway cluster with default settings)")
-	fs.StringVar(&o.workloads, "workloads", "1,2,3,4,5,6,7", "which workloads to run")
+	fs.StringVar(&o.workloads, "workloads", "1,2,3,4,5,6,7", "which workloads to run (8, the steady-load sweep, only when named)")
 	fs.IntVar(&o.rounds, "rounds", 2, "rounds per workload; each round runs Relay then River")
 	fs.IntVar(&o.w1Jobs, "w1-jobs", 1_000_000, "workload 1: jobs")
 	fs.IntVar(&o.w1RelayWorkers, "w1-relay-workers", 2000, "workload 1: Relay's workers")
@@ -99,6 +109,9 @@ func run(ctx context.Context, args []string) error {
 	fs.IntVar(&o.wfSuspendRuns, "wf-suspend-runs", 5_000, "workflow workload 7: runs of each suspending shape")
 	fs.IntVar(&o.wfWorkers, "wf-workers", 100, "workflow workloads 5 and 7: runs executed at once (both)")
 	callers := fs.String("wf-callers", "32,1", "workflow workload 6: caller counts")
+	rates := fs.String("sweep-rates", "1000,5000", "workload 8: steady rates (jobs/s)")
+	windows := fs.String("sweep-windows", "off,1ms,2ms,5ms,10ms", "workload 8: Relay's ClaimCoalesce settings (off: a claim per notification; default: the client's default)")
+	fs.DurationVar(&o.sweepDuration, "sweep-duration", 20*time.Second, "workload 8: how long each rate is offered, per run")
 	fs.DurationVar(&o.wfDuration, "wf-duration", 15*time.Second, "workflow workload 6: how long callers run, per caller count")
 	fs.DurationVar(&o.wfWarmup, "wf-warmup", 2*time.Second, "workflow workload 6: calls before recording")
 	fs.DurationVar(&o.wfDBOSPoll, "wf-dbos-poll", 10*time.Millisecond, "workflow workloads: DBOS's queue polling interval (its default is 1s)")
@@ -111,6 +124,27 @@ func run(ctx context.Context, args []string) error {
 			return fmt.Errorf("--wf-callers: %q is not a positive count", c)
 		}
 		o.wfCallers = append(o.wfCallers, n)
+	}
+	for _, r := range strings.Split(*rates, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(r))
+		if err != nil || n < 1 {
+			return fmt.Errorf("--sweep-rates: %q is not a positive rate", r)
+		}
+		o.sweepRates = append(o.sweepRates, n)
+	}
+	for _, w := range strings.Split(*windows, ",") {
+		switch w = strings.TrimSpace(w); w {
+		case "off":
+			o.sweepWindows = append(o.sweepWindows, -1)
+		case "default":
+			o.sweepWindows = append(o.sweepWindows, 0)
+		default:
+			d, err := time.ParseDuration(w)
+			if err != nil || d <= 0 {
+				return fmt.Errorf("--sweep-windows: %q is not off, default or a positive duration", w)
+			}
+			o.sweepWindows = append(o.sweepWindows, d)
+		}
 	}
 	if o.url == "" {
 		fmt.Println("compare: starting a throwaway PostgreSQL cluster (default settings, fsync on)")
@@ -129,7 +163,7 @@ func run(ctx context.Context, args []string) error {
 	systems := []bench.System{bench.Relay{}, &River{}}
 	envs := map[string]bench.Env{}
 	for _, sys := range systems {
-		if !slices.ContainsFunc(want, func(w string) bool { return w >= "1" && w <= "4" }) {
+		if !slices.ContainsFunc(want, func(w string) bool { return (w >= "1" && w <= "4") || w == "8" }) {
 			break // the workflow workloads open their own schemas
 		}
 		u, err := schema(ctx, o.url, "bench_"+sys.Name())
@@ -160,7 +194,7 @@ func run(ctx context.Context, args []string) error {
 		id  string
 		run func(context.Context) error
 	}{{"1", c.burnDown}, {"2", c.steady}, {"3", c.slots}, {"4", c.scale},
-		{"5", c.wfQueued}, {"6", c.wfLatency}, {"7", c.wfSuspend}} {
+		{"5", c.wfQueued}, {"6", c.wfLatency}, {"7", c.wfSuspend}, {"8", c.steadySweep}} {
 		if slices.Contains(want, w.id) {
 			if err := w.run(ctx); err != nil {
 				return fmt.Errorf("workload %s: %w", w.id, err)

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -219,4 +221,103 @@ func (c *comparison) summary() {
 		}
 		fmt.Printf("%-16s %-44s %12.2f %12.2f %8s\n", r.workload, r.metric+note, r.relay, r.other, ratio+" "+r.otherName)
 	}
+}
+
+// steadySweep is workload 8: the steady load at each rate of
+// --sweep-rates, River beside Relay at each ClaimCoalesce of
+// --sweep-windows, alternating (River, then Relay at each window, every
+// round): PostgreSQL CPU per job against pickup latency (issue 17, item 2).
+func (c *comparison) steadySweep(ctx context.Context) error {
+	type key struct {
+		rate   int
+		system string // "river", or "relay <window>"
+	}
+	results := map[key][]bench.Result{}
+	loads := map[key][]float64{}
+	var order []key
+	run := func(k key, sys bench.System, window time.Duration) error {
+		if _, ok := results[k]; !ok {
+			order = append(order, k)
+		}
+		fmt.Printf("-- %d jobs/s: %s (load average %.2f)\n", k.rate, k.system, loadAverage())
+		loads[k] = append(loads[k], loadAverage())
+		res, err := bench.RunSteady(ctx, c.envs[sys.Name()], sys, bench.Steady{Rate: k.rate, Duration: c.o.sweepDuration,
+			Workers: c.o.w2Workers, Processes: 1, ClaimCoalesce: window})
+		if err != nil {
+			return fmt.Errorf("%s at %d/s: %w", k.system, k.rate, err)
+		}
+		fmt.Println(res.Line())
+		results[k] = append(results[k], res)
+		return nil
+	}
+	fmt.Printf("\n== workload 8: steady load, PostgreSQL CPU per job against pickup latency; Relay's ClaimCoalesce %v; rates %v, %s each, %d workers\n",
+		c.o.sweepWindows, c.o.sweepRates, c.o.sweepDuration, c.o.w2Workers)
+	var relay, river bench.System
+	for _, sys := range c.systems {
+		if sys.Name() == "relay" {
+			relay = sys
+		} else {
+			river = sys
+		}
+	}
+	for r := 1; r <= c.o.rounds; r++ {
+		for _, rate := range c.o.sweepRates {
+			if err := run(key{rate, river.Name()}, river, 0); err != nil {
+				return err
+			}
+			for _, w := range c.o.sweepWindows {
+				if err := run(key{rate, "relay " + windowName(w)}, relay, w); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	fmt.Printf("\n== workload 8 (mean of %d rounds; CPU ratio = ÷ River's at the same rate)\n", c.o.rounds)
+	fmt.Printf("%8s %-14s %10s %12s %10s %8s %8s %8s %8s\n", "rate", "system", "offered/s", "pg ms/1k", "÷ River", "p50 ms", "p95 ms", "p99 ms", "load")
+	for _, k := range order {
+		rs := results[k]
+		get := func(f func(bench.Result) float64) float64 {
+			var xs []float64
+			for _, r := range rs {
+				xs = append(xs, f(r))
+			}
+			return mean(xs)
+		}
+		cpu := get(func(r bench.Result) float64 { return perK(r.PGCPU, r.Jobs) })
+		riverCPU := mean(collect(map[string][]bench.Result{"r": results[key{k.rate, river.Name()}]}, func(r bench.Result) float64 { return perK(r.PGCPU, r.Jobs) })["r"])
+		fmt.Printf("%8d %-14s %10.0f %12.1f %10.2f %8.2f %8.2f %8.2f %8.2f\n", k.rate, k.system,
+			get(func(r bench.Result) float64 { return r.OfferedPerSec }), cpu, cpu/riverCPU,
+			get(func(r bench.Result) float64 { return msf(r.Pickup[0]) }),
+			get(func(r bench.Result) float64 { return msf(r.Pickup[1]) }),
+			get(func(r bench.Result) float64 { return msf(r.Pickup[2]) }), mean(loads[k]))
+	}
+	return nil
+}
+
+// windowName names a ClaimCoalesce setting.
+func windowName(w time.Duration) string {
+	switch {
+	case w < 0:
+		return "off"
+	case w == 0:
+		return "default"
+	}
+	return w.String()
+}
+
+// loadAverage is the machine's 1-minute load average (-1: unknown).
+func loadAverage() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return -1
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return -1
+	}
+	v, err := strconv.ParseFloat(f[0], 64)
+	if err != nil {
+		return -1
+	}
+	return v
 }

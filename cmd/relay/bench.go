@@ -33,6 +33,7 @@ func runBench(ctx context.Context, args []string) error {
 	backlog := fs.Int("key-backlog", 0, "first give one ordering key a running head and this many jobs queued behind it, ahead of the burn-down's jobs")
 	keys := fs.Int("keys", 0, "give every job an ordering key among this many, Zipf-distributed (the outbox-shaped load); prints the order violations found")
 	prefetch := fs.Int("prefetch", 0, "jobs each process may claim beyond --workers (QueueConfig.Prefetch)")
+	coalesce := fs.Duration("claim-coalesce", 0, "Config.ClaimCoalesce of the worker processes (0: the default; negative: off, a claim per notification)")
 	traced := fs.Bool("trace", false, "record every span (to a discarding exporter), to measure tracing's cost")
 	wf := fs.Bool("workflow", false, "workflows instead of jobs: --runs three-step runs started up front and drained, then --callers callers each starting runs and waiting for their results")
 	wfRuns := fs.Int("runs", 20000, "--workflow: runs started up front, then drained (0: skip)")
@@ -72,7 +73,7 @@ func runBench(ctx context.Context, args []string) error {
 	env := bench.Env{Pool: pool, URL: schemaURL, Out: os.Stdout,
 		Spawn: func(a []string) *exec.Cmd { return exec.Command(self, append([]string{"bench-worker"}, a...)...) }}
 	job := bench.Job{Sleep: *jobSleep, Hash: *jobHash}
-	cfg := bench.WorkerConfig{Workers: *workers, Prefetch: *prefetch, Job: job}
+	cfg := bench.WorkerConfig{Workers: *workers, Prefetch: *prefetch, Job: job, ClaimCoalesce: *coalesce}
 	fmt.Printf("bench: %s\nbench: relay: %s\n", bench.Machine(ctx, pool), sys.Describe(cfg))
 
 	var res bench.Result
@@ -90,7 +91,7 @@ func runBench(ctx context.Context, args []string) error {
 	}
 	if *rate > 0 {
 		fmt.Printf("bench: steady %d jobs/s for %s, %d process(es) × %d workers\n", *rate, *duration, *processes, *workers)
-		res, err = bench.RunSteady(ctx, env, sys, bench.Steady{Rate: *rate, Duration: *duration, Workers: *workers, Prefetch: *prefetch, Processes: *processes, Job: job, KeepTable: *backlog > 0})
+		res, err = bench.RunSteady(ctx, env, sys, bench.Steady{Rate: *rate, Duration: *duration, Workers: *workers, Prefetch: *prefetch, Processes: *processes, Job: job, ClaimCoalesce: *coalesce, KeepTable: *backlog > 0})
 	} else {
 		if *fill > 0 {
 			fmt.Printf("bench: filling the table with %d finished jobs\n", *fill)

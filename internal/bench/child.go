@@ -29,7 +29,8 @@ import (
 // childArgs renders a worker process's flags.
 func childArgs(system, url string, cfg WorkerConfig) []string {
 	return []string{"--system", system, "--database-url", url, "--workers", fmt.Sprint(cfg.Workers),
-		"--job-sleep", cfg.Job.Sleep.String(), "--job-hash", fmt.Sprint(cfg.Job.Hash), "--prefetch", fmt.Sprint(cfg.Prefetch)}
+		"--job-sleep", cfg.Job.Sleep.String(), "--job-hash", fmt.Sprint(cfg.Job.Hash), "--prefetch", fmt.Sprint(cfg.Prefetch),
+		"--claim-coalesce", cfg.ClaimCoalesce.String()}
 }
 
 // RunChild is the body of a worker process: args are what the parent
@@ -43,6 +44,7 @@ func RunChild(ctx context.Context, args []string, systems []System) error {
 	fs.IntVar(&cfg.Prefetch, "prefetch", 0, "jobs claimed beyond the slots")
 	fs.DurationVar(&cfg.Job.Sleep, "job-sleep", 0, "sleep per job")
 	fs.IntVar(&cfg.Job.Hash, "job-hash", 0, "hash rounds per job")
+	fs.DurationVar(&cfg.ClaimCoalesce, "claim-coalesce", 0, "Relay's ClaimCoalesce (0: default, negative: off)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

@@ -60,17 +60,25 @@ func (Relay) Table() string { return "relay_jobs" }
 // defaults, but for the slots.
 func relayConfig(cfg WorkerConfig, ws *core.Workers) *core.Config {
 	return &core.Config{
-		Workers: ws,
-		Queues:  map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: cfg.Workers, Prefetch: cfg.Prefetch}},
-		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Workers:       ws,
+		Queues:        map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: cfg.Workers, Prefetch: cfg.Prefetch}},
+		Logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
+		ClaimCoalesce: cfg.ClaimCoalesce,
 	}
 }
 
 func (Relay) Describe(cfg WorkerConfig) string {
 	c := relayConfig(cfg, nil)
 	q := c.Queues[core.DefaultQueue]
-	return fmt.Sprintf("MaxWorkers %d, Prefetch %d, defaults otherwise (FetchLimit 1000, PollInterval 1s, LISTEN/NOTIFY on)",
-		q.MaxWorkers, q.Prefetch)
+	coalesce := "default"
+	if c.ClaimCoalesce != 0 {
+		coalesce = c.ClaimCoalesce.String()
+	}
+	if c.ClaimCoalesce < 0 {
+		coalesce = "off"
+	}
+	return fmt.Sprintf("MaxWorkers %d, Prefetch %d, ClaimCoalesce %s, defaults otherwise (FetchLimit 1000, PollInterval 1s, LISTEN/NOTIFY on)",
+		q.MaxWorkers, q.Prefetch, coalesce)
 }
 
 func (Relay) Setup(ctx context.Context, pool *pgxpool.Pool) error {

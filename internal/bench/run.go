@@ -163,6 +163,8 @@ type Steady struct {
 	Prefetch  int
 	Processes int
 	Job       Job
+	// ClaimCoalesce is Relay's Config.ClaimCoalesce (see WorkerConfig).
+	ClaimCoalesce time.Duration
 	// Producers is the number of goroutines inserting. Default 32.
 	Producers int
 	// KeepTable skips emptying the table first (a key's backlog stays).
@@ -184,7 +186,7 @@ func RunSteady(ctx context.Context, env Env, sys System, o Steady) (Result, erro
 			return r, fmt.Errorf("reset: %w", err)
 		}
 	}
-	f, err := startFleet(ctx, env, sys, WorkerConfig{Workers: o.Workers, Prefetch: o.Prefetch, Job: o.Job}, o.Processes)
+	f, err := startFleet(ctx, env, sys, WorkerConfig{Workers: o.Workers, Prefetch: o.Prefetch, Job: o.Job, ClaimCoalesce: o.ClaimCoalesce}, o.Processes)
 	if err != nil {
 		return r, err
 	}

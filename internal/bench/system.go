@@ -50,6 +50,9 @@ type WorkerConfig struct {
 	Prefetch int
 	// Job is what each handler does.
 	Job Job
+	// ClaimCoalesce is Relay's Config.ClaimCoalesce (0: the default;
+	// negative: off). Other systems ignore it.
+	ClaimCoalesce time.Duration
 }
 
 // Job is the handler's work: sleep, then hash.

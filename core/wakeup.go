@@ -1,0 +1,118 @@
+package core
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/uptrace/bun"
+)
+
+// enqueueWakeCoalesce is the shortest time between two wake-ups that
+// enqueues on one pool send for one queue (sqlNotifyQueues, after their
+// commits). An enqueue that commits sooner after the last wake-up leaves
+// its wake-up to one sent when the interval has passed, which covers every
+// enqueue of the queue committed meanwhile; an enqueue after a quiet spell
+// wakes the workers at once. Each wake-up costs a statement, and a delivery
+// to every listening client, each of which then claims: at a steady 1,000
+// single enqueues a second this halves those, for at most this much more
+// pickup latency (docs/benchmarks.md, "Steady load: PostgreSQL CPU per
+// job"). Like Config.ClaimCoalesce, which bounds the claims the wake-ups
+// trigger.
+const enqueueWakeCoalesce = time.Millisecond
+
+// wakeKey names a pool's wake-ups of one queue.
+type wakeKey struct {
+	db    DB // a pool: *pgxpool.Pool, *sql.DB or *bun.DB
+	queue string
+}
+
+// wakeState is when a pool last woke a queue's workers, and whether a
+// wake-up is scheduled and not yet sent.
+type wakeState struct {
+	last    time.Time
+	pending bool
+}
+
+// wakeups holds the state of every pool that enqueued lately.
+var wakeups = struct {
+	mu sync.Mutex
+	m  map[wakeKey]*wakeState
+}{m: map[wakeKey]*wakeState{}}
+
+// wakeupsPruneAt is the number of states above which idle ones are dropped.
+const wakeupsPruneAt = 256
+
+// wakeQueues wakes the workers of queues after an enqueue on db committed,
+// coalescing wake-ups sent on a pool (see enqueueWakeCoalesce): every
+// queue gets a wake-up sent after this commit, now or within
+// enqueueWakeCoalesce. On a connection (which the caller may use again at
+// once, and which is not safe for concurrent use) it is sent now. A
+// failure loses nothing: the jobs are stored, and workers poll.
+func wakeQueues(ctx context.Context, db DB, ex execer, queues []string) {
+	if !isPool(db) {
+		sendWakeups(ctx, ex, queues)
+		return
+	}
+	now := time.Now()
+	var send []string
+	wakeups.mu.Lock()
+	if len(wakeups.m) > wakeupsPruneAt {
+		for k, s := range wakeups.m {
+			if !s.pending && now.Sub(s.last) >= enqueueWakeCoalesce {
+				delete(wakeups.m, k)
+			}
+		}
+	}
+	for _, q := range queues {
+		k := wakeKey{db: db, queue: q}
+		s := wakeups.m[k]
+		if s == nil {
+			s = &wakeState{}
+			wakeups.m[k] = s
+		}
+		switch {
+		case s.pending:
+			// Scheduled and not sent yet: it will be sent after this
+			// commit.
+		case now.Sub(s.last) >= enqueueWakeCoalesce:
+			s.last = now
+			send = append(send, q)
+		default:
+			s.pending = true
+			time.AfterFunc(s.last.Add(enqueueWakeCoalesce).Sub(now), func() {
+				wakeups.mu.Lock()
+				s.pending = false
+				s.last = time.Now()
+				wakeups.mu.Unlock()
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				sendWakeups(ctx, ex, []string{k.queue})
+			})
+		}
+	}
+	wakeups.mu.Unlock()
+	sendWakeups(ctx, ex, send)
+}
+
+// isPool says whether db is a pool: safe to use later, from another
+// goroutine.
+func isPool(db DB) bool {
+	switch db.(type) {
+	case *pgxpool.Pool, *sql.DB, *bun.DB:
+		return true
+	}
+	return false
+}
+
+// sendWakeups notifies the workers of queues, in a transaction of its own.
+func sendWakeups(ctx context.Context, ex execer, queues []string) {
+	if len(queues) == 0 {
+		return
+	}
+	list, _ := json.Marshal(queues)
+	ex.Exec(ctx, sqlNotifyQueues, string(list)) //nolint:errcheck
+}
