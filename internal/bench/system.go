@@ -50,6 +50,9 @@ type WorkerConfig struct {
 	Prefetch int
 	// Job is what each handler does.
 	Job Job
+	// Window, when set, has each process also report pickup latencies per
+	// window of this length, by the job's insert time (Steady.Window).
+	Window time.Duration
 }
 
 // Job is the handler's work: sleep, then hash.
