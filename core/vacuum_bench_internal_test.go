@@ -2,14 +2,12 @@ package core
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"strconv"
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/internal/testdb"
@@ -28,8 +26,11 @@ import (
 //     churn, so no entry can be marked dead: every claim follows each one to
 //     the heap.
 //
-// It reports the wall time per claim and the shared buffers one claim
-// touches (EXPLAIN ANALYZE BUFFERS of the claim, after the timed loop).
+// claim=start is a claim from the front of the claim index (the floor
+// off); claim=floor one after the claim floor a full probe sets
+// (claimfloor.go). It reports the wall time per claim and the shared
+// buffers one claim touches (EXPLAIN ANALYZE BUFFERS of the claim, after
+// the timed loop).
 // Run it alone: go test ./core -run '^$' -bench ClaimAfterChurn -benchtime 20x
 func BenchmarkClaimAfterChurn(b *testing.B) {
 	churn := 100_000
@@ -40,8 +41,10 @@ func BenchmarkClaimAfterChurn(b *testing.B) {
 		}
 		churn = n
 	}
-	for _, held := range []bool{false, true} {
-		b.Run(fmt.Sprintf("churn=%d/held=%s", churn, yesNo(held)), func(b *testing.B) {
+	for _, bc := range []struct{ held, floor bool }{{false, false}, {false, true}, {true, false}, {true, true}} {
+		held := bc.held
+		claim := map[bool]string{false: "start", true: "floor"}[bc.floor]
+		b.Run(fmt.Sprintf("churn=%d/held=%s/claim=%s", churn, yesNo(held), claim), func(b *testing.B) {
 			pool := testdb.New(b)
 			ctx := context.Background()
 			truncate := func() {
@@ -69,6 +72,18 @@ func BenchmarkClaimAfterChurn(b *testing.B) {
 			c.completer = newCompleter(c)
 			q := &queue{client: c, name: DefaultQueue}
 			churnJobs(b, ctx, pool, c, q, churn)
+			sql, extra := sqlClaim, []any(nil)
+			if bc.floor {
+				// As the keeper finds it: the churn's last entries are
+				// older than floorLag by the time a probe runs.
+				time.Sleep(floorLag + 50*time.Millisecond)
+				at, err := q.probeFloor(ctx, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				q.floor.set(true, at)
+				sql, extra = sqlClaimAfter, []any{int16(at.priority), at.runAt, at.id}
+			}
 
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
@@ -78,7 +93,7 @@ func BenchmarkClaimAfterChurn(b *testing.B) {
 				}
 			}
 			b.StopTimer()
-			b.ReportMetric(float64(claimBuffers(b, ctx, pool, sqlClaim, DefaultQueue)), "buffers/claim")
+			b.ReportMetric(float64(claimBuffers(b, ctx, pool, sql, DefaultQueue, extra...)), "buffers/claim")
 		})
 	}
 }
@@ -119,25 +134,6 @@ func churnJobs(b *testing.B, ctx context.Context, pool *pgxpool.Pool, c *Client,
 	}
 }
 
-// claimBuffers runs claim statement sql (sqlClaim's parameters) under
-// EXPLAIN (ANALYZE, BUFFERS) on an empty queue and returns the shared
-// buffers it touched (hit + read). extra are the statement's parameters
-// after sqlClaim's five.
 func claimBuffers(b *testing.B, ctx context.Context, pool *pgxpool.Pool, sql, queue string, extra ...any) int64 {
-	b.Helper()
-	args := append([]any{queue, 1, int64(30000), "bench", [16]byte(uuid.New())}, extra...)
-	var plan []struct {
-		Plan struct {
-			Hit  int64 `json:"Shared Hit Blocks"`
-			Read int64 `json:"Shared Read Blocks"`
-		} `json:"Plan"`
-	}
-	var js []byte
-	if err := pool.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, args...).Scan(&js); err != nil {
-		b.Fatal(err)
-	}
-	if err := json.Unmarshal(js, &plan); err != nil || len(plan) != 1 {
-		b.Fatalf("explain: %v", err)
-	}
-	return plan[0].Plan.Hit + plan[0].Plan.Read
+	return claimBuffersTB(b, pool, sql, queue, extra...)
 }

@@ -37,6 +37,7 @@ func runBench(ctx context.Context, args []string) error {
 	holdXmin := fs.Duration("hold-xmin", 0, "steady mode: an idle-in-transaction session holds the xmin horizon this long (from --hold-at); pickup is reported per --window")
 	holdAt := fs.Duration("hold-at", 30*time.Second, "--hold-xmin: when the holder starts, after the offered load")
 	window := fs.Duration("window", 0, "steady mode: also report pickup p50/p99 per window of this length (default 10s with --hold-xmin)")
+	noFloor := fs.Bool("no-claim-floor", false, "turn the workers' claim floor off (core.Config.NoClaimFloor), for A/B runs")
 	prefetch := fs.Int("prefetch", 0, "jobs each process may claim beyond --workers (QueueConfig.Prefetch)")
 	traced := fs.Bool("trace", false, "record every span (to a discarding exporter), to measure tracing's cost")
 	wf := fs.Bool("workflow", false, "workflows instead of jobs: --runs three-step runs started up front and drained, then --callers callers each starting runs and waiting for their results")
@@ -76,7 +77,7 @@ func runBench(ctx context.Context, args []string) error {
 	env := bench.Env{Pool: pool, URL: schemaURL, Out: os.Stdout,
 		Spawn: func(a []string) *exec.Cmd { return exec.Command(self, append([]string{"bench-worker"}, a...)...) }}
 	job := bench.Job{Sleep: *jobSleep, Hash: *jobHash}
-	cfg := bench.WorkerConfig{Workers: *workers, Prefetch: *prefetch, Job: job}
+	cfg := bench.WorkerConfig{Workers: *workers, Prefetch: *prefetch, Job: job, NoClaimFloor: *noFloor}
 	fmt.Printf("bench: %s\nbench: relay: %s\n", bench.Machine(ctx, pool), sys.Describe(cfg))
 
 	var res bench.Result
@@ -100,7 +101,7 @@ func runBench(ctx context.Context, args []string) error {
 	}
 	if *rate > 0 {
 		fmt.Printf("bench: steady %d jobs/s for %s, %d process(es) × %d workers\n", *rate, *duration, *processes, *workers)
-		steady := bench.Steady{Rate: *rate, Duration: *duration, Workers: *workers, Prefetch: *prefetch, Processes: *processes, Job: job, KeepTable: *backlog > 0, Window: *window}
+		steady := bench.Steady{Rate: *rate, Duration: *duration, Workers: *workers, Prefetch: *prefetch, Processes: *processes, Job: job, KeepTable: *backlog > 0, Window: *window, NoClaimFloor: *noFloor}
 		var held heldXmin
 		if *window > 0 {
 			steady.During = func(ctx context.Context, began time.Time) {
@@ -232,6 +233,7 @@ func watchVacuum(ctx context.Context, pool *pgxpool.Pool, began time.Time, durat
 		close(done)
 	}
 	var lastBlks, lastScans int64
+	lastCPU, _ := bench.PostgresCPU(ctx, pool)
 	for t := window; t <= duration; t += window {
 		if sleepUntil(ctx, began.Add(t)) != nil {
 			break
@@ -247,12 +249,15 @@ func watchVacuum(ctx context.Context, pool *pgxpool.Pool, began time.Time, durat
 			fmt.Printf("  +%s: stats: %v\n", t, err)
 			continue
 		}
+		cpu, _ := bench.PostgresCPU(ctx, pool)
+		pgShare := float64(cpu-lastCPU) / float64(window)
+		lastCPU = cpu
 		perScan := 0.0
 		if scans > lastScans && lastScans > 0 {
 			perScan = float64(blks-lastBlks) / float64(scans-lastScans)
 		}
-		fmt.Printf("  +%s: claim index %d pages, %.1f blocks per index scan; relay_jobs dead rows %d, autovacuums %d\n",
-			t, idxBytes/8192, perScan, dead, autovacuums)
+		fmt.Printf("  +%s: PostgreSQL CPU %.2f cores; claim index %d pages, %.1f blocks per index scan; relay_jobs dead rows %d, autovacuums %d\n",
+			t, pgShare, idxBytes/8192, perScan, dead, autovacuums)
 		lastBlks, lastScans = blks, scans
 	}
 	<-done

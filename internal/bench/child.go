@@ -35,6 +35,9 @@ func childArgs(system, url string, cfg WorkerConfig) []string {
 	if cfg.Window > 0 {
 		args = append(args, "--window", cfg.Window.String())
 	}
+	if cfg.NoClaimFloor {
+		args = append(args, "--no-claim-floor")
+	}
 	return args
 }
 
@@ -49,6 +52,7 @@ func RunChild(ctx context.Context, args []string, systems []System) error {
 	fs.IntVar(&cfg.Prefetch, "prefetch", 0, "jobs claimed beyond the slots")
 	fs.DurationVar(&cfg.Job.Sleep, "job-sleep", 0, "sleep per job")
 	fs.IntVar(&cfg.Job.Hash, "job-hash", 0, "hash rounds per job")
+	fs.BoolVar(&cfg.NoClaimFloor, "no-claim-floor", false, "relay: Config.NoClaimFloor")
 	fs.DurationVar(&cfg.Window, "window", 0, "also report pickup latencies per window of this length (by insert time)")
 	if err := fs.Parse(args); err != nil {
 		return err

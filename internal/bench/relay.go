@@ -63,14 +63,16 @@ func relayConfig(cfg WorkerConfig, ws *core.Workers) *core.Config {
 		Workers: ws,
 		Queues:  map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: cfg.Workers, Prefetch: cfg.Prefetch}},
 		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+
+		NoClaimFloor: cfg.NoClaimFloor,
 	}
 }
 
 func (Relay) Describe(cfg WorkerConfig) string {
 	c := relayConfig(cfg, nil)
 	q := c.Queues[core.DefaultQueue]
-	return fmt.Sprintf("MaxWorkers %d, Prefetch %d, defaults otherwise (FetchLimit 1000, PollInterval 1s, LISTEN/NOTIFY on)",
-		q.MaxWorkers, q.Prefetch)
+	return fmt.Sprintf("MaxWorkers %d, Prefetch %d, NoClaimFloor %v, defaults otherwise (FetchLimit 1000, PollInterval 1s, LISTEN/NOTIFY on)",
+		q.MaxWorkers, q.Prefetch, c.NoClaimFloor)
 }
 
 func (Relay) Setup(ctx context.Context, pool *pgxpool.Pool) error {

@@ -173,6 +173,8 @@ type Steady struct {
 	// Window, when set, also measures pickup latency per window of this
 	// length (Result.Windows).
 	Window time.Duration
+	// NoClaimFloor turns Relay's claim floor off.
+	NoClaimFloor bool
 	// During, when set, runs beside the offered load from its start (an
 	// xmin holder, say); the run waits for it to return before it ends.
 	During func(ctx context.Context, began time.Time)
@@ -193,7 +195,7 @@ func RunSteady(ctx context.Context, env Env, sys System, o Steady) (Result, erro
 			return r, fmt.Errorf("reset: %w", err)
 		}
 	}
-	f, err := startFleet(ctx, env, sys, WorkerConfig{Workers: o.Workers, Prefetch: o.Prefetch, Job: o.Job, Window: o.Window}, o.Processes)
+	f, err := startFleet(ctx, env, sys, WorkerConfig{Workers: o.Workers, Prefetch: o.Prefetch, Job: o.Job, Window: o.Window, NoClaimFloor: o.NoClaimFloor}, o.Processes)
 	if err != nil {
 		return r, err
 	}

@@ -53,6 +53,9 @@ type WorkerConfig struct {
 	// Window, when set, has each process also report pickup latencies per
 	// window of this length, by the job's insert time (Steady.Window).
 	Window time.Duration
+	// NoClaimFloor turns Relay's claim floor off (core.Config.NoClaimFloor),
+	// for A/B runs.
+	NoClaimFloor bool
 }
 
 // Job is the handler's work: sleep, then hash.
