@@ -74,6 +74,11 @@ const (
 	// entries. floorOffBuffers turns it off again.
 	floorOnBuffers  = 100
 	floorOffBuffers = 25
+	// floorProbeTimeout bounds each probe. The probes use the caller's
+	// pool, which handlers may hold; a full probe or an EXPLAIN that fails
+	// (or waits this long for a connection) turns the floor off, so a job
+	// behind the floor never waits on a keeper that cannot run.
+	floorProbeTimeout = 10 * time.Second
 )
 
 // get returns the floor, if on.
@@ -98,15 +103,25 @@ func (q *queue) keepFloor(ctx context.Context) {
 		began := time.Now()
 		bufs, err := q.frontCost(ctx)
 		if err != nil || bufs < floorOffBuffers || (!on && bufs < floorOnBuffers) {
+			if on {
+				c.logger.Info("relay: claim floor off: the front of the claim index is clear again", "queue", q.name, "buffers", bufs, "error", err)
+			}
 			q.floor.set(false, claimCursor{})
 			sleepCtx(ctx, idle)
 			continue
 		}
 		at, err := q.probeFloor(ctx, nil)
 		if err != nil {
+			if on {
+				c.logger.Info("relay: claim floor off", "queue", q.name, "error", err)
+			}
 			q.floor.set(false, claimCursor{})
 			sleepCtx(ctx, idle)
 			continue
+		}
+		if !on {
+			c.logger.Info("relay: claim floor on: dead index entries at the front of the claim index (VACUUM is behind; is a long transaction holding the xmin horizon?); claims start after them",
+				"queue", q.name, "buffers", bufs)
 		}
 		q.floor.set(true, at)
 		period := min(max(20*time.Since(began), time.Second), 15*time.Second)
@@ -132,6 +147,8 @@ func (q *queue) probeFloor(ctx context.Context, after *claimCursor) (claimCursor
 	if after != nil {
 		sql, args = sqlFloorProbeAfter, append(args, int16(after.priority), after.runAt, after.id)
 	}
+	ctx, cancel := context.WithTimeout(ctx, floorProbeTimeout)
+	defer cancel()
 	var now time.Time
 	var prio *int16
 	var runAt *time.Time
@@ -151,6 +168,8 @@ func (q *queue) probeFloor(ctx context.Context, after *claimCursor) (claimCursor
 // frontCost returns the shared buffers a probe from the front of q's claim
 // index touches.
 func (q *queue) frontCost(ctx context.Context) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, floorProbeTimeout)
+	defer cancel()
 	var js []byte
 	if err := q.client.pool.QueryRow(ctx, sqlFloorCost, q.name).Scan(&js); err != nil {
 		return 0, fmt.Errorf("measure the claim index's front: %w", err)

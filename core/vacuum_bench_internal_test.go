@@ -26,11 +26,11 @@ import (
 //     churn, so no entry can be marked dead: every claim follows each one to
 //     the heap.
 //
-// claim=start is a claim from the front of the claim index (the floor
-// off); claim=floor one after the claim floor a full probe sets
-// (claimfloor.go). It reports the wall time per claim and the shared
-// buffers one claim touches (EXPLAIN ANALYZE BUFFERS of the claim, after
-// the timed loop).
+// Each iteration runs two claims: one from the front of the claim index
+// (the floor off) and one after the claim floor a full probe sets
+// (claimfloor.go). It reports the wall time of each and the shared buffers
+// one claim of each kind touches (EXPLAIN ANALYZE BUFFERS, after the timed
+// loop).
 // Run it alone: go test ./core -run '^$' -bench ClaimAfterChurn -benchtime 20x
 func BenchmarkClaimAfterChurn(b *testing.B) {
 	churn := 100_000
@@ -41,10 +41,8 @@ func BenchmarkClaimAfterChurn(b *testing.B) {
 		}
 		churn = n
 	}
-	for _, bc := range []struct{ held, floor bool }{{false, false}, {false, true}, {true, false}, {true, true}} {
-		held := bc.held
-		claim := map[bool]string{false: "start", true: "floor"}[bc.floor]
-		b.Run(fmt.Sprintf("churn=%d/held=%s/claim=%s", churn, yesNo(held), claim), func(b *testing.B) {
+	for _, held := range []bool{false, true} {
+		b.Run(fmt.Sprintf("churn=%d/held=%s", churn, yesNo(held)), func(b *testing.B) {
 			pool := testdb.New(b)
 			ctx := context.Background()
 			truncate := func() {
@@ -72,28 +70,37 @@ func BenchmarkClaimAfterChurn(b *testing.B) {
 			c.completer = newCompleter(c)
 			q := &queue{client: c, name: DefaultQueue}
 			churnJobs(b, ctx, pool, c, q, churn)
-			sql, extra := sqlClaim, []any(nil)
-			if bc.floor {
-				// As the keeper finds it: the churn's last entries are
-				// older than floorLag by the time a probe runs.
-				time.Sleep(floorLag + 50*time.Millisecond)
-				at, err := q.probeFloor(ctx, nil)
-				if err != nil {
-					b.Fatal(err)
-				}
-				q.floor.set(true, at)
-				sql, extra = sqlClaimAfter, []any{int16(at.priority), at.runAt, at.id}
+			// The floor as the keeper finds it: the churn's last entries
+			// are older than floorLag by the time a probe runs.
+			time.Sleep(floorLag + 50*time.Millisecond)
+			at, err := q.probeFloor(ctx, nil)
+			if err != nil {
+				b.Fatal(err)
 			}
 
+			// Alternate: a claim from the front, then one from the floor.
+			var startNs, floorNs int64
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
-				rows, err := q.claim(ctx, 1, nil)
-				if err != nil || len(rows) != 0 {
-					b.Fatalf("claim: %d rows, %v", len(rows), err)
+				for _, on := range []bool{false, true} {
+					q.floor.set(on, at)
+					t0 := nanotime()
+					rows, err := q.claim(ctx, 1, nil)
+					if err != nil || len(rows) != 0 {
+						b.Fatalf("claim: %d rows, %v", len(rows), err)
+					}
+					if on {
+						floorNs += nanotime() - t0
+					} else {
+						startNs += nanotime() - t0
+					}
 				}
 			}
 			b.StopTimer()
-			b.ReportMetric(float64(claimBuffers(b, ctx, pool, sql, DefaultQueue, extra...)), "buffers/claim")
+			b.ReportMetric(float64(startNs)/float64(b.N)/1e6, "front-ms/claim")
+			b.ReportMetric(float64(floorNs)/float64(b.N)/1e6, "floor-ms/claim")
+			b.ReportMetric(float64(claimBuffers(b, ctx, pool, sqlClaim, DefaultQueue)), "front-buffers/claim")
+			b.ReportMetric(float64(claimBuffers(b, ctx, pool, sqlClaimAfter, DefaultQueue, int16(at.priority), at.runAt, at.id)), "floor-buffers/claim")
 		})
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -213,10 +214,10 @@ func runBenchWorkflow(ctx context.Context, dbURL string, runs, workers int, shap
 type heldXmin struct{ from, to time.Time }
 
 // watchVacuum runs the --hold-xmin holder, if any, and prints, every
-// window, what the claim index holds and what its scans read: its size,
-// the table's dead rows as the statistics know them, and the index blocks
-// read per index scan (mostly claims) since the last line. It returns when
-// the offered load ends.
+// window: PostgreSQL's CPU over the window, the claim index's size, the
+// buffers a walk from its front to the first queued job touches (what a
+// claim without the claim floor reads), and the table's dead rows as the
+// statistics know them. It returns when the offered load ends.
 func watchVacuum(ctx context.Context, pool *pgxpool.Pool, began time.Time, duration, window, at, hold time.Duration) heldXmin {
 	var held heldXmin
 	done := make(chan struct{})
@@ -232,33 +233,39 @@ func watchVacuum(ctx context.Context, pool *pgxpool.Pool, began time.Time, durat
 	} else {
 		close(done)
 	}
-	var lastBlks, lastScans int64
 	lastCPU, _ := bench.PostgresCPU(ctx, pool)
 	for t := window; t <= duration; t += window {
 		if sleepUntil(ctx, began.Add(t)) != nil {
 			break
 		}
-		var idxBytes, dead, blks, scans, autovacuums int64
-		err := pool.QueryRow(ctx, `
-			SELECT pg_relation_size('relay_jobs_claim_idx'), t.n_dead_tup, t.autovacuum_count,
-			       io.idx_blks_hit + io.idx_blks_read, ix.idx_scan
-			FROM pg_stat_user_tables t, pg_statio_user_indexes io, pg_stat_user_indexes ix
-			WHERE t.relid = 'relay_jobs'::regclass AND io.indexrelid = 'relay_jobs_claim_idx'::regclass
-			  AND ix.indexrelid = io.indexrelid`).Scan(&idxBytes, &dead, &autovacuums, &blks, &scans)
-		if err != nil {
-			fmt.Printf("  +%s: stats: %v\n", t, err)
-			continue
-		}
 		cpu, _ := bench.PostgresCPU(ctx, pool)
 		pgShare := float64(cpu-lastCPU) / float64(window)
 		lastCPU = cpu
-		perScan := 0.0
-		if scans > lastScans && lastScans > 0 {
-			perScan = float64(blks-lastBlks) / float64(scans-lastScans)
+		var idxBytes, dead, autovacuums int64
+		var plan []byte
+		err := pool.QueryRow(ctx, `
+			SELECT pg_relation_size('relay_jobs_claim_idx'), n_dead_tup, autovacuum_count
+			FROM pg_stat_user_tables WHERE relid = 'relay_jobs'::regclass`).Scan(&idxBytes, &dead, &autovacuums)
+		if err == nil {
+			err = pool.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON)
+				SELECT id FROM relay_jobs WHERE state = 'queued' AND queue = 'default'
+				ORDER BY priority, run_at, id LIMIT 1`).Scan(&plan)
 		}
-		fmt.Printf("  +%s: PostgreSQL CPU %.2f cores; claim index %d pages, %.1f blocks per index scan; relay_jobs dead rows %d, autovacuums %d\n",
-			t, pgShare, idxBytes/8192, perScan, dead, autovacuums)
-		lastBlks, lastScans = blks, scans
+		var front []struct {
+			Plan struct {
+				Hit  int64 `json:"Shared Hit Blocks"`
+				Read int64 `json:"Shared Read Blocks"`
+			} `json:"Plan"`
+		}
+		if err == nil {
+			err = json.Unmarshal(plan, &front)
+		}
+		if err != nil || len(front) != 1 {
+			fmt.Printf("  +%s: stats: %v\n", t, err)
+			continue
+		}
+		fmt.Printf("  +%s: PostgreSQL CPU %.2f cores; claim index %d pages, a walk from its front %d buffers; relay_jobs dead rows %d, autovacuums %d\n",
+			t, pgShare, idxBytes/8192, front[0].Plan.Hit+front[0].Plan.Read, dead, autovacuums)
 	}
 	<-done
 	return held
