@@ -98,6 +98,9 @@ func (f *claimFloor) set(on bool, at claimCursor) {
 func (q *queue) keepFloor(ctx context.Context) {
 	c := q.client
 	idle := max(c.cfg.PollInterval, time.Second)
+	// Nothing to look at before the client has claimed for a while; and
+	// a client's start is busy enough.
+	sleepCtx(ctx, idle)
 	for ctx.Err() == nil {
 		_, on := q.floor.get()
 		began := time.Now()
