@@ -615,3 +615,30 @@ WHERE j.id = ` + InsertedJobID + ` AND j.state = 'queued'
                      OR (l.scope = 'tag' AND l.name = ANY (j.tags)))
 RETURNING j.id, j.kind, j.queue, j.priority, j.attempt, j.max_attempts, j.run_at,
           j.created_at, j.attempted_at, j.args, j.metadata, j.lease_token, coalesce(j.ordering_key, ''), j.tags`
+
+// The claim floor (core/claimfloor.go, issue 17 item 3). These statements
+// only read; the claims they bound are sqlClaimAfter's.
+
+// sqlFloorProbe returns the database's now() and the first job of queue
+// $1 in claim order that its snapshot sees queued (NULLs when none):
+// runnable or not, blocked behind its ordering key or not, locked by a
+// claim in flight or not. Every queued job sorts at or after it.
+const sqlFloorProbe = `
+SELECT now(), j.priority, j.run_at, j.id
+FROM (SELECT 1) AS one
+LEFT JOIN LATERAL (
+    SELECT priority, run_at, id FROM relay_jobs
+    WHERE state = 'queued' AND queue = $1
+    ORDER BY priority, run_at, id
+    LIMIT 1) AS j ON true`
+
+// sqlFloorProbeAfter is sqlFloorProbe starting after the floor ($2
+// priority, $3 run_at, $4 id): it reads only what the claims read.
+var sqlFloorProbeAfter = mustReplace(sqlFloorProbe,
+	"WHERE state = 'queued' AND queue = $1\n",
+	"WHERE state = 'queued' AND queue = $1\n      AND (priority, run_at, id) > ($2::smallint, $3::timestamptz, $4::bigint)\n")
+
+// sqlFloorCost is sqlFloorProbe under EXPLAIN: the buffers its walk from
+// the front of the claim index touches, which grow with the dead entries
+// there (and not with the machine's load, as a time would).
+var sqlFloorCost = "EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON)" + sqlFloorProbe

@@ -45,6 +45,8 @@ type queue struct {
 	wake   chan struct{}
 	// limits says whether global limits apply to this queue (limits.go).
 	limits limitState
+	// floor bounds the claims' walk when VACUUM falls behind (claimfloor.go).
+	floor claimFloor
 }
 
 // claimCursor is a position in claim order: (priority, run_at, id).
@@ -219,6 +221,9 @@ func (q *queue) claim(ctx context.Context, limit int, after *claimCursor) ([]*Jo
 		return q.claimLimited(ctx, limit)
 	}
 	sql, args := sqlClaim, []any{q.name, limit, c.cfg.LeaseDuration.Milliseconds(), c.cfg.ID, [16]byte(uuid.New())}
+	if f, ok := q.floor.get(); ok && (after == nil || after.less(f)) {
+		after = &f // claimfloor.go
+	}
 	if after != nil {
 		sql, args = sqlClaimAfter, append(args, int16(after.priority), after.runAt, after.id)
 	}

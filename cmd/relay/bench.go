@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -11,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/internal/bench"
 	"github.com/relayq/relay/internal/devpg"
@@ -32,6 +35,10 @@ func runBench(ctx context.Context, args []string) error {
 	fill := fs.Int("fill-finished", 0, "burn-down: first fill the table with this many finished jobs")
 	backlog := fs.Int("key-backlog", 0, "first give one ordering key a running head and this many jobs queued behind it, ahead of the burn-down's jobs")
 	keys := fs.Int("keys", 0, "give every job an ordering key among this many, Zipf-distributed (the outbox-shaped load); prints the order violations found")
+	holdXmin := fs.Duration("hold-xmin", 0, "steady mode: an idle-in-transaction session holds the xmin horizon this long (from --hold-at); pickup is reported per --window")
+	holdAt := fs.Duration("hold-at", 30*time.Second, "--hold-xmin: when the holder starts, after the offered load")
+	window := fs.Duration("window", 0, "steady mode: also report pickup p50/p99 per window of this length (default 10s with --hold-xmin)")
+	noFloor := fs.Bool("no-claim-floor", false, "turn the workers' claim floor off (core.Config.NoClaimFloor), for A/B runs")
 	prefetch := fs.Int("prefetch", 0, "jobs each process may claim beyond --workers (QueueConfig.Prefetch)")
 	coalesce := fs.Duration("claim-coalesce", 0, "Config.ClaimCoalesce of the worker processes (0: the default; negative: off, a claim per notification)")
 	traced := fs.Bool("trace", false, "record every span (to a discarding exporter), to measure tracing's cost")
@@ -73,7 +80,7 @@ func runBench(ctx context.Context, args []string) error {
 	env := bench.Env{Pool: pool, URL: schemaURL, Out: os.Stdout,
 		Spawn: func(a []string) *exec.Cmd { return exec.Command(self, append([]string{"bench-worker"}, a...)...) }}
 	job := bench.Job{Sleep: *jobSleep, Hash: *jobHash}
-	cfg := bench.WorkerConfig{Workers: *workers, Prefetch: *prefetch, Job: job, ClaimCoalesce: *coalesce}
+	cfg := bench.WorkerConfig{Workers: *workers, Prefetch: *prefetch, Job: job, ClaimCoalesce: *coalesce, NoClaimFloor: *noFloor}
 	fmt.Printf("bench: %s\nbench: relay: %s\n", bench.Machine(ctx, pool), sys.Describe(cfg))
 
 	var res bench.Result
@@ -89,9 +96,25 @@ func runBench(ctx context.Context, args []string) error {
 			return err
 		}
 	}
+	if *holdXmin > 0 && *window == 0 {
+		*window = 10 * time.Second
+	}
+	if (*holdXmin > 0 || *window > 0) && *rate == 0 {
+		return errors.New("bench: --hold-xmin and --window need --rate (steady mode)")
+	}
 	if *rate > 0 {
 		fmt.Printf("bench: steady %d jobs/s for %s, %d process(es) × %d workers\n", *rate, *duration, *processes, *workers)
-		res, err = bench.RunSteady(ctx, env, sys, bench.Steady{Rate: *rate, Duration: *duration, Workers: *workers, Prefetch: *prefetch, Processes: *processes, Job: job, ClaimCoalesce: *coalesce, KeepTable: *backlog > 0})
+		steady := bench.Steady{Rate: *rate, Duration: *duration, Workers: *workers, Prefetch: *prefetch, Processes: *processes, Job: job, ClaimCoalesce: *coalesce, KeepTable: *backlog > 0, Window: *window, NoClaimFloor: *noFloor}
+		var held heldXmin
+		if *window > 0 {
+			steady.During = func(ctx context.Context, began time.Time) {
+				held = watchVacuum(ctx, pool, began, *duration, *window, *holdAt, *holdXmin)
+			}
+		}
+		res, err = bench.RunSteady(ctx, env, sys, steady)
+		if err == nil && *window > 0 {
+			printWindows(res.Windows, held)
+		}
 	} else {
 		if *fill > 0 {
 			fmt.Printf("bench: filling the table with %d finished jobs\n", *fill)
@@ -194,3 +217,111 @@ func runBenchWorkflow(ctx context.Context, dbURL string, runs, workers int, shap
 	}
 	return nil
 }
+
+// heldXmin is when a --hold-xmin holder held the horizon (zero: never).
+type heldXmin struct{ from, to time.Time }
+
+// watchVacuum runs the --hold-xmin holder, if any, and prints, every
+// window: PostgreSQL's CPU over the window, the claim index's size, the
+// buffers a walk from its front to the first queued job touches (what a
+// claim without the claim floor reads), and the table's dead rows as the
+// statistics know them. It returns when the offered load ends.
+func watchVacuum(ctx context.Context, pool *pgxpool.Pool, began time.Time, duration, window, at, hold time.Duration) heldXmin {
+	var held heldXmin
+	done := make(chan struct{})
+	if hold > 0 {
+		go func() {
+			defer close(done)
+			from, to, err := bench.HoldXmin(ctx, pool, "relay_jobs", began, at, hold, os.Stdout)
+			if err != nil {
+				fmt.Printf("  holder: %v\n", err)
+			}
+			held = heldXmin{from, to}
+		}()
+	} else {
+		close(done)
+	}
+	lastCPU, _ := bench.PostgresCPU(ctx, pool)
+	for t := window; t <= duration; t += window {
+		if sleepUntil(ctx, began.Add(t)) != nil {
+			break
+		}
+		cpu, _ := bench.PostgresCPU(ctx, pool)
+		pgShare := float64(cpu-lastCPU) / float64(window)
+		lastCPU = cpu
+		var idxBytes, dead, autovacuums int64
+		var plan []byte
+		err := pool.QueryRow(ctx, `
+			SELECT pg_relation_size('relay_jobs_claim_idx'), n_dead_tup, autovacuum_count
+			FROM pg_stat_user_tables WHERE relid = 'relay_jobs'::regclass`).Scan(&idxBytes, &dead, &autovacuums)
+		if err == nil {
+			err = pool.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON)
+				SELECT id FROM relay_jobs WHERE state = 'queued' AND queue = 'default'
+				ORDER BY priority, run_at, id LIMIT 1`).Scan(&plan)
+		}
+		var front []struct {
+			Plan struct {
+				Hit  int64 `json:"Shared Hit Blocks"`
+				Read int64 `json:"Shared Read Blocks"`
+			} `json:"Plan"`
+		}
+		if err == nil {
+			err = json.Unmarshal(plan, &front)
+		}
+		if err != nil || len(front) != 1 {
+			fmt.Printf("  +%s: stats: %v\n", t, err)
+			continue
+		}
+		fmt.Printf("  +%s: PostgreSQL CPU %.2f cores; claim index %d pages, a walk from its front %d buffers; relay_jobs dead rows %d, autovacuums %d\n",
+			t, pgShare, idxBytes/8192, front[0].Plan.Hit+front[0].Plan.Read, dead, autovacuums)
+	}
+	<-done
+	return held
+}
+
+// printWindows prints the pickup latency of each window, labelled by the
+// holder's phase, and a summary per phase: the worst window's p99 before,
+// during and after the hold, and how long after the release the p99 came
+// back under the worst of before.
+func printWindows(ws []bench.Window, held heldXmin) {
+	if len(ws) == 0 {
+		return
+	}
+	origin := ws[0].Start
+	type phase struct {
+		name  string
+		worst time.Duration
+		n     int
+	}
+	phases := map[string]*phase{}
+	order := []string{"before", "hold", "after"}
+	for _, p := range order {
+		phases[p] = &phase{name: p}
+	}
+	for _, w := range ws {
+		end := w.Start.Add(10 * time.Second)
+		if len(ws) > 1 {
+			end = w.Start.Add(ws[1].Start.Sub(ws[0].Start))
+		}
+		name := "before"
+		switch {
+		case held.from.IsZero() || end.Before(held.from) || end.Equal(held.from):
+		case held.to.IsZero() || w.Start.Before(held.to):
+			name = "hold"
+		default:
+			name = "after"
+		}
+		p := phases[name]
+		p.n++
+		p.worst = max(p.worst, w.P99)
+		fmt.Printf("bench: window +%-5s %-6s jobs=%-6d p50_ms=%.2f p99_ms=%.2f max_ms=%.1f\n",
+			w.Start.Sub(origin).Round(time.Second), name, w.Jobs, ms(w.P50), ms(w.P99), ms(w.Max))
+	}
+	for _, name := range order {
+		if p := phases[name]; p.n > 0 {
+			fmt.Printf("bench: windows %s: %d, worst p99_ms=%.2f\n", name, p.n, ms(p.worst))
+		}
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

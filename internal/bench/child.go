@@ -24,13 +24,22 @@ import (
 //	child → parent  done N           completions so far (every 2 ms, on change)
 //	parent → child  (stdin closed)   stop gracefully
 //	child → parent  hist {json}      pickup latencies
+//	child → parent  win S {json}     pickup latencies of the jobs stamped in
+//	                                 window S (Unix seconds / --window), if set
 //	child → parent  work {json}      handler work durations, then exit
 
 // childArgs renders a worker process's flags.
 func childArgs(system, url string, cfg WorkerConfig) []string {
-	return []string{"--system", system, "--database-url", url, "--workers", fmt.Sprint(cfg.Workers),
+	args := []string{"--system", system, "--database-url", url, "--workers", fmt.Sprint(cfg.Workers),
 		"--job-sleep", cfg.Job.Sleep.String(), "--job-hash", fmt.Sprint(cfg.Job.Hash), "--prefetch", fmt.Sprint(cfg.Prefetch),
 		"--claim-coalesce", cfg.ClaimCoalesce.String()}
+	if cfg.Window > 0 {
+		args = append(args, "--window", cfg.Window.String())
+	}
+	if cfg.NoClaimFloor {
+		args = append(args, "--no-claim-floor")
+	}
+	return args
 }
 
 // RunChild is the body of a worker process: args are what the parent
@@ -45,6 +54,8 @@ func RunChild(ctx context.Context, args []string, systems []System) error {
 	fs.DurationVar(&cfg.Job.Sleep, "job-sleep", 0, "sleep per job")
 	fs.IntVar(&cfg.Job.Hash, "job-hash", 0, "hash rounds per job")
 	fs.DurationVar(&cfg.ClaimCoalesce, "claim-coalesce", 0, "Relay's ClaimCoalesce (0: default, negative: off)")
+	fs.BoolVar(&cfg.NoClaimFloor, "no-claim-floor", false, "relay: Config.NoClaimFloor")
+	fs.DurationVar(&cfg.Window, "window", 0, "also report pickup latencies per window of this length (by insert time)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -105,6 +116,7 @@ func RunChild(ctx context.Context, args []string, systems []System) error {
 	}()
 
 	var hist, work Histogram
+	windows := map[int64]*Histogram{}
 	var histMu sync.Mutex
 	var completed atomic.Int64
 	hooks := Hooks{
@@ -115,6 +127,15 @@ func RunChild(ctx context.Context, args []string, systems []System) error {
 			d := time.Since(time.Unix(0, stamp))
 			histMu.Lock()
 			hist.Record(d)
+			if cfg.Window > 0 {
+				w := stamp / int64(cfg.Window)
+				h := windows[w]
+				if h == nil {
+					h = &Histogram{}
+					windows[w] = h
+				}
+				h.Record(d)
+			}
 			histMu.Unlock()
 		},
 		Worked: func(d time.Duration) {
@@ -150,6 +171,10 @@ func RunChild(ctx context.Context, args []string, systems []System) error {
 	histMu.Lock()
 	enc, _ := json.Marshal(&hist)
 	wenc, _ := json.Marshal(&work)
+	for w, h := range windows {
+		wh, _ := json.Marshal(h)
+		say("win %d %s", w, wh)
+	}
 	histMu.Unlock()
 	say("hist %s", enc)
 	say("work %s", wenc)

@@ -64,6 +64,7 @@ func relayConfig(cfg WorkerConfig, ws *core.Workers) *core.Config {
 		Queues:        map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: cfg.Workers, Prefetch: cfg.Prefetch}},
 		Logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
 		ClaimCoalesce: cfg.ClaimCoalesce,
+		NoClaimFloor:  cfg.NoClaimFloor,
 	}
 }
 
@@ -77,8 +78,8 @@ func (Relay) Describe(cfg WorkerConfig) string {
 	if c.ClaimCoalesce < 0 {
 		coalesce = "off"
 	}
-	return fmt.Sprintf("MaxWorkers %d, Prefetch %d, ClaimCoalesce %s, defaults otherwise (FetchLimit 1000, PollInterval 1s, LISTEN/NOTIFY on)",
-		q.MaxWorkers, q.Prefetch, coalesce)
+	return fmt.Sprintf("MaxWorkers %d, Prefetch %d, ClaimCoalesce %s, NoClaimFloor %v, defaults otherwise (FetchLimit 1000, PollInterval 1s, LISTEN/NOTIFY on)",
+		q.MaxWorkers, q.Prefetch, coalesce, c.NoClaimFloor)
 }
 
 func (Relay) Setup(ctx context.Context, pool *pgxpool.Pool) error {

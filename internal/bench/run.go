@@ -44,7 +44,10 @@ type Result struct {
 	WorkedPerSec  float64
 	OfferedPerSec float64 // steady: the rate actually offered
 
-	Pickup   [3]time.Duration // p50, p95, p99: insert → handler start
+	Pickup [3]time.Duration // p50, p95, p99: insert → handler start
+	// Windows are the pickup latencies per Steady.Window, by insert time,
+	// oldest first (steady mode with a window only).
+	Windows  []Window
 	EndToEnd [3]time.Duration // p50, p95, p99: created → finalized (from the table)
 
 	WorkMean  time.Duration // mean time in Job.Do per job (the handler's own work)
@@ -169,6 +172,14 @@ type Steady struct {
 	Producers int
 	// KeepTable skips emptying the table first (a key's backlog stays).
 	KeepTable bool
+	// Window, when set, also measures pickup latency per window of this
+	// length (Result.Windows).
+	Window time.Duration
+	// NoClaimFloor turns Relay's claim floor off.
+	NoClaimFloor bool
+	// During, when set, runs beside the offered load from its start (an
+	// xmin holder, say); the run waits for it to return before it ends.
+	During func(ctx context.Context, began time.Time)
 }
 
 // RunSteady offers Rate single-job inserts per second for Duration to
@@ -186,13 +197,20 @@ func RunSteady(ctx context.Context, env Env, sys System, o Steady) (Result, erro
 			return r, fmt.Errorf("reset: %w", err)
 		}
 	}
-	f, err := startFleet(ctx, env, sys, WorkerConfig{Workers: o.Workers, Prefetch: o.Prefetch, Job: o.Job, ClaimCoalesce: o.ClaimCoalesce}, o.Processes)
+	f, err := startFleet(ctx, env, sys, WorkerConfig{Workers: o.Workers, Prefetch: o.Prefetch, Job: o.Job, ClaimCoalesce: o.ClaimCoalesce, Window: o.Window, NoClaimFloor: o.NoClaimFloor}, o.Processes)
 	if err != nil {
 		return r, err
 	}
 	defer f.kill()
 	f.start()
 	cpu0 := pgCPU(ctx, env.Pool)
+	duringDone := make(chan struct{})
+	if o.During != nil {
+		began := time.Now()
+		go func() { defer close(duringDone); o.During(ctx, began) }()
+	} else {
+		close(duringDone)
+	}
 
 	tokens := make(chan struct{}, o.Rate*int(o.Duration/time.Second+1))
 	var produced atomic.Int64
@@ -233,6 +251,7 @@ func RunSteady(ctx context.Context, env Env, sys System, o Steady) (Result, erro
 	close(tokens)
 	wg.Wait()
 	offeredFor := time.Since(began)
+	<-duringDone
 	if p := insertErr.Load(); p != nil {
 		return r, fmt.Errorf("insert: %w", *p)
 	}
@@ -256,6 +275,9 @@ func RunSteady(ctx context.Context, env Env, sys System, o Steady) (Result, erro
 	}
 	r.WorkerCPU, r.WorkMean = wcpu, work.Mean()
 	r.Pickup = [3]time.Duration{hist.Quantile(0.5), hist.Quantile(0.95), hist.Quantile(0.99)}
+	if o.Window > 0 {
+		r.Windows = f.windows(o.Window)
+	}
 	p50, p95, p99, err := sys.EndToEnd(ctx, env.Pool)
 	if err != nil {
 		return r, fmt.Errorf("end-to-end latency: %w", err)
@@ -293,7 +315,10 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 }
 
 // fleet is the worker processes of one run.
-type fleet struct{ procs []*proc }
+type fleet struct {
+	procs []*proc
+	win   map[int64]*Histogram // merged by stop (Steady.Window)
+}
 
 type proc struct {
 	cmd    *exec.Cmd
@@ -303,6 +328,7 @@ type proc struct {
 	done   atomic.Int64
 	hist   Histogram
 	work   Histogram
+	win    map[int64]*Histogram // by window number (Steady.Window)
 }
 
 func startFleet(ctx context.Context, env Env, sys System, cfg WorkerConfig, n int) (*fleet, error) {
@@ -358,6 +384,16 @@ func (p *proc) read(r io.Reader) {
 			}
 		case strings.HasPrefix(line, "hist "):
 			json.Unmarshal([]byte(line[5:]), &p.hist) //nolint:errcheck
+		case strings.HasPrefix(line, "win "):
+			num, js, _ := strings.Cut(line[4:], " ")
+			w, err := strconv.ParseInt(num, 10, 64)
+			h := &Histogram{}
+			if err == nil && json.Unmarshal([]byte(js), h) == nil {
+				if p.win == nil {
+					p.win = map[int64]*Histogram{}
+				}
+				p.win[w] = h
+			}
 		case strings.HasPrefix(line, "work "):
 			json.Unmarshal([]byte(line[5:]), &p.work) //nolint:errcheck
 		}
@@ -407,6 +443,15 @@ func (f *fleet) stop() (pickup, work Histogram, cpu time.Duration, err error) {
 		}
 		pickup.Merge(&p.hist)
 		work.Merge(&p.work)
+		for w, h := range p.win {
+			if f.win == nil {
+				f.win = map[int64]*Histogram{}
+			}
+			if f.win[w] == nil {
+				f.win[w] = &Histogram{}
+			}
+			f.win[w].Merge(h)
+		}
 	}
 	f.procs = nil
 	return pickup, work, cpu, errors.Join(errs...)

@@ -53,6 +53,12 @@ type WorkerConfig struct {
 	// ClaimCoalesce is Relay's Config.ClaimCoalesce (0: the default;
 	// negative: off). Other systems ignore it.
 	ClaimCoalesce time.Duration
+	// Window, when set, has each process also report pickup latencies per
+	// window of this length, by the job's insert time (Steady.Window).
+	Window time.Duration
+	// NoClaimFloor turns Relay's claim floor off (core.Config.NoClaimFloor),
+	// for A/B runs.
+	NoClaimFloor bool
 }
 
 // Job is the handler's work: sleep, then hash.
