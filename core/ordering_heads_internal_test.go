@@ -289,6 +289,72 @@ func TestKeyHeadFinishRacesSuccessorCommit(t *testing.T) {
 	}
 }
 
+// The race that left a key's head waiting for ever: the head's completion
+// decides at its commit that no job follows it (the successor is not
+// committed), while the successor's transaction decides that the head is
+// still running (the completion is not committed). Here the completion's
+// commit-time fix runs first (SET CONSTRAINTS ... IMMEDIATE) and the
+// successor commits before the completion does: the successor's fix must
+// wait for the key's lock and then see the head finished. Without the
+// per-key lock the successor is left waiting behind a finished head.
+func TestKeyHeadFinishFixesBeforeSuccessorCommit(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	enqueueKeyed(t, pool, "k")
+	head := claimSQL(t, pool, 10)
+	ctx1 := ctx
+	wtx, err := pool.Begin(ctx1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wtx.Rollback(ctx) //nolint:errcheck
+	ids, tokens := idsAndTokens(head)
+	if _, err := wtx.Exec(ctx1, sqlCompleteMany, ids, tokens); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := wtx.Exec(ctx1, `SET CONSTRAINTS ALL IMMEDIATE`); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	b := enqueueKeyed(t, tx, "k")
+	committed := make(chan error, 1)
+	go func() { committed <- tx.Commit(ctx1) }()
+	// Let the successor's commit reach the key's lock (or finish, when
+	// nothing serialises it), then commit the completion.
+	var commitErr error
+	finished := false
+	waitUntil(t, "the successor's commit to wait on the key or finish", func() bool {
+		select {
+		case commitErr = <-committed:
+			finished = true
+			return true
+		default:
+		}
+		var n int
+		pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n) //nolint:errcheck
+		return n > 0
+	})
+	if err := wtx.Commit(ctx1); err != nil {
+		t.Fatal(err)
+	}
+	if !finished {
+		commitErr = <-committed
+	}
+	if commitErr != nil {
+		t.Fatal(commitErr)
+	}
+	headsOK(t, pool)
+	if got := claimSQL(t, pool, 10); len(got) != 1 || got[0].ID != b {
+		t.Fatalf("claimed %v after the head finished, want its successor %d", claimedIDs(got), b)
+	}
+}
+
 // Under REPEATABLE READ, a successor enqueued by a transaction whose
 // snapshot predates the head's finish either commits claimable or fails
 // with a serialization failure, never waits forever.
