@@ -594,3 +594,28 @@ func dumpKeys(t *testing.T, pool *pgxpool.Pool) {
 		t.Logf("key %s %s waiting=%v: %d jobs, ids %d..%d", key, state, waiting, n, lo, hi)
 	}
 }
+
+// A transaction touching more keys than the sorted pass takes (a bulk
+// load: here 600 keys, two jobs each) takes the bulk lock and fixes every
+// key: each key's first job is claimable and its second waits.
+func TestKeyHeadsBulkManyKeys(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	const keys = 600
+	params := make([]EnqueueParams, 0, 2*keys)
+	for i := range 2 * keys {
+		params = append(params, EnqueueParams{Args: keyedArgs{N: i}, Opts: &EnqueueOpts{OrderingKey: fmt.Sprintf("bulk-key-%d", i%keys)}})
+	}
+	if _, err := EnqueueMany(ctx, pool, params); err != nil {
+		t.Fatal(err)
+	}
+	headsOK(t, pool)
+	var heads int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM relay_jobs WHERE state = 'queued' AND NOT key_waiting`).Scan(&heads); err != nil {
+		t.Fatal(err)
+	}
+	if heads != keys {
+		t.Fatalf("%d claimable jobs, want one per key (%d)", heads, keys)
+	}
+}

@@ -35,7 +35,8 @@
 --     deferred trigger of the commit does the work for all of them; the
 --     keys are noted at statement time in a transaction-local setting), so
 --     two transactions touching several keys cannot deadlock on the locks.
---     A transaction touching more than 100 distinct keys (bulk loads) takes
+--     A transaction touching more than a few hundred keys (16 kB of them:
+--     bulk loads) takes
 --     one exclusive lock instead (every fixer holds it shared), and fixes
 --     each row's key.
 --   * An insert guesses key_waiting from what it sees (BEFORE INSERT), so
@@ -75,7 +76,9 @@ CREATE INDEX relay_jobs_key_heads_idx ON relay_jobs (queue, ordering_key, id)
 -- what is committed (and this transaction's own changes). The caller holds
 -- the key's lock.
 CREATE FUNCTION relay_jobs_key_fix(q text, k text) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
 DECLARE
     f record;
 BEGIN
@@ -125,33 +128,37 @@ $$;
 
 -- relay_jobs_key_note(queue, key) remembers, for this transaction, that it
 -- changed the key: the setting relay.job_keys holds a JSON array of
--- {"q", "k"}, or "all" past 100 keys, or "held" once "all" is locked.
+-- {"k", "q"} objects (appended and searched as text: an object's text
+-- cannot occur inside another's, whose quotes are escaped), or "all" past
+-- 16 kB of keys, or "held" once "all" is locked.
 CREATE FUNCTION relay_jobs_key_note(q text, k text) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
-    cur  text := current_setting('relay.job_keys', true);
-    keys jsonb;
-    e    jsonb;
+    cur text := current_setting('relay.job_keys', true);
+    e   text;
 BEGIN
     IF q IS NULL OR k IS NULL OR cur IN ('"all"', '"held"') THEN
         RETURN;
     END IF;
-    e := jsonb_build_array(jsonb_build_object('q', q, 'k', k));
-    keys := coalesce(nullif(cur, ''), '[]')::jsonb;
-    IF keys @> e THEN
-        RETURN;
-    END IF;
-    IF jsonb_array_length(keys) >= 100 THEN
-        PERFORM set_config('relay.job_keys', '"all"', true);
-    ELSE
-        PERFORM set_config('relay.job_keys', (keys || e)::text, true);
+    e := jsonb_build_object('q', q, 'k', k)::text;
+    IF cur IS NULL OR cur IN ('', '[]') THEN
+        PERFORM set_config('relay.job_keys', '[' || e || ']', true);
+    ELSIF strpos(cur, e) = 0 THEN
+        IF length(cur) > 16384 THEN
+            PERFORM set_config('relay.job_keys', '"all"', true);
+        ELSE
+            PERFORM set_config('relay.job_keys', left(cur, -1) || ', ' || e || ']', true);
+        END IF;
     END IF;
 END;
 $$;
 
 -- A keyed insert guesses whether it waits, and notes its key.
 CREATE FUNCTION relay_jobs_key_before_insert() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- One plan for every call: a custom plan per row costs more than the probe.
+SET plan_cache_mode = force_generic_plan
+AS $$
 BEGIN
     NEW.key_waiting := NEW.state = 'queued' AND EXISTS (
         SELECT 1 FROM relay_jobs AS e
