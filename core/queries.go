@@ -115,11 +115,18 @@ WHERE unique_key IN (SELECT jsonb_array_elements_text($1::jsonb)) AND state = AN
 // sqlClaim leases up to $2 runnable jobs of queue $1 to worker $4 for $3
 // milliseconds, in one statement:
 //
-//   - The CTE walks relay_jobs_claim_idx (queue, priority, run_at, id) over
-//     queued rows only, so finished rows cost nothing, and stops at $2 rows.
-//   - A job with an ordering key is skipped while an earlier job with its key
-//     is queued, claimed or dead (one probe of relay_jobs_ordering_idx); a job
-//     without one pays only the IS NULL test.
+//   - The CTE walks relay_jobs_claim_idx (queue, key_waiting, priority,
+//     run_at, id) over queued rows only, so finished rows cost nothing, and
+//     stops at $2 rows.
+//   - Only the head of each ordering key is in the range it reads (queue,
+//     false, ...): a job waiting for an earlier job of its key carries
+//     key_waiting, kept by the triggers of migration *_ordering_heads, so a
+//     claim never walks a busy key's backlog (TestClaimSkipsKeyBacklog). A
+//     head is still checked to be its key's first unfinished job (the first
+//     entry of relay_jobs_ordering_idx for its key: min(id) keeps the plan
+//     on the index whatever the statistics say of a hot key), so order
+//     never rests on the triggers; a job without a key pays only the IS
+//     NULL test.
 //   - A paused queue (a row in relay_queue_pauses, see core/pause.go)
 //     yields nothing: one primary-key probe, evaluated once per statement.
 //   - FOR UPDATE SKIP LOCKED locks the rows it picks and steps over rows
@@ -145,11 +152,11 @@ const sqlClaim = `
 WITH picked AS (
     SELECT id
     FROM relay_jobs AS c
-    WHERE state = 'queued' AND queue = $1 AND run_at <= now()
+    WHERE state = 'queued' AND NOT key_waiting AND queue = $1 AND run_at <= now()
       AND NOT EXISTS (SELECT 1 FROM relay_queue_pauses WHERE queue = $1)
-      AND (ordering_key IS NULL OR NOT EXISTS (
-          SELECT 1 FROM relay_jobs AS e
-          WHERE e.queue = c.queue AND e.ordering_key = c.ordering_key AND e.id < c.id
+      AND (ordering_key IS NULL OR c.id = (
+          SELECT min(e.id) FROM relay_jobs AS e
+          WHERE e.queue = c.queue AND e.ordering_key = c.ordering_key
             AND e.state IN ('queued', 'claimed', 'dead')))
     ORDER BY priority, run_at, id
     LIMIT $2
@@ -176,8 +183,8 @@ RETURNING j.id, j.kind, j.queue, j.priority, j.attempt, j.max_attempts, j.run_at
 // cursor (a more urgent new job, a rescued one) are reached when the fetch
 // loop drops the cursor: on every notification and every poll.
 var sqlClaimAfter = mustReplace(sqlClaim,
-	"WHERE state = 'queued' AND queue = $1 AND run_at <= now()\n",
-	"WHERE state = 'queued' AND queue = $1 AND run_at <= now()\n      AND (priority, run_at, id) > ($6::smallint, $7::timestamptz, $8::bigint)\n")
+	"WHERE state = 'queued' AND NOT key_waiting AND queue = $1 AND run_at <= now()\n",
+	"WHERE state = 'queued' AND NOT key_waiting AND queue = $1 AND run_at <= now()\n      AND (priority, run_at, id) > ($6::smallint, $7::timestamptz, $8::bigint)\n")
 
 // The fenced writes about running attempts (sqlCompleteMany, sqlFailMany,
 // sqlReleaseMany, sqlHeartbeat) share one shape, because they must never
@@ -522,12 +529,12 @@ const sqlClaimLimited = `
 WITH candidates AS (
     SELECT id, kind, priority, run_at, tags
     FROM relay_jobs AS c
-    WHERE state = 'queued' AND queue = $1 AND run_at <= now()
+    WHERE state = 'queued' AND NOT key_waiting AND queue = $1 AND run_at <= now()
       AND NOT EXISTS (SELECT 1 FROM relay_queue_pauses WHERE queue = $1)
       AND NOT (kind = ANY($6::text[])) AND NOT (tags && $10::text[])
-      AND (ordering_key IS NULL OR NOT EXISTS (
-          SELECT 1 FROM relay_jobs AS e
-          WHERE e.queue = c.queue AND e.ordering_key = c.ordering_key AND e.id < c.id
+      AND (ordering_key IS NULL OR c.id = (
+          SELECT min(e.id) FROM relay_jobs AS e
+          WHERE e.queue = c.queue AND e.ordering_key = c.ordering_key
             AND e.state IN ('queued', 'claimed', 'dead')))
     ORDER BY priority, run_at, id
     LIMIT $9
