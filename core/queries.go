@@ -628,22 +628,35 @@ RETURNING j.id, j.kind, j.queue, j.priority, j.attempt, j.max_attempts, j.run_at
 
 // sqlFloorProbe returns the database's now() and the first job of queue
 // $1 in claim order that its snapshot sees queued (NULLs when none):
-// runnable or not, blocked behind its ordering key or not, locked by a
-// claim in flight or not. Every queued job sorts at or after it.
+// runnable or not, locked by a claim in flight or not, claimable or
+// waiting behind its ordering key's head (key_waiting). Every queued job
+// sorts at or after it. The claim index keeps a key's waiting jobs in a
+// range of their own, so the first of each range is read (one LIMIT 1 walk
+// each) and the lesser taken: a waiting job keeps its run_at when it
+// becomes its key's head, and a floor past it would hide it.
 const sqlFloorProbe = `
 SELECT now(), j.priority, j.run_at, j.id
 FROM (SELECT 1) AS one
 LEFT JOIN LATERAL (
-    SELECT priority, run_at, id FROM relay_jobs
-    WHERE state = 'queued' AND queue = $1
+    SELECT * FROM (
+        (SELECT priority, run_at, id FROM relay_jobs
+         WHERE state = 'queued' AND NOT key_waiting AND queue = $1
+         ORDER BY priority, run_at, id
+         LIMIT 1)
+        UNION ALL
+        (SELECT priority, run_at, id FROM relay_jobs
+         WHERE state = 'queued' AND key_waiting AND queue = $1
+         ORDER BY priority, run_at, id
+         LIMIT 1)) AS firsts
     ORDER BY priority, run_at, id
     LIMIT 1) AS j ON true`
 
 // sqlFloorProbeAfter is sqlFloorProbe starting after the floor ($2
-// priority, $3 run_at, $4 id): it reads only what the claims read.
-var sqlFloorProbeAfter = mustReplace(sqlFloorProbe,
-	"WHERE state = 'queued' AND queue = $1\n",
-	"WHERE state = 'queued' AND queue = $1\n      AND (priority, run_at, id) > ($2::smallint, $3::timestamptz, $4::bigint)\n")
+// priority, $3 run_at, $4 id): it reads only what the claims read, and the
+// waiting range after the same point.
+var sqlFloorProbeAfter = strings.ReplaceAll(sqlFloorProbe,
+	"AND queue = $1\n",
+	"AND queue = $1\n           AND (priority, run_at, id) > ($2::smallint, $3::timestamptz, $4::bigint)\n")
 
 // sqlFloorCost is sqlFloorProbe under EXPLAIN: the buffers its walk from
 // the front of the claim index touches, which grow with the dead entries
