@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/jackc/pgx/v5"
 	"log/slog"
 	"os"
 	"strconv"
@@ -382,7 +383,7 @@ func (c *Client) Start(ctx context.Context) error {
 				Pool:      c.pool,
 				Channels:  []string{"relay_jobs", "relay_control"},
 				OnNotify:  c.onNotify,
-				OnConnect: c.wakeAll,
+				OnConnect: func() { c.wakeAll(); c.cancelMissed(bgCtx) },
 				Logger:    c.logger,
 				AppName:   "relay-listener " + c.cfg.ID,
 			})
@@ -552,6 +553,38 @@ func (c *Client) onNotify(channel, payload string) {
 				}
 				r.cancel(ErrJobCancelled)
 			}
+		}
+	}
+}
+
+// cancelMissed cancels, with ErrJobCancelled, the running jobs cancelled
+// while the listener was not listening (before its first LISTEN, or while it
+// reconnected): their notification was sent to nobody. Without it such a
+// handler would run until its next heartbeat found the lease gone, and
+// stop with ErrLeaseLost instead of its real cause. One bounded query per
+// connection of the listener.
+func (c *Client) cancelMissed(ctx context.Context) {
+	var ids []int64
+	c.inflight.Range(func(k, _ any) bool { ids = append(ids, k.(int64)); return true })
+	if len(ids) == 0 {
+		return
+	}
+	qctx, cancel := context.WithTimeout(ctx, c.leaseBudget/2)
+	defer cancel()
+	rows, err := c.own.Query(qctx, sqlCancelledAmong, ids)
+	if err != nil {
+		if ctx.Err() == nil {
+			c.logger.Warn("relay: check for cancellations missed while not listening failed", "error", err)
+		}
+		return
+	}
+	cancelled, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return
+	}
+	for _, id := range cancelled {
+		if v, ok := c.inflight.Load(id); ok {
+			v.(*running).cancel(ErrJobCancelled)
 		}
 	}
 }

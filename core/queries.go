@@ -396,6 +396,10 @@ FROM (SELECT id, lease_token FROM relay_jobs WHERE id = $1 FOR UPDATE) AS old
 WHERE j.id = old.id AND j.state IN ('queued', 'claimed')
 RETURNING j.queue, coalesce(j.ordering_key, ''), coalesce(old.lease_token::text, '')`
 
+// sqlCancelledAmong returns which of the jobs $1 are cancelled
+// (Client.cancelMissed: cancellations whose notification nobody heard).
+const sqlCancelledAmong = `SELECT id FROM relay_jobs WHERE id = ANY($1::bigint[]) AND state = 'cancelled'`
+
 // sqlNotifyCancel tells running workers (of any process) to stop job $1 now
 // rather than at their next heartbeat. Delivered at commit.
 //
