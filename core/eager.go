@@ -126,11 +126,22 @@ func (c *Client) insertClaimed(ctx context.Context, q *queue, row enqueueRow, wi
 	if with != nil && with.Queue != nil {
 		with.Queue(b)
 	}
-	b.Queue(sqlClaimInserted, c.cfg.ID, [16]byte(token), c.cfg.LeaseDuration.Milliseconds())
+	b.Queue(sqlClaimInserted, c.cfg.ID, [16]byte(token), c.cfg.LeaseDuration.Milliseconds(), row.Kind, row.Queue)
 	// The lease runs, at the earliest, from now: the local deadline counts
 	// from here, as for a claim.
 	sent := time.Now()
-	br := c.pool.SendBatch(ctx, b)
+	// The batch commits a job claimed by this client: sent under the
+	// caller's context, a cancellation between its COMMIT and the reply
+	// would report a failure for a job committed claimed, with no handler
+	// until its lease expired (the fetch loop's claims avoid this the same
+	// way). Only an already cancelled caller is refused; the round trip
+	// itself is bounded by time, as the client's own statements are.
+	if err := ctx.Err(); err != nil {
+		return fail(err)
+	}
+	bctx, bcancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+	defer bcancel()
+	br := c.pool.SendBatch(bctx, b)
 	cl := &Claimed{q: q}
 	var dup bool
 	if err := br.QueryRow().Scan(&cl.ID, &dup); err != nil {

@@ -611,6 +611,9 @@ const InsertedJobID = `(SELECT currval(pg_get_serial_sequence('relay_jobs', 'id'
 // global limit names the job's queue, kind or one of its tags: an eager
 // start never bypasses them (the limits are counted and taken by
 // claimLimited's serialised claims, which this statement cannot join).
+// The job's kind ($4) and queue ($5) are checked too: a statement of the
+// caller's (WithJob) or a trigger that inserted another job would have moved
+// the sequence InsertedJobID reads, and that job is not this claim's.
 var sqlClaimInserted = `
 UPDATE relay_jobs AS j
 SET state            = 'claimed',
@@ -620,6 +623,7 @@ SET state            = 'claimed',
     lease_token      = $2::uuid,
     lease_expires_at = now() + $3 * interval '1 millisecond'
 WHERE j.id = ` + InsertedJobID + ` AND j.state = 'queued'
+  AND j.kind = $4 AND j.queue = $5 AND j.attempt = 0
   AND NOT EXISTS (SELECT 1 FROM relay_queue_pauses AS p WHERE p.queue = j.queue)
   AND NOT EXISTS (SELECT 1 FROM relay_limits AS l
                   WHERE (l.scope = 'queue' AND l.name = j.queue) OR (l.scope = 'kind' AND l.name = j.kind)
