@@ -107,7 +107,12 @@ func TestHeartbeatsRenewLease(t *testing.T) {
 	pool := testdb.New(t)
 	ctx := context.Background()
 	ws, started, release, _ := blocking(true)
-	startClient(t, pool, &core.Config{Workers: ws, LeaseDuration: 300 * time.Millisecond, RescueInterval: 20 * time.Millisecond})
+	// The lease is short enough that the job outlives it several times over
+	// within the test, and long enough that a heartbeat (whose statement is
+	// bounded by half the lease) is not timed out by a loaded CI machine
+	// running the race detector: with 300 ms it was.
+	const lease = time.Second
+	startClient(t, pool, &core.Config{Workers: ws, LeaseDuration: lease, RescueInterval: 20 * time.Millisecond})
 	res, _ := core.Enqueue(ctx, pool, blockArgs{}, nil)
 	<-started
 	var first time.Time
@@ -115,10 +120,10 @@ func TestHeartbeatsRenewLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Wait until the lease has been renewed well past several lease lengths.
-	waitFor(t, "lease renewed 5 times over", func() bool {
+	waitFor(t, "lease renewed 3 lease lengths over", func() bool {
 		var exp time.Time
 		pool.QueryRow(ctx, `SELECT lease_expires_at FROM relay_jobs WHERE id = $1`, res.ID).Scan(&exp)
-		return exp.Sub(first) > 1500*time.Millisecond
+		return exp.Sub(first) > 3*lease
 	})
 	release <- nil
 	j := waitState(t, pool, res.ID, core.StateSucceeded)
