@@ -156,26 +156,11 @@ SELECT state, coalesce(output::text, ''), coalesce(error, ''), finished_at IS NO
 FROM relay_workflow_runs WHERE id = $1`
 
 // sqlRequestCancel asks run $1 and its unfinished descendants to cancel
-// and returns their jobs to wake. The rows are locked parents first (by
-// depth, then id), whatever the plan: a run ending cancelled locks its own
-// row, then its children's (execution.finish), and a cancel of that run
-// must not take them the other way round.
-const sqlRequestCancel = `
-WITH RECURSIVE tree AS (
-    SELECT id, 0 AS depth FROM relay_workflow_runs WHERE id = $1
-    UNION
-    SELECT c.id, tree.depth + 1 FROM relay_workflow_runs AS c JOIN tree ON c.parent_id = tree.id
-), locked AS (
-    SELECT r.id FROM relay_workflow_runs AS r JOIN tree ON r.id = tree.id
-    WHERE r.finished_at IS NULL
-    ORDER BY tree.depth, r.id
-    FOR NO KEY UPDATE OF r
-)
-UPDATE relay_workflow_runs AS r
-SET cancel_requested = true
-FROM locked
-WHERE r.id = locked.id
-RETURNING coalesce(r.job_id, 0)`
+// and returns their jobs to wake. The tree walk, and its lock order
+// (parents first), is relay_workflow_request_cancel's (migration
+// 20261201000006), shared with sqlRequestCancelChildren and the trigger
+// relay_workflow_job_ended.
+const sqlRequestCancel = `SELECT relay_workflow_request_cancel($1, true)`
 
 // sqlRetryRun puts failed run $1 back to pending, keeping the checkpoints
 // before its failed step: the failed step and everything after it go. The
@@ -278,23 +263,8 @@ WHERE run_id = $1 AND state = 'failed' AND kind = 'step' AND starts_with(key, 'c
 
 // sqlRequestCancelChildren is sqlRequestCancel for the unfinished
 // descendants of run $1, not the run itself (a run continuing as new
-// closes its children and goes on). Rows are locked in the same order.
-const sqlRequestCancelChildren = `
-WITH RECURSIVE tree AS (
-    SELECT id, 1 AS depth FROM relay_workflow_runs WHERE parent_id = $1
-    UNION
-    SELECT c.id, tree.depth + 1 FROM relay_workflow_runs AS c JOIN tree ON c.parent_id = tree.id
-), locked AS (
-    SELECT r.id FROM relay_workflow_runs AS r JOIN tree ON r.id = tree.id
-    WHERE r.finished_at IS NULL
-    ORDER BY tree.depth, r.id
-    FOR NO KEY UPDATE OF r
-)
-UPDATE relay_workflow_runs AS r
-SET cancel_requested = true
-FROM locked
-WHERE r.id = locked.id
-RETURNING coalesce(r.job_id, 0)`
+// closes its children and goes on).
+const sqlRequestCancelChildren = `SELECT relay_workflow_request_cancel($1, false)`
 
 // sqlEagerInsertRun inserts an eagerly started run (Execute) in the batch that
 // inserts its job already claimed (core.Client.InsertClaimed), after the

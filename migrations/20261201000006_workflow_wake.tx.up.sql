@@ -1,0 +1,143 @@
+-- Workflow wake-ups that cannot deadlock, and one tree walk for every
+-- cancel of a run's descendants (issue 13). Replaces the body of
+-- relay_workflow_job_ended (20261201000002); its trigger is unchanged.
+-- See docs/workflow.md, "A run whose job ends".
+
+-- relay_workflow_request_cancel asks the unfinished descendants of run $1
+-- (and run $1 itself when $2) to cancel, and returns their jobs to wake (0
+-- for a run without one). The rows are locked parents first (by depth, then
+-- id), whatever the plan: a run ending cancelled locks its own row, then its
+-- children's (the workflow's execution.finish), and a cancel of that run
+-- must not take them the other way round. It is the one tree walk of
+-- workflow.Cancel, of a run's end or ContinueAsNew (its children) and of
+-- relay_workflow_job_ended. The tree starts from $1 as given (no row read),
+-- so a run that does not exist has nothing to cancel.
+CREATE FUNCTION relay_workflow_request_cancel(text, boolean) RETURNS SETOF bigint
+LANGUAGE sql VOLATILE AS $$
+WITH RECURSIVE tree AS (
+    SELECT $1 AS id, 0 AS depth
+    UNION
+    SELECT c.id, tree.depth + 1 FROM relay_workflow_runs AS c JOIN tree ON c.parent_id = tree.id
+), locked AS (
+    SELECT r.id FROM relay_workflow_runs AS r JOIN tree ON r.id = tree.id
+    WHERE r.finished_at IS NULL AND (tree.depth > 0 OR $2)
+    ORDER BY tree.depth, r.id
+    FOR NO KEY UPDATE OF r
+)
+UPDATE relay_workflow_runs AS r
+SET cancel_requested = true
+FROM locked
+WHERE r.id = locked.id
+RETURNING coalesce(r.job_id, 0)
+$$;
+
+-- relay_workflow_wake makes the jobs $1 runnable now, as core.Wake does
+-- (keep the two in step): a queued job waiting for its run_at is due at once
+-- and its queue notified; a claimed one gets a run_at later than its claim,
+-- which a snooze of the running attempt honours. Final jobs and 0 are left
+-- alone.
+--
+-- Unlike core.Wake, it waits for a job's row lock for a bounded time only:
+-- half of deadlock_timeout (or the caller's lock_timeout if shorter), then
+-- it leaves that job alone and goes on. It runs in transactions that
+-- already hold a job's row (the rescuer's, the completer's or a canceller's
+-- ending a run's job, relay_workflow_job_ended), and the row it waits for
+-- can be held by a transaction that waits for them: a parent's job and its
+-- child's ending at once, each transaction holding its own job and asking
+-- for the other's run or job. PostgreSQL then aborted one of them (a
+-- deadlock, and a retried batch); now the wait gives up before the
+-- deadlock detector runs, and the holder goes on. What a skipped wake-up
+-- leaves (TestWorkflowJobsEndingAtOnce, docs/workflow.md):
+--   - in that case, the holder is ending the woken job itself: its run
+--     ends failed, and there is nothing to wake;
+--   - the holders that take a job's row for a moment (a claim, a
+--     heartbeat, a snooze, a checkpoint's HoldLease, a completion) release
+--     it within the bound, and the wake-up is made as core.Wake makes it
+--     (TestWorkflowWakeWaitsForAShortHolder);
+--   - a holder keeping the row longer than the bound (a caller's open
+--     transaction that woke the job, or ended it) leaves the wake-up
+--     skipped: a run waiting for a child or a signal then executes at its
+--     next wake-up, or at the latest after workflow's maxSuspend (an hour),
+--     the poll that covers a lost wake-up.
+-- Each job is woken in its own subtransaction (the lock_timeout error rolls
+-- back only that job), so call it only on the rare paths: runs ending
+-- through their job.
+CREATE FUNCTION relay_workflow_wake(bigint[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    caller text := current_setting('lock_timeout');
+    bound  interval := current_setting('deadlock_timeout')::interval / 2;
+    job    bigint;
+    q      text;
+BEGIN
+    IF caller::interval > interval '0' AND caller::interval < bound THEN
+        bound := caller::interval;
+    END IF;
+    FOREACH job IN ARRAY coalesce($1, '{}') LOOP
+        CONTINUE WHEN job IS NULL OR job = 0;
+        q := NULL;
+        BEGIN
+            PERFORM set_config('lock_timeout', (greatest(extract(epoch FROM bound) * 1000, 1))::bigint::text, true);
+            UPDATE relay_jobs
+            SET run_at = CASE WHEN state = 'claimed' OR run_at > clock_timestamp() THEN clock_timestamp() ELSE run_at END
+            WHERE id = job AND state IN ('claimed', 'queued')
+            RETURNING CASE WHEN state = 'queued' THEN queue END INTO q;
+            PERFORM set_config('lock_timeout', caller, true);
+        EXCEPTION WHEN lock_not_available THEN
+            -- The subtransaction's rollback restores lock_timeout too.
+            q := NULL;
+        END;
+        IF q IS NOT NULL THEN
+            PERFORM pg_notify('relay_jobs', q);
+        END IF;
+    END LOOP;
+END;
+$$;
+
+-- A run is executed by its job (relay_workflow_runs.job_id). When that job
+-- ends without the run having ended (its attempts used up by crashed or
+-- failed executions, the reserve ones included: dead; or cancelled through
+-- the core), nothing will execute the run again: it ends failed here, in
+-- the transaction that ends the job (the rescuer's, the completer's or the
+-- canceller's), so it is never left running behind a dead job. As when a
+-- run ends: its Result callers are notified, its unfinished descendants
+-- are asked to cancel (relay_workflow_request_cancel), and they and its
+-- parent's job are woken (relay_workflow_wake: a bounded wait, so that a
+-- parent's job and its child's ending at once cannot deadlock). Retry runs
+-- such a run again with a new job. A job left behind by its run (job_id
+-- moved on) changes nothing.
+CREATE OR REPLACE FUNCTION relay_workflow_job_ended() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    run        text := NEW.args->>'run_id';
+    parent_job bigint;
+    jobs       bigint[];
+    msg        text;
+BEGIN
+    IF run IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF NEW.state = 'dead' THEN
+        -- last_error is cut to 1,500 characters (6,000 bytes at most), so
+        -- the message stays within workflow.MaxErrorBytes (8 KiB).
+        msg := format('workflow: run %s: %s executions crashed or failed, and its job %s is dead (last: %s)',
+            run, NEW.attempt, NEW.id, left(coalesce(NEW.last_error, 'unknown'), 1500));
+    ELSE
+        msg := format('workflow: run %s: its job %s was cancelled, so nothing executes the run (cancel a run with workflow.Cancel; workflow.Retry runs it again)',
+            run, NEW.id);
+    END IF;
+    UPDATE relay_workflow_runs AS r
+    SET state = 'failed', error = msg, finished_at = now()
+    WHERE r.id = run AND r.job_id = NEW.id AND r.finished_at IS NULL
+    RETURNING coalesce((SELECT p.job_id FROM relay_workflow_runs AS p
+                        WHERE p.id = r.parent_id AND p.finished_at IS NULL), 0)
+    INTO parent_job;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    PERFORM pg_notify('relay_workflow', run);
+    SELECT array_agg(j) INTO jobs FROM relay_workflow_request_cancel(run, false) AS j;
+    PERFORM relay_workflow_wake(array_append(coalesce(jobs, '{}'), parent_job));
+    RETURN NULL;
+END;
+$$;
