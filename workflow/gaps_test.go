@@ -461,3 +461,60 @@ func TestStoppedExecutionDoesNotFailTheRun(t *testing.T) {
 		t.Fatal(out, err)
 	}
 }
+
+// A cancelled run whose compensation failed ends failed; Retry runs again
+// only the compensation that failed, with the cancel still asked for, so
+// the run ends cancelled. It used to forget the cancel: the replay went on
+// with the function past the point where the cancel stopped it (here into
+// its hour-long sleep, and then the steps after it).
+func TestRetryCancelledRunResumesItsCompensations(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	var undos, after atomic.Int32
+	wf := workflow.MustRegister(b.reg, "cancel-undo", func(wctx workflow.Context, _ int) (int, error) {
+		if _, err := workflow.Step(wctx, "a", func(ctx context.Context) (int, error) { return 1, nil }, nil); err != nil {
+			return 0, err
+		}
+		workflow.Compensate(wctx, "undo-a", func(ctx context.Context) error {
+			if undos.Add(1) == 1 {
+				return core.Permanent(errors.New("undo a broken"))
+			}
+			return nil
+		})
+		if err := workflow.Sleep(wctx, "nap", time.Hour); err != nil {
+			return 0, err
+		}
+		return workflow.Step(wctx, "after", func(ctx context.Context) (int, error) { after.Add(1); return 2, nil }, nil)
+	})
+	b.start()
+	h, err := workflow.Start(ctx, b.pool, wf, 0, &workflow.StartOpts{ID: "cancel-undo"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.suspendedJob(h.ID)
+	if err := workflow.Cancel(ctx, b.pool, h.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := result[int](t, b.pool, h.ID); !errors.Is(err, workflow.ErrRunFailed) || !strings.Contains(err.Error(), "undo a broken") {
+		t.Fatalf("want failed by its compensation, got %v", err)
+	}
+	if err := workflow.Retry(ctx, b.pool, h.ID); err != nil {
+		t.Fatal(err)
+	}
+	// Ended, or suspended again in its sleep (the cancel forgotten).
+	b.waitFor("the retried run to end or sleep", func() bool {
+		return b.count(`SELECT count(*) FROM relay_workflow_runs AS r WHERE r.id = $1 AND (r.finished_at IS NOT NULL
+			OR EXISTS (SELECT 1 FROM relay_jobs AS j WHERE j.id = r.job_id AND j.state = 'queued' AND j.run_at > now() + interval '10 minutes'))`, h.ID) == 1
+	})
+	run, err := workflow.Get(ctx, b.pool, h.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if run.State != workflow.StateCancelled {
+		t.Fatalf("after retry: want cancelled, got %s (%s)", run.State, run.Error)
+	}
+	if undos.Load() != 2 || after.Load() != 0 {
+		t.Fatalf("undo ran %d times (want 2), the step after the sleep %d (want 0)", undos.Load(), after.Load())
+	}
+}

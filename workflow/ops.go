@@ -62,8 +62,9 @@ func requestCancel(ctx context.Context, tx core.DB, ex dbx.Execer, id string) (i
 // repeated), the failed step and any after it are dropped, and a new
 // execution job is queued. A run that failed in its compensations runs
 // again only the compensations that failed: the step that failed the run
-// and the compensations that completed are kept. A
-// run that is not failed is ErrNotRetryable.
+// and the compensations that completed are kept; if it was cancelled, it
+// stays cancelled (its function does not go on) and ends cancelled. A run
+// that is not failed is ErrNotRetryable.
 func Retry(ctx context.Context, db core.DB, id string) error {
 	err := inTx(ctx, db, func(tx core.DB) error {
 		ex, err := dbx.For(tx)
