@@ -25,8 +25,8 @@ import (
 
 // TestWorkflowRunPages drives the workflow pages in headless Chromium
 // against running workflows: the overview's failed-runs card leads to the
-// failed run; its step timeline shows the failed step (two attempts) after
-// the completed one; Retry (with the step fixed) is seen to finish the run;
+// failed run; its step timeline shows the failed step after the completed
+// one, each of its two failed attempts a red segment at its own times; Retry (with the step fixed) is seen to finish the run;
 // a compensated run marks its compensation step; a run waiting for a signal
 // is signalled from its page and finishes with the payload; a child run is
 // nested and linked; a read-only token sees no action.
@@ -155,12 +155,30 @@ func TestWorkflowRunPages(t *testing.T) {
 			chromedp.WaitVisible(chromedp.CSS(`li[data-step-key="render"] pre.err-pre`)),
 			browsertest.Screenshot(shots, "workflow-run-failed"))
 		keys := browsertest.Value(t, tab, "timeline", chromedp.Evaluate[string](
-			`[...document.querySelectorAll("#timeline li")].map(li => li.dataset.stepKey + "=" + li.dataset.stepState).join(",")`))
+			`[...document.querySelectorAll("#timeline > li")].map(li => li.dataset.stepKey + "=" + li.dataset.stepState).join(",")`))
 		if keys != "gather=completed,cool-down=completed,render=failed" {
 			t.Fatalf("timeline %q", keys)
 		}
-		if n := count(t, tab, `li[data-step-key="render"] line.tick`); n != 1 {
-			t.Fatalf("%d attempt ticks on the failed step, want 1 (two attempts)", n)
+		// Each attempt is a segment of its own, from the step's attempt
+		// log: the failed step's two failed attempts, in time order, and
+		// gather's one.
+		if n := count(t, tab, `li[data-step-key="render"] rect.attempt.att-failed`); n != 2 {
+			t.Fatalf("%d failed attempt segments on the failed step, want 2", n)
+		}
+		if n := count(t, tab, `li[data-step-key="render"] rect.attempt.att-ok, li[data-step-key="render"] line.tick`); n != 0 {
+			t.Fatalf("%d succeeded segments or ticks on the failed step, want none", n)
+		}
+		if n := count(t, tab, `li[data-step-key="gather"] rect.attempt.att-ok`); n != 1 {
+			t.Fatalf("%d succeeded attempt segments on gather, want 1", n)
+		}
+		apart := browsertest.Value(t, tab, "attempt segments", chromedp.Evaluate[bool](
+			`(() => { const [a, b] = [...document.querySelectorAll('li[data-step-key="render"] rect.attempt')];
+			  return a.dataset.attempt === "1" && b.dataset.attempt === "2" && +a.getAttribute("x") <= +b.getAttribute("x"); })()`))
+		if !apart {
+			t.Fatal("the failed step's attempt segments are not attempts 1 then 2, in time order")
+		}
+		if e := text(t, tab, `li[data-step-key="render"] ol.attempts li.att-failed[data-attempt="2"]`); !strings.Contains(e, "attempt 2: failed") || !strings.Contains(e, "out of ink") {
+			t.Fatalf("attempt 2 in the step's detail: %q", e)
 		}
 		if n := count(t, tab, `li[data-step-key="cool-down"] rect.wait`); n != 1 {
 			t.Fatal("the sleep is not drawn as a wait")
@@ -177,6 +195,9 @@ func TestWorkflowRunPages(t *testing.T) {
 			browsertest.Screenshot(shots, "workflow-run-retried"))
 		if s := runState("report-q3"); s != "completed" {
 			t.Fatalf("report-q3 is %s in the database", s)
+		}
+		if n := count(t, tab, `li[data-step-key="render"] rect.attempt.att-ok`); n != 1 {
+			t.Fatalf("%d succeeded attempt segments on the retried step, want 1", n)
 		}
 
 		// The compensated run: its compensation step is marked; it offers

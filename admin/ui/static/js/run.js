@@ -1,6 +1,7 @@
 // A workflow run: its fields, input and output, its step timeline as a
-// Gantt chart (one bar per step, split by its attempts; sleeps, signal
-// waits and child waits drawn as hatched gaps; compensation steps marked),
+// Gantt chart (one row per step, each attempt of its function a segment
+// of its own, failed ones red; sleeps, signal waits and child waits drawn
+// as hatched gaps; compensation steps marked),
 // its child runs nested and linked, and cancel / retry / signal. While the
 // run is unfinished the page refreshes itself, so a retried or signalled
 // run is seen to finish.
@@ -73,18 +74,28 @@ const ms = (iso) => new Date(iso).getTime();
 // spans places each step on the run's time axis. The workflow package
 // writes a successful step's row when it completes, so a step's bar starts
 // where the previous step ended (or at its first failed attempt, if
-// earlier); a wait starts when it was recorded. An unfinished step runs to
-// now.
+// earlier); a wait starts when it was recorded. A step with an attempt log
+// (the latest 20 attempts, timed by the worker that ran them) starts at its
+// first logged attempt. An unfinished step runs to now.
 function spans(r) {
   const now = Date.now();
   let prevEnd = ms(r.started_at || r.created_at);
   return r.steps.map((st) => {
+    const log = WAITS.includes(st.kind) ? [] : (st.attempt_log || []);
     const started = ms(st.started_at);
-    const start = WAITS.includes(st.kind) ? started : Math.min(prevEnd, started);
-    const end = st.finished_at ? ms(st.finished_at) : Math.max(now, start);
+    const start = log.length ? Math.min(started, ms(log[0].started_at))
+      : WAITS.includes(st.kind) ? started : Math.min(prevEnd, started);
+    const end = Math.max(st.finished_at ? ms(st.finished_at) : Math.max(now, start), ...log.map((a) => ms(a.finished_at)));
     prevEnd = Math.max(prevEnd, end);
-    return { st, start, end, open: !st.finished_at };
+    return { st, log, start, end, open: !st.finished_at };
   });
+}
+
+// attemptText is one logged attempt, for its segment's title and the
+// step's detail.
+function attemptText(a) {
+  const took = duration(Math.max(0, ms(a.finished_at) - ms(a.started_at)) / 1000);
+  return `attempt ${a.attempt}: ${a.error ? 'failed' : 'succeeded'} after ${took}${a.error ? ': ' + a.error : ''}`;
 }
 
 // timeline draws the Gantt chart: one row per step, a <details> whose
@@ -98,17 +109,29 @@ function timeline(r) {
   const x = (t) => ((t - t0) / (t1 - t0)) * W;
   const kids = new Map(r.children.map((c) => [c.id, c]));
   const list = h('ol', { class: 'gantt', id: 'timeline', 'aria-label': `Step timeline over ${duration((t1 - t0) / 1000)}` });
-  for (const { st, start, end, open } of rows) {
+  for (const { st, log, start, end, open } of rows) {
     const wait = WAITS.includes(st.kind);
-    const cls = ['bar', wait ? 'wait' : 'work', `st-${st.state}`, st.compensation ? 'comp' : ''].join(' ');
+    const cls = ['bar', wait ? 'wait' : 'work', `st-${st.state}`, st.compensation ? 'comp' : '', log.length ? 'track' : ''].join(' ');
     const bx = x(start), bw = Math.max(2, x(end) - bx);
     const took = (end - start) / 1000;
-    const label = `${st.key}: ${st.kind} ${st.state}, ${st.attempts} attempt${st.attempts === 1 ? '' : 's'}, ${open ? 'so far ' : ''}${duration(took)}`;
+    const failures = log.filter((a) => a.error).length;
+    const label = `${st.key}: ${st.kind} ${st.state}, ${st.attempts} attempt${st.attempts === 1 ? '' : 's'}` +
+      (failures ? ` (${failures} of the ${log.length} logged failed)` : '') + `, ${open ? 'so far ' : ''}${duration(took)}`;
     const svg = s('svg', { class: 'gbar', viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: 'none', role: 'img', 'aria-label': label },
       s('title', {}, label),
-      s('rect', { class: cls, x: bx.toFixed(1), y: 2, width: bw.toFixed(1), height: H - 4 }));
-    // A step's attempts split its bar (their times are not stored).
-    for (let i = 1; !wait && i < st.attempts; i++) {
+      s('rect', { class: cls, x: bx.toFixed(1), y: log.length ? 7 : 2, width: bw.toFixed(1), height: log.length ? 4 : H - 4 }));
+    // Each logged attempt is a segment of its own, at its own times, over
+    // the step's bar (left as a thin track: the retry delays between
+    // attempts). Steps recorded before the log existed keep their ticks,
+    // which split the bar evenly by the attempt count.
+    for (const a of log) {
+      const ax = x(ms(a.started_at)), aw = Math.max(5, x(ms(a.finished_at)) - ax);
+      svg.append(s('rect', {
+        class: `attempt ${a.error ? 'att-failed' : 'att-ok'}${st.compensation ? ' comp' : ''}`, 'data-attempt': a.attempt,
+        x: ax.toFixed(1), y: 2, width: aw.toFixed(1), height: H - 4,
+      }, s('title', {}, attemptText(a))));
+    }
+    for (let i = 1; !wait && !log.length && i < st.attempts; i++) {
       const tx = (bx + (bw * i) / st.attempts).toFixed(1);
       svg.append(s('line', { class: 'tick', x1: tx, y1: 0, x2: tx, y2: H }));
     }
@@ -123,6 +146,9 @@ function timeline(r) {
       h('p', { class: 'small' }, `${st.attempts} attempt${st.attempts === 1 ? '' : 's'}; recorded `, time(st.started_at),
         st.finished_at ? [', finished ', time(st.finished_at)] : '',
         st.wake_at ? [', wakes ', time(st.wake_at)] : ''),
+      log.length ? h('ol', { class: 'attempts small', start: log[0].attempt, 'aria-label': 'Attempts' },
+        log.map((a) => h('li', { class: a.error ? 'att-failed' : 'att-ok', 'data-attempt': a.attempt }, time(a.started_at), ' — ', attemptText(a)))) : null,
+      log.length && log[0].attempt > 1 ? h('p', { class: 'small muted' }, `The latest ${log.length} attempts are logged.`) : null,
       st.error ? h('pre', { class: 'mono err-pre' }, st.error) : null,
       st.output !== undefined ? [h('p', { class: 'small muted' }, `Output (${st.output_bytes} bytes)`), json(st.output)]
         : st.output_bytes ? h('p', { class: 'small muted' }, `Output: ${st.output_bytes} bytes (too large to show)`) : null);
@@ -139,7 +165,8 @@ function timeline(r) {
     h('p', { class: 'legend' }, 'One bar per step, on the run\'s time axis (', time(new Date(t0).toISOString()), ' to ',
       time(new Date(t1).toISOString()), '):', h('span', { class: 'sw work' }), 'step', h('span', { class: 'sw wait' }),
       'sleep / signal / child wait (a gap: nothing runs)', h('span', { class: 'sw failed' }), 'failed',
-      h('span', { class: 'sw comp' }), 'compensation. Ticks split a bar by its attempts (attempt times are not stored). Open a step for its error and output.'),
+      h('span', { class: 'sw comp' }), 'compensation. Each attempt of a step is a segment at its own times (',
+      h('span', { class: 'sw att-failed' }), 'failed attempt; the thin track between is the retry delay). Open a step for its attempts, error and output.'),
     list);
 }
 
