@@ -59,22 +59,36 @@ $$;
 --     skipped: a run waiting for a child or a signal then executes at its
 --     next wake-up, or at the latest after workflow's maxSuspend (an hour),
 --     the poll that covers a lost wake-up.
--- Each job is woken in its own subtransaction (the lock_timeout error rolls
--- back only that job), so call it only on the rare paths: runs ending
--- through their job.
+-- The jobs whose rows are free are woken in one statement; each of the
+-- others in a subtransaction of its own (the lock_timeout error rolls back
+-- only that job), so a run with many children does not take a
+-- subtransaction per child.
 CREATE FUNCTION relay_workflow_wake(bigint[]) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     caller text := current_setting('lock_timeout');
     bound  interval := current_setting('deadlock_timeout')::interval / 2;
+    woken  bigint[] := '{}';
     job    bigint;
     q      text;
 BEGIN
     IF caller::interval > interval '0' AND caller::interval < bound THEN
         bound := caller::interval;
     END IF;
+    FOR job, q IN
+        UPDATE relay_jobs AS j
+        SET run_at = CASE WHEN j.state = 'claimed' OR j.run_at > clock_timestamp() THEN clock_timestamp() ELSE j.run_at END
+        WHERE j.id IN (SELECT f.id FROM relay_jobs AS f WHERE f.id = ANY ($1) AND f.state IN ('claimed', 'queued')
+                       FOR UPDATE SKIP LOCKED)
+        RETURNING j.id, CASE WHEN j.state = 'queued' THEN j.queue END
+    LOOP
+        woken := woken || job;
+        IF q IS NOT NULL THEN
+            PERFORM pg_notify('relay_jobs', q);
+        END IF;
+    END LOOP;
     FOREACH job IN ARRAY coalesce($1, '{}') LOOP
-        CONTINUE WHEN job IS NULL OR job = 0;
+        CONTINUE WHEN job IS NULL OR job = 0 OR job = ANY (woken);
         q := NULL;
         BEGIN
             PERFORM set_config('lock_timeout', (greatest(extract(epoch FROM bound) * 1000, 1))::bigint::text, true);
