@@ -108,6 +108,25 @@ BEGIN
 END;
 $$;
 
+-- relay_workflow_cancel_tree asks the unfinished descendants of run $1
+-- (and run $1 itself when $2) to cancel (relay_workflow_request_cancel)
+-- and wakes their jobs (relay_workflow_wake), returning how many runs it
+-- asked: workflow.Cancel, and a run's end or ContinueAsNew closing its
+-- children. Its wake-ups are bounded as the trigger's are, for the same
+-- reason: a cancel holds the tree's run rows when it wakes their jobs, and a
+-- child's job ending at that moment holds its job's row and asks for its
+-- run's (TestCancelWhileAChildJobEnds).
+CREATE FUNCTION relay_workflow_cancel_tree(text, boolean) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    jobs bigint[];
+BEGIN
+    SELECT array_agg(j) INTO jobs FROM relay_workflow_request_cancel($1, $2) AS j;
+    PERFORM relay_workflow_wake(jobs);
+    RETURN coalesce(cardinality(jobs), 0);
+END;
+$$;
+
 -- A run is executed by its job (relay_workflow_runs.job_id). When that job
 -- ends without the run having ended (its attempts used up by crashed or
 -- failed executions, the reserve ones included: dead; or cancelled through
@@ -115,9 +134,9 @@ $$;
 -- the transaction that ends the job (the rescuer's, the completer's or the
 -- canceller's), so it is never left running behind a dead job. As when a
 -- run ends: its Result callers are notified, its unfinished descendants
--- are asked to cancel (relay_workflow_request_cancel), and they and its
--- parent's job are woken (relay_workflow_wake: a bounded wait, so that a
--- parent's job and its child's ending at once cannot deadlock). Retry runs
+-- are asked to cancel and woken (relay_workflow_cancel_tree), and so is its
+-- parent's job (relay_workflow_wake: a bounded wait, so that a parent's job
+-- and its child's ending at once cannot deadlock). Retry runs
 -- such a run again with a new job. A job left behind by its run (job_id
 -- moved on) changes nothing.
 CREATE OR REPLACE FUNCTION relay_workflow_job_ended() RETURNS trigger
@@ -125,7 +144,6 @@ LANGUAGE plpgsql AS $$
 DECLARE
     run        text := NEW.args->>'run_id';
     parent_job bigint;
-    jobs       bigint[];
     msg        text;
 BEGIN
     IF run IS NULL THEN
@@ -150,8 +168,8 @@ BEGIN
         RETURN NULL;
     END IF;
     PERFORM pg_notify('relay_workflow', run);
-    SELECT array_agg(j) INTO jobs FROM relay_workflow_request_cancel(run, false) AS j;
-    PERFORM relay_workflow_wake(array_append(coalesce(jobs, '{}'), parent_job));
+    PERFORM relay_workflow_cancel_tree(run, false);
+    PERFORM relay_workflow_wake(ARRAY[parent_job]);
     RETURN NULL;
 END;
 $$;

@@ -9,8 +9,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/relayq/relay/core"
 )
 
 // ChildOpts tune a child run. The zero value (or nil) runs the child on its
@@ -156,20 +154,8 @@ func (x *execution) openChildren() bool {
 // cancelChildren asks the run's unfinished children (and theirs) to
 // cancel, and wakes them, in tx: the run itself goes on (ContinueAsNew).
 func (x *execution) cancelChildren(ctx context.Context, tx pgx.Tx) error {
-	rows, err := tx.Query(ctx, sqlRequestCancelChildren, x.runID)
-	if err != nil {
+	if _, err := tx.Exec(ctx, sqlRequestCancelChildren, x.runID); err != nil {
 		return fmt.Errorf("cancel children: %w", err)
-	}
-	jobs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		return fmt.Errorf("cancel children: %w", err)
-	}
-	for _, j := range jobs {
-		if j != 0 {
-			if err := core.Wake(ctx, tx, j); err != nil {
-				return err
-			}
-		}
 	}
 	return nil
 }

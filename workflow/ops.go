@@ -21,7 +21,7 @@ func Cancel(ctx context.Context, db core.DB, id string) error {
 		if err != nil {
 			return err
 		}
-		n, err := requestCancel(ctx, tx, ex, id)
+		n, err := requestCancel(ctx, ex, id)
 		if err == nil && n == 0 {
 			return runMissing(ctx, ex, id)
 		}
@@ -34,27 +34,13 @@ func Cancel(ctx context.Context, db core.DB, id string) error {
 }
 
 // requestCancel asks run id and its unfinished descendants to cancel, and
-// wakes them, in tx; it returns how many runs it asked.
-func requestCancel(ctx context.Context, tx core.DB, ex dbx.Execer, id string) (int, error) {
-	var jobs []int64
-	if err := ex.Query(ctx, sqlRequestCancel, []any{id}, func(r dbx.Scanner) error {
-		var j int64
-		if err := r.Scan(&j); err != nil {
-			return err
-		}
-		jobs = append(jobs, j)
-		return nil
-	}); err != nil {
-		return 0, err
+// wakes them, in ex's transaction; it returns how many runs it asked.
+func requestCancel(ctx context.Context, ex dbx.Execer, id string) (int, error) {
+	var n int
+	if err := ex.Query(ctx, sqlRequestCancel, []any{id}, func(r dbx.Scanner) error { return r.Scan(&n) }); err != nil {
+		return 0, fmt.Errorf("request cancel: %w", err)
 	}
-	for _, j := range jobs {
-		if j != 0 {
-			if err := core.Wake(ctx, tx, j); err != nil {
-				return 0, err
-			}
-		}
-	}
-	return len(jobs), nil
+	return n, nil
 }
 
 // Retry runs a failed run again from its failed step (the last that

@@ -155,12 +155,13 @@ const sqlChildOutcome = `
 SELECT state, coalesce(output::text, ''), coalesce(error, ''), finished_at IS NOT NULL
 FROM relay_workflow_runs WHERE id = $1`
 
-// sqlRequestCancel asks run $1 and its unfinished descendants to cancel
-// and returns their jobs to wake. The tree walk, and its lock order
-// (parents first), is relay_workflow_request_cancel's (migration
+// sqlRequestCancel asks run $1 and its unfinished descendants to cancel,
+// wakes their jobs, and returns how many runs it asked. The tree walk, its
+// lock order (parents first) and the wake-ups (each waiting for a job's row
+// a bounded time) are relay_workflow_cancel_tree's (migration
 // 20261201000006), shared with sqlRequestCancelChildren and the trigger
 // relay_workflow_job_ended.
-const sqlRequestCancel = `SELECT relay_workflow_request_cancel($1, true)`
+const sqlRequestCancel = `SELECT relay_workflow_cancel_tree($1, true)`
 
 // sqlRetryRun puts failed run $1 back to pending, keeping the checkpoints
 // before its failed step: the failed step and everything after it go. The
@@ -272,7 +273,7 @@ WHERE run_id = $1 AND state = 'failed' AND kind = 'step' AND starts_with(key, 'c
 // sqlRequestCancelChildren is sqlRequestCancel for the unfinished
 // descendants of run $1, not the run itself (a run continuing as new
 // closes its children and goes on).
-const sqlRequestCancelChildren = `SELECT relay_workflow_request_cancel($1, false)`
+const sqlRequestCancelChildren = `SELECT relay_workflow_cancel_tree($1, false)`
 
 // sqlEagerInsertRun inserts an eagerly started run (Execute) in the batch that
 // inserts its job already claimed (core.Client.InsertClaimed), after the

@@ -391,7 +391,7 @@ func (x *execution) finish(state RunState, output []byte, msg string) error {
 		if !closeChildren {
 			return nil
 		}
-		_, err := requestCancel(ctx, tx, dbx.PGX{Q: tx}, x.runID)
+		_, err := requestCancel(ctx, dbx.PGX{Q: tx}, x.runID)
 		return err
 	}
 	var err error

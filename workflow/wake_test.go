@@ -179,3 +179,73 @@ func TestWorkflowWakeWaitsForAShortHolder(t *testing.T) {
 		t.Fatalf("grandparent: %v %v", out, err)
 	}
 }
+
+// workflow.Cancel of a run, at the moment its child's job ends, used to
+// deadlock: the cancel held the tree's run rows and waited for the child's
+// job row (core.Wake), which the transaction ending that job held while it
+// waited for the child's run row. A third transaction holds the child's run
+// row until both have reached it, so they meet every time; when the cancel
+// gets it first, the old wake-up deadlocked. Neither may fail: the child
+// ends failed (its job ended), the parent ends.
+func TestCancelWhileAChildJobEnds(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	leaf := workflow.MustRegister(b.reg, "leaf", func(wctx workflow.Context, _ int) (int, error) {
+		return 0, workflow.Sleep(wctx, "nap", time.Hour)
+	})
+	mid := workflow.MustRegister(b.reg, "mid", func(wctx workflow.Context, _ int) (int, error) {
+		return workflow.Child(wctx, "c", leaf, 0, nil).Get(wctx)
+	})
+	b.start()
+	for i := range 6 {
+		h, err := workflow.Start(ctx, b.pool, mid, 0, &workflow.StartOpts{ID: fmt.Sprintf("m%d", i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		child := h.ID + "/c"
+		childJob := b.suspendedJob(child)
+		b.suspendedJob(h.ID)
+		holder, err := b.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer holder.Rollback(ctx) //nolint:errcheck // committed below unless the test failed
+		if _, err := holder.Exec(ctx, `SELECT 1 FROM relay_workflow_runs WHERE id = $1 FOR NO KEY UPDATE`, child); err != nil {
+			t.Fatal(err)
+		}
+		errs := make(chan error, 2)
+		go func() { errs <- cancelJobIn(ctx, b.pool, childJob, "2s") }()
+		go func() {
+			ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+			defer cancel()
+			errs <- pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+				var super bool
+				if err := tx.QueryRow(ctx, `SELECT rolsuper FROM pg_roles WHERE rolname = current_user`).Scan(&super); err != nil {
+					return err
+				}
+				if super {
+					if _, err := tx.Exec(ctx, `SELECT set_config('deadlock_timeout', '2s', true)`); err != nil {
+						return err
+					}
+				}
+				return workflow.Cancel(ctx, tx, h.ID)
+			})
+		}()
+		b.lockWaiters(2)
+		if err := holder.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			if err := <-errs; err != nil {
+				t.Fatalf("round %d: %v", i, err)
+			}
+		}
+		if _, err := result[int](t, b.pool, child); !errors.Is(err, workflow.ErrRunFailed) {
+			t.Fatalf("round %d: child: want failed, got %v", i, err)
+		}
+		if _, err := result[int](t, b.pool, h.ID); !errors.Is(err, workflow.ErrRunFailed) && !errors.Is(err, workflow.ErrRunCancelled) {
+			t.Fatalf("round %d: parent: want failed or cancelled, got %v", i, err)
+		}
+	}
+}
