@@ -41,10 +41,11 @@ $$;
 -- half of deadlock_timeout (or the caller's lock_timeout if shorter), then
 -- it leaves that job alone and goes on. It runs in transactions that
 -- already hold a job's row (the rescuer's, the completer's or a canceller's
--- ending a run's job, relay_workflow_job_ended), and the row it waits for
--- can be held by a transaction that waits for them: a parent's job and its
--- child's ending at once, each transaction holding its own job and asking
--- for the other's run or job. PostgreSQL then aborted one of them (a
+-- ending a run's job, relay_workflow_job_ended) or a run's (a cancel, a
+-- child's end waking its parent), and the row it waits for can be held by
+-- a transaction that waits for them: a parent's job and its child's ending
+-- at once, each transaction holding its own job and asking for the other's
+-- run or job; a child ending as its parent's job does. PostgreSQL then aborted one of them (a
 -- deadlock, and a retried batch); now the wait gives up before the
 -- deadlock detector runs, and the holder goes on. What a skipped wake-up
 -- leaves (TestWorkflowJobsEndingAtOnce, docs/workflow.md):

@@ -270,6 +270,14 @@ WHERE run_id = $1 AND state = 'failed' AND kind = 'step' AND starts_with(key, 'c
     WHERE l.run_id = $1 AND l.state = 'failed' AND l.kind = 'step' AND starts_with(l.key, 'compensate:')
       AND l.position = (SELECT max(position) FROM relay_workflow_steps WHERE run_id = $1 AND state = 'failed'))`
 
+// sqlWakeParent wakes job $1, the parent's, when a child run ends: as
+// core.Wake, but waiting for the job's row a bounded time
+// (relay_workflow_wake, migration 20261201000006). The child's end holds its
+// run row, and the parent's job ending at that moment holds the job's row
+// and asks for the child's run row: core.Wake deadlocked there
+// (TestChildEndWhileParentJobEnds).
+const sqlWakeParent = `SELECT relay_workflow_wake(ARRAY[$1::bigint])`
+
 // sqlRequestCancelChildren is sqlRequestCancel for the unfinished
 // descendants of run $1, not the run itself (a run continuing as new
 // closes its children and goes on).

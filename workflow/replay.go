@@ -418,10 +418,11 @@ func (x *execution) finish(state RunState, output []byte, msg string) error {
 			if err := cancelChildren(ctx, tx); err != nil {
 				return err
 			}
-			// The parent wakes in the transaction that records the child's end.
+			// The parent wakes in the transaction that records the child's
+			// end, waiting for its job's row a bounded time (sqlWakeParent).
 			if parentJob != 0 {
-				if err := core.Wake(ctx, tx, parentJob); err != nil {
-					return err
+				if _, err := tx.Exec(ctx, sqlWakeParent, parentJob); err != nil {
+					return fmt.Errorf("wake parent job %d: %w", parentJob, err)
 				}
 			}
 			if _, err := tx.Exec(ctx, sqlNotifyDone, x.runID); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -246,6 +247,86 @@ func TestCancelWhileAChildJobEnds(t *testing.T) {
 		}
 		if _, err := result[int](t, b.pool, h.ID); !errors.Is(err, workflow.ErrRunFailed) && !errors.Is(err, workflow.ErrRunCancelled) {
 			t.Fatalf("round %d: parent: want failed or cancelled, got %v", i, err)
+		}
+	}
+}
+
+// A child run's end, at the moment its parent's job ends, used to
+// deadlock: the child's end held its run row and woke the parent's job
+// (core.Wake), whose row the transaction ending that job held while it
+// waited for the child's run row (to ask it to cancel). A third
+// transaction holds the child's run row until both have reached it; when
+// the child's end gets it first, the old wake-up deadlocked. Neither may
+// fail: the parent ends failed, the child ends, and its execution was not
+// aborted (its job has no error).
+func TestChildEndWhileParentJobEnds(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	var mu sync.Mutex
+	release := map[string]chan struct{}{}
+	gate := func(id string) chan struct{} {
+		mu.Lock()
+		defer mu.Unlock()
+		if release[id] == nil {
+			release[id] = make(chan struct{})
+		}
+		return release[id]
+	}
+	leaf := workflow.MustRegister(b.reg, "gated", func(wctx workflow.Context, _ int) (int, error) {
+		select { // outside a step: the run's end is the first write after it
+		case <-gate(wctx.RunID()):
+		case <-wctx.Done():
+			return 0, wctx.Err()
+		}
+		return 1, nil
+	})
+	mid := workflow.MustRegister(b.reg, "mid", func(wctx workflow.Context, _ int) (int, error) {
+		return workflow.Child(wctx, "c", leaf, 0, nil).Get(wctx)
+	})
+	b.start()
+	for i := range 6 {
+		h, err := workflow.Start(ctx, b.pool, mid, 0, &workflow.StartOpts{ID: fmt.Sprintf("m%d", i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		child := h.ID + "/c"
+		parentJob := b.suspendedJob(h.ID)
+		b.waitFor("the child running", func() bool {
+			return b.count(`SELECT count(*) FROM relay_workflow_runs AS r JOIN relay_jobs AS j ON j.id = r.job_id
+				WHERE r.id = $1 AND j.state = 'claimed'`, child) == 1
+		})
+		holder, err := b.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer holder.Rollback(ctx) //nolint:errcheck // committed below unless the test failed
+		if _, err := holder.Exec(ctx, `SELECT 1 FROM relay_workflow_runs WHERE id = $1 FOR NO KEY UPDATE`, child); err != nil {
+			t.Fatal(err)
+		}
+		close(gate(child))
+		errs := make(chan error, 1)
+		go func() { errs <- cancelJobIn(ctx, b.pool, parentJob, "2s") }()
+		b.lockWaiters(2)
+		if err := holder.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-errs; err != nil {
+			t.Fatalf("round %d: ending the parent's job: %v", i, err)
+		}
+		if _, err := result[int](t, b.pool, h.ID); !errors.Is(err, workflow.ErrRunFailed) {
+			t.Fatalf("round %d: parent: want failed, got %v", i, err)
+		}
+		if _, err := result[int](t, b.pool, child); err != nil && !errors.Is(err, workflow.ErrRunCancelled) {
+			t.Fatalf("round %d: child: want completed or cancelled, got %v", i, err)
+		}
+		var lastErr string
+		if err := b.pool.QueryRow(ctx, `SELECT coalesce(j.last_error, '') FROM relay_jobs AS j JOIN relay_workflow_runs AS r ON r.job_id = j.id
+			WHERE r.id = $1`, child).Scan(&lastErr); err != nil {
+			t.Fatal(err)
+		}
+		if lastErr != "" {
+			t.Fatalf("round %d: the child's execution failed: %s", i, lastErr)
 		}
 	}
 }
