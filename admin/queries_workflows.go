@@ -20,10 +20,11 @@ type runFilter struct {
 
 // sqlListRuns lists runs newest first after a (created_at, id) cursor. The
 // WHERE clause holds only the conditions given (fixed strings; only the
-// placeholder numbers vary), so each filter gets a plan of its own: a state
-// walks relay_workflow_runs_state_idx (state, created_at, id) backwards, no
-// state relay_workflow_runs_list_idx (created_at, id); both stop at the page
-// (TestWorkflowRunListUsesIndex).
+// placeholder numbers vary), so each filter gets a plan of its own: an
+// unfinished state walks relay_workflow_runs_unfinished_idx backwards, a
+// state ended with an error relay_workflow_runs_error_idx, completed or no
+// state relay_workflow_runs_list_idx (created_at, id); each stops at the
+// page (TestWorkflowRunListUsesIndex).
 func sqlListRuns(f runFilter, after *runCursor, limit int) (string, []any) {
 	var args []any
 	var conds []string
@@ -40,6 +41,9 @@ func sqlListRuns(f runFilter, after *runCursor, limit int) (string, []any) {
 	}
 	if f.State != "" {
 		add("state = $%d", f.State)
+		if c := stateIndexCond(f.State); c != "" {
+			conds = append(conds, c)
+		}
 	}
 	if f.CreatedAfter != nil {
 		add("created_at >= $%d", *f.CreatedAfter)
@@ -66,10 +70,30 @@ SELECT ` + runColumns + `
 FROM relay_workflow_runs WHERE parent_id = $1
 ORDER BY created_at, id LIMIT $2`
 
-// sqlCountRunsOfState counts the runs in state $1, up to $2 (the overview's
-// failed runs), on relay_workflow_runs_state_idx.
-const sqlCountRunsOfState = `
-SELECT count(*) FROM (SELECT 1 FROM relay_workflow_runs WHERE state = $1 LIMIT $2) AS matched`
+// stateIndexCond is the condition that lets a list or count of the runs in
+// state read the partial index holding them: the run's state is in no
+// index, so that a run's updates while it executes are HOT (migration
+// 20261201000005_workflow_rows). Empty for completed (the most runs).
+func stateIndexCond(state string) string {
+	switch state {
+	case "pending", "running", "compensating":
+		return "finished_at IS NULL"
+	case "failed", "compensated", "cancelled":
+		return "error IS NOT NULL"
+	}
+	return ""
+}
+
+// sqlCountRunsOfState counts the runs in state, up to $1 (the overview's
+// failed, compensating, running and pending runs), on the partial index
+// that holds them (stateIndexCond).
+func sqlCountRunsOfState(state string) (string, []any) {
+	w := "state = $1"
+	if c := stateIndexCond(state); c != "" {
+		w += " AND " + c
+	}
+	return `SELECT count(*) FROM (SELECT 1 FROM relay_workflow_runs WHERE ` + w + ` LIMIT $2) AS matched`, []any{state}
+}
 
 // sqlRunStateOf reads a run's state (after a change, in its transaction).
 const sqlRunStateOf = `SELECT state FROM relay_workflow_runs WHERE id = $1`

@@ -181,7 +181,8 @@ func (s *server) registerWorkflows(api huma.API) {
 			out := &workflowStatsOutput{Body: WorkflowStats{Cap: statsCap}}
 			for state, n := range map[string]*int64{"failed": &out.Body.Failed, "compensating": &out.Body.Compensating,
 				"running": &out.Body.Running, "pending": &out.Body.Pending} {
-				if err := s.pool.QueryRow(ctx, sqlCountRunsOfState, state, statsCap).Scan(n); err != nil {
+				sql, args := sqlCountRunsOfState(state)
+				if err := s.pool.QueryRow(ctx, sql, append(args, statsCap)...).Scan(n); err != nil {
 					return nil, s.internalError("workflow stats", err)
 				}
 			}

@@ -355,8 +355,9 @@ func TestWorkflowRunListUsesIndex(t *testing.T) {
 		f     runFilter
 		index string
 	}{
-		{runFilter{State: "failed"}, "relay_workflow_runs_state_idx"},
-		{runFilter{State: "failed", Workflow: "wf-0"}, "relay_workflow_runs_state_idx"},
+		{runFilter{State: "failed"}, "relay_workflow_runs_error_idx"},
+		{runFilter{State: "failed", Workflow: "wf-0"}, "relay_workflow_runs_error_idx"},
+		{runFilter{State: "pending"}, "relay_workflow_runs_unfinished_idx"},
 		{runFilter{}, "relay_workflow_runs_list_idx"},
 		{runFilter{Workflow: "wf-3"}, "relay_workflow_runs_list_idx"},
 	} {
@@ -373,11 +374,14 @@ func TestWorkflowRunListUsesIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	sql, args := sqlListRuns(runFilter{State: "failed"}, c, defaultLimit+1)
-	if plan := explain(t, b.pool, sql, args...); !strings.Contains(plan, "relay_workflow_runs_state_idx") || strings.Contains(plan, "Sort") {
+	if plan := explain(t, b.pool, sql, args...); !strings.Contains(plan, "relay_workflow_runs_error_idx") || strings.Contains(plan, "Sort") {
 		t.Fatalf("second page:\n%s", plan)
 	}
-	if plan := explain(t, b.pool, sqlCountRunsOfState, "failed", statsCap); strings.Contains(plan, "Seq Scan") {
-		t.Fatalf("failed runs count:\n%s", plan)
+	for _, state := range []string{"failed", "pending"} {
+		sql, args := sqlCountRunsOfState(state)
+		if plan := explain(t, b.pool, sql, append(args, statsCap)...); strings.Contains(plan, "Seq Scan") {
+			t.Fatalf("%s runs count:\n%s", state, plan)
+		}
 	}
 }
 

@@ -179,9 +179,18 @@ func (q *queue) snoozed(row *JobRow, span trace.Span, err error) {
 // args, it locks the job's row FOR SHARE while row's attempt holds the
 // lease, and fails otherwise (IsLeaseLost reports that failure), aborting
 // the transaction so that nothing else of it commits.
+//
+// The lock is taken by the statement itself; relay_hold_lease, which raises
+// the failure, is called only when no row was locked (a PL/pgSQL call for
+// every check cost as much PostgreSQL time as the lock).
 func LeaseCheck(row *JobRow) (sql string, args []any) {
-	return `SELECT relay_hold_lease($1, $2::uuid)`, []any{row.ID, row.LeaseToken.String()}
+	return sqlLeaseCheck, []any{row.ID, row.LeaseToken.String()}
 }
+
+const sqlLeaseCheck = `
+SELECT CASE WHEN held.n = 0 THEN relay_hold_lease($1, $2::uuid) END
+FROM (SELECT count(*) AS n FROM (
+    SELECT 1 FROM relay_jobs WHERE id = $1 AND lease_token = $2::uuid FOR SHARE) AS l) AS held`
 
 // IsLeaseLost reports whether err is ErrLeaseLost or the failure of a
 // LeaseCheck statement.

@@ -235,7 +235,8 @@ WHERE run_id = $1
 ORDER BY position`
 
 // sqlDeleteRun deletes a finished run; its steps, signals and events go in
-// the same statement (ON DELETE CASCADE).
+// the same statement (ON DELETE CASCADE; the steps by trigger
+// relay_workflow_runs_deleted).
 const sqlDeleteRun = `DELETE FROM relay_workflow_runs WHERE id = $1 AND finished_at IS NOT NULL`
 
 // sqlDeleteFinished deletes up to $2 runs finished more than $1

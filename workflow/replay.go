@@ -376,6 +376,11 @@ func (x *execution) call() (out []byte, err error, u *unwind) {
 // (core.CompleteTx).
 func (x *execution) finish(state RunState, output []byte, msg string) error {
 	msg = boundError(msg) // a handler's 10 MB error is not stored whole
+	if msg == "" && state != StateCompleted {
+		// Every run that ends otherwise than completed has an error: the
+		// admin API finds them by it (relay_workflow_runs_error_idx).
+		msg = fmt.Sprintf("workflow: run %s ended %s", x.runID, state)
+	}
 	var out any
 	if output != nil {
 		out = string(output)
