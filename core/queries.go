@@ -53,7 +53,10 @@ var (
 )
 
 // sqlNotifyQueues wakes the workers of the queues in the JSON array $1, in
-// a transaction of its own (which writes no WAL).
+// a transaction of its own. PostgreSQL gives it a transaction id (written
+// into the notification queue), so its commit writes a commit record; but
+// having written nothing else, it does not wait for that record's flush
+// (RecordTransactionCommit): no fsync per wake-up.
 const sqlNotifyQueues = `SELECT pg_notify('relay_jobs', q) FROM jsonb_array_elements_text($1::jsonb) AS q`
 
 // sqlEnqueueUnique is sqlEnqueue for a batch holding unique jobs (keys

@@ -22,6 +22,15 @@ import (
 // pickup latency (docs/benchmarks.md, "Steady load: PostgreSQL CPU per
 // job"). Like Config.ClaimCoalesce, which bounds the claims the wake-ups
 // trigger.
+//
+// A deferred wake-up is sent by a timer of this process, so a producer
+// that exits within enqueueWakeCoalesce of an enqueue that deferred its
+// wake-up drops it: that job is still stored, and is picked up at the
+// workers' next poll (Config.PollInterval) unless another wake-up of its
+// queue comes first. Making such an enqueue wait and send the wake-up
+// itself would close that gap, but would cap a producer that enqueues one
+// job after another at one enqueue per enqueueWakeCoalesce (1,000/s), a
+// worse price than a rare pickup delay.
 const enqueueWakeCoalesce = time.Millisecond
 
 // wakeKey names a pool's wake-ups of one queue.
