@@ -182,3 +182,71 @@ func TestKeyHeadFinishedInOlderSnapshotIsRefixedOnNotify(t *testing.T) {
 	waitClaim(t, pool, next, nil)
 	headsOK(t, pool)
 }
+
+// A key's head finishes while another transaction holds the row of the
+// key's next job (core.Wake in a caller's transaction, a user's SELECT ...
+// FOR UPDATE): the finisher's commit-time fix steps over the row instead of
+// waiting for that transaction, and hands the key off; once the holder ends
+// (committing a change that fires no key trigger, or rolling back), the
+// re-fix makes the next job claimable.
+func TestKeyHeadFinishDoesNotWaitOnNextRowLock(t *testing.T) {
+	t.Parallel()
+	holders := []struct {
+		name string
+		hold func(ctx context.Context, tx pgx.Tx, id int64) error
+		end  func(ctx context.Context, tx pgx.Tx) error
+	}{
+		{"wake-commit", func(ctx context.Context, tx pgx.Tx, id int64) error { return Wake(ctx, tx, id) },
+			func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) }},
+		{"for-update-rollback", func(ctx context.Context, tx pgx.Tx, id int64) error {
+			_, err := tx.Exec(ctx, `SELECT 1 FROM relay_jobs WHERE id = $1 FOR UPDATE`, id)
+			return err
+		}, func(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) }},
+	}
+	for _, h := range holders {
+		t.Run(h.name, func(t *testing.T) {
+			t.Parallel()
+			pool := testdb.New(t)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			enqueueKeyed(t, pool, "k")
+			next := enqueueKeyed(t, pool, "k")
+			head := claimSQL(t, pool, 10)
+			if len(head) != 1 {
+				t.Fatalf("claimed %v, want the key's head", claimedIDs(head))
+			}
+			holder, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer holder.Rollback(ctx) //nolint:errcheck
+			if err := h.hold(ctx, holder, next); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() {
+				ids, tokens := idsAndTokens(head)
+				_, err := pool.Exec(ctx, sqlCompleteMany, ids, tokens)
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("completing the head: %v", err)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("completing the head waited for the transaction holding its successor's row")
+			}
+			c := &Client{pool: pool, logger: slog.Default()}
+			c.refixKeys(ctx) // the row is still held: handed off again
+			if got := claimSQL(t, pool, 10); len(got) != 0 {
+				t.Fatalf("claimed %v while the successor's row is held", claimedIDs(got))
+			}
+			if err := h.end(ctx, holder); err != nil {
+				t.Fatal(err)
+			}
+			waitClaim(t, pool, next, func() { c.refixKeys(ctx) })
+			headsOK(t, pool)
+		})
+	}
+}
