@@ -2,10 +2,13 @@ package migrations_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
+	"testing/fstest"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/relayq/relay/internal/testdb"
 	"github.com/relayq/relay/migrations"
@@ -63,4 +66,76 @@ func TestConcurrentMigrate(t *testing.T) {
 	if err != nil || len(again.Applied) != 0 {
 		t.Fatalf("second run: %v %v", again, err)
 	}
+}
+
+// A migration whose statement fails is reported, is not marked applied,
+// and stops the run (the later ones are not applied either); what it did
+// in its transaction is rolled back. A file without .tx runs its parts
+// outside a transaction (CREATE INDEX CONCURRENTLY works there), and a
+// failing part is reported too.
+func TestFailedMigrationIsNotApplied(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	run := func(t *testing.T, fsys fstest.MapFS) (*pgxpool.Pool, error) {
+		t.Helper()
+		pool, err := pgxpool.New(ctx, testdb.EmptyURL(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		sqldb := stdlib.OpenDBFromPool(pool)
+		defer sqldb.Close()
+		_, err = migrations.MigrateFS(ctx, sqldb, fsys)
+		return pool, err
+	}
+	applied := func(t *testing.T, pool *pgxpool.Pool) string {
+		t.Helper()
+		var names string
+		if err := pool.QueryRow(ctx, `SELECT coalesce(string_agg(name, ',' ORDER BY name), '') FROM relay_migrations`).Scan(&names); err != nil {
+			t.Fatal(err)
+		}
+		return names
+	}
+	exists := func(t *testing.T, pool *pgxpool.Pool, rel string) bool {
+		t.Helper()
+		var ok bool
+		if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, rel).Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+
+	t.Run("tx", func(t *testing.T) {
+		t.Parallel()
+		pool, err := run(t, fstest.MapFS{
+			"20300101000001_ok.tx.up.sql":    {Data: []byte("CREATE TABLE zz_ok (id int);\n")},
+			"20300101000002_bad.tx.up.sql":   {Data: []byte("CREATE TABLE zz_bad (id int);\nSELECT 1/0;\n")},
+			"20300101000003_later.tx.up.sql": {Data: []byte("CREATE TABLE zz_later (id int);\n")},
+		})
+		if err == nil || !strings.Contains(err.Error(), "20300101000002_bad.tx.up.sql") || !strings.Contains(err.Error(), "division by zero") {
+			t.Fatalf("migrating got %v, want the failure of 20300101000002_bad", err)
+		}
+		if got := applied(t, pool); got != "20300101000001" {
+			t.Fatalf("marked applied: %q, want only 20300101000001", got)
+		}
+		if !exists(t, pool, "zz_ok") || exists(t, pool, "zz_bad") || exists(t, pool, "zz_later") {
+			t.Fatal("want zz_ok only: the failed migration rolled back, the later one not run")
+		}
+	})
+	t.Run("outside a transaction", func(t *testing.T) {
+		t.Parallel()
+		pool, err := run(t, fstest.MapFS{
+			"20300101000001_concurrently.up.sql": {Data: []byte(
+				"CREATE TABLE zz_t (id int);\n--bun:split\nCREATE INDEX CONCURRENTLY zz_t_idx ON zz_t (id);\n--bun:split\nSELECT 1/0;\n")},
+		})
+		if err == nil || !strings.Contains(err.Error(), "part 3") {
+			t.Fatalf("migrating got %v, want the failure of part 3", err)
+		}
+		if got := applied(t, pool); got != "" {
+			t.Fatalf("marked applied: %q, want none", got)
+		}
+		if !exists(t, pool, "zz_t_idx") {
+			t.Fatal("the index built concurrently (part 2) is missing")
+		}
+	})
 }
