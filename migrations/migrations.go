@@ -18,6 +18,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -67,8 +68,8 @@ func migrateFS(ctx context.Context, sqldb *sql.DB, fsys fs.FS) (Result, error) {
 		return Result{}, fmt.Errorf("migrations: connect: %w", err)
 	}
 	defer conn.Close()
-	if _, err := conn.ExecContext(ctx, "SELECT pg_advisory_lock($1)", lockKey); err != nil {
-		return Result{}, fmt.Errorf("migrations: take advisory lock: %w", err)
+	if err := lockMigrations(ctx, conn); err != nil {
+		return Result{}, err
 	}
 	defer conn.ExecContext(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", lockKey) //nolint:errcheck // released with the session anyway
 
@@ -96,6 +97,32 @@ func migrateFS(ctx context.Context, sqldb *sql.DB, fsys fs.FS) (Result, error) {
 		return res, fmt.Errorf("migrations: apply: %w", err)
 	}
 	return res, nil
+}
+
+// lockMigrations takes the migration lock on conn, trying again until it
+// gets it or ctx ends. It does not wait in pg_advisory_lock: a session
+// waiting there holds a snapshot, and CREATE INDEX CONCURRENTLY, run by the
+// migrator holding the lock, waits for every older snapshot of its
+// database to go: the two would wait for each other for ever, unseen by
+// the deadlock detector (the lock is held by another session of the
+// migrator).
+func lockMigrations(ctx context.Context, conn *sql.Conn) error {
+	backoff := 10 * time.Millisecond
+	for {
+		var locked bool
+		if err := conn.QueryRowContext(ctx, "SELECT pg_try_advisory_lock($1)", lockKey).Scan(&locked); err != nil {
+			return fmt.Errorf("migrations: take advisory lock: %w", err)
+		}
+		if locked {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("migrations: take advisory lock: %w", ctx.Err())
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Second)
+	}
 }
 
 // fileName is a migration file's name: bun/migrate's <number>_<comment>,

@@ -66,6 +66,40 @@ func TestConcurrentMigrate(t *testing.T) {
 	if err != nil || len(again.Applied) != 0 {
 		t.Fatalf("second run: %v %v", again, err)
 	}
+	// The indexes built concurrently (20261201000004, outside a
+	// transaction) are there and valid, and the temporary name is gone.
+	// (Migrators waiting in pg_advisory_lock would hold snapshots the
+	// builds wait for: this test hung.)
+	rows2, err := pool.Query(ctx, `
+		SELECT c.relname, i.indisvalid, pg_get_indexdef(c.oid)
+		FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+		WHERE i.indrelid = 'relay_jobs'::regclass AND c.relname LIKE 'relay_jobs_%heads%'
+		   OR c.relname = 'relay_jobs_claim_idx'
+		ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for rows2.Next() {
+		var name, def string
+		var valid bool
+		if err := rows2.Scan(&name, &valid, &def); err != nil {
+			t.Fatal(err)
+		}
+		if !valid {
+			t.Fatalf("index %s is invalid", name)
+		}
+		got = append(got, name)
+		if name == "relay_jobs_claim_idx" && !strings.Contains(def, "(queue, key_waiting, priority, run_at, id) WHERE (state = 'queued'") {
+			t.Fatalf("claim index: %s", def)
+		}
+	}
+	if err := rows2.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(got, ",") != "relay_jobs_claim_idx,relay_jobs_key_heads_idx" {
+		t.Fatalf("indexes %v, want the claim index and the key heads index only", got)
+	}
 }
 
 // A migration whose statement fails is reported, is not marked applied,

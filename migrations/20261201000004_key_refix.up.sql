@@ -31,6 +31,14 @@
 -- Nothing changes for jobs without a key, nor for keyed transactions in
 -- READ COMMITTED (the default) whose next job is not locked: the hand-off
 -- table is written only in the two cases above.
+--
+-- This file runs outside a transaction (no .tx in its name), in parts cut
+-- at the --bun:split lines: this first part is one multi-statement query,
+-- which PostgreSQL runs as one (implicit) transaction; then the indexes of
+-- 20261201000003 are built with CREATE INDEX CONCURRENTLY, which must run
+-- alone, so that claims and enqueues go on during the builds. Every part
+-- can run again after a failure half-way (a build that failed leaves an
+-- invalid index, dropped first).
 
 CREATE TABLE relay_job_key_refix (
     id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -197,3 +205,24 @@ BEGIN
     END LOOP;
 END;
 $$;
+--bun:split
+-- The claim reads (queue, false, ...) in priority, run_at, id order and
+-- never steps on a waiting job. The predicate stays state = 'queued', so
+-- every other query of queued jobs (admin lists and counts, queue depths)
+-- is served as before. Built under another name, then swapped in.
+DROP INDEX CONCURRENTLY IF EXISTS relay_jobs_claim_idx_heads;
+--bun:split
+CREATE INDEX CONCURRENTLY relay_jobs_claim_idx_heads ON relay_jobs (queue, key_waiting, priority, run_at, id)
+    WHERE state = 'queued';
+--bun:split
+DROP INDEX CONCURRENTLY IF EXISTS relay_jobs_claim_idx;
+--bun:split
+ALTER INDEX relay_jobs_claim_idx_heads RENAME TO relay_jobs_claim_idx;
+--bun:split
+-- The queued jobs of each key that do not wait: normally one (the head),
+-- so the fix finds a key's wrongly claimable jobs without reading its
+-- backlog.
+DROP INDEX CONCURRENTLY IF EXISTS relay_jobs_key_heads_idx;
+--bun:split
+CREATE INDEX CONCURRENTLY relay_jobs_key_heads_idx ON relay_jobs (queue, ordering_key, id)
+    WHERE ordering_key IS NOT NULL AND state = 'queued' AND NOT key_waiting;
