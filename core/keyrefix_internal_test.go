@@ -172,7 +172,7 @@ func TestKeyHeadFinishedInOlderSnapshotIsRefixedOnNotify(t *testing.T) {
 	})
 	waitUntil(t, "the client's listener", func() bool {
 		var n int
-		pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name LIKE 'relay-listener %' AND query LIKE 'LISTEN%'`).Scan(&n) //nolint:errcheck
+		pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name LIKE 'relay-listener %' AND query LIKE 'LISTEN "relay_control"%'`).Scan(&n) //nolint:errcheck
 		return n > 0
 	})
 	next, err := finishHeadAfterSnapshot(t, pool, pgx.RepeatableRead, finishHeads[0])
