@@ -71,8 +71,10 @@ type Config struct {
 	// price of a relaxed order for late priority-0 jobs while it is on.
 	// For measurement, or where that order matters more than claim cost.
 	NoClaimFloor bool
-	// RescueInterval is how often expired leases are looked for. Default
-	// LeaseDuration/2. Negative disables the rescuer in this client.
+	// RescueInterval is how often expired leases are looked for, and
+	// ordering keys handed off for a re-fix are re-fixed
+	// (docs/ordering-keys.md). Default LeaseDuration/2. Negative disables
+	// the rescuer in this client.
 	RescueInterval time.Duration
 	// Retention says how long finished jobs are kept. See Retention.
 	Retention Retention
@@ -186,6 +188,8 @@ type Client struct {
 	// handler is cancelled: LeaseDuration less leaseMargin.
 	leaseBudget time.Duration
 	epoch       time.Time // local lease deadlines count from here (monotonic)
+	// refix asks refixLoop to run refixKeys (a 'keys' notification).
+	refix chan struct{}
 }
 
 // startLease arms r's local lease deadline: leaseBudget after sent, when
@@ -260,7 +264,7 @@ func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if pool == nil {
 		return nil, errors.New("core: new client: nil pool")
 	}
-	c := &Client{pool: pool, queues: map[string]*queue{}, workers: map[string]*registration{}, epoch: time.Now()}
+	c := &Client{pool: pool, queues: map[string]*queue{}, workers: map[string]*registration{}, epoch: time.Now(), refix: make(chan struct{}, 1)}
 	if cfg != nil {
 		c.cfg = *cfg
 	}
@@ -383,7 +387,7 @@ func (c *Client) Start(ctx context.Context) error {
 				Pool:      c.pool,
 				Channels:  []string{"relay_jobs", "relay_control"},
 				OnNotify:  c.onNotify,
-				OnConnect: func() { c.wakeAll(); c.cancelMissed(bgCtx) },
+				OnConnect: func() { c.wakeAll(); c.cancelMissed(bgCtx); c.refixSoon() },
 				Logger:    c.logger,
 				AppName:   "relay-listener " + c.cfg.ID,
 			})
@@ -396,13 +400,18 @@ func (c *Client) Start(ctx context.Context) error {
 				go func() { defer c.loops.Done(); q.keepFloor(loopCtx) }()
 			}
 		}
+		c.loops.Add(1)
+		go func() { defer c.loops.Done(); c.refixLoop(loopCtx) }()
 		// Heartbeats go on while a stopping client drains its jobs.
 		c.background.Add(1)
 		go func() { defer c.background.Done(); c.heartbeatLoop(bgCtx) }()
 	}
 	if c.cfg.RescueInterval > 0 {
 		c.loops.Add(1)
-		go func() { defer c.loops.Done(); c.every(loopCtx, c.cfg.RescueInterval, c.rescue) }()
+		go func() {
+			defer c.loops.Done()
+			c.every(loopCtx, c.cfg.RescueInterval, func(ctx context.Context) { c.rescue(ctx); c.refixKeys(ctx) })
+		}()
 	}
 	if c.cfg.Retention.Interval > 0 {
 		c.loops.Add(1)
@@ -553,6 +562,8 @@ func (c *Client) onNotify(channel, payload string) {
 				}
 				r.cancel(ErrJobCancelled)
 			}
+		} else if payload == "keys" {
+			c.refixSoon()
 		}
 	}
 }

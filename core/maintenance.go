@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/relayq/relay/internal/dbx"
 )
 
@@ -198,4 +200,66 @@ func (c *Client) cleanup(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// refixSoon asks refixLoop for a run of refixKeys; it never blocks (one
+// request pending is enough: a run takes every hand-off).
+func (c *Client) refixSoon() {
+	select {
+	case c.refix <- struct{}{}:
+	default:
+	}
+}
+
+// refixLoop runs refixKeys on every 'keys' notification (a transaction
+// handed an ordering key off for a re-fix) until ctx is done.
+func (c *Client) refixLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.refix:
+		}
+		c.refixKeys(ctx)
+	}
+}
+
+// refixKeys re-fixes the ordering keys whose commit-time fix could not
+// settle them (docs/ordering-keys.md, "Who keeps the flag"), in batches,
+// until none is left or the rest are keys whose next job's row is still
+// locked (those wait for the next run: the rescuer's tick).
+func (c *Client) refixKeys(ctx context.Context) {
+	const batch = 1000
+	for ctx.Err() == nil {
+		taken, left, err := c.refixBatch(ctx, batch)
+		if err != nil {
+			if ctx.Err() == nil { // not a stop
+				c.logger.Warn("relay: re-fix of ordering keys failed", "error", err)
+			}
+			return
+		}
+		if taken < batch || left > 0 {
+			return
+		}
+	}
+}
+
+// refixBatch re-fixes up to limit handed-off keys in one READ COMMITTED
+// transaction (the re-fix must read what is committed, whatever the
+// pool's default isolation).
+func (c *Client) refixBatch(ctx context.Context, limit int) (taken, left int, err error) {
+	qctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	tx, err := c.pool.BeginTx(qctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return 0, 0, fmt.Errorf("re-fix ordering keys: %w", err)
+	}
+	defer tx.Rollback(qctx) //nolint:errcheck // after Commit, a no-op
+	if err := tx.QueryRow(qctx, sqlRefixKeys, limit).Scan(&taken, &left); err != nil {
+		return 0, 0, fmt.Errorf("re-fix ordering keys: %w", err)
+	}
+	if err := tx.Commit(qctx); err != nil {
+		return 0, 0, fmt.Errorf("re-fix ordering keys: commit: %w", err)
+	}
+	return taken, left, nil
 }

@@ -418,6 +418,13 @@ SET state = 'queued', attempt = 0, run_at = now(), finalized_at = NULL
 WHERE id = $1 AND state IN ('dead', 'cancelled')
 RETURNING queue`
 
+// sqlRefixKeys re-fixes up to $1 ordering keys whose commit-time fix could
+// not settle them (made under REPEATABLE READ or SERIALIZABLE, or stepping
+// over the next job's locked row; migration *_key_refix), in READ
+// COMMITTED. It returns the hand-offs taken and the keys handed off again
+// (their next row still locked).
+const sqlRefixKeys = `SELECT taken, "left" FROM relay_jobs_key_refix($1)`
+
 // sqlNotifyQueue wakes the workers of queue $1.
 const sqlNotifyQueue = `SELECT pg_notify('relay_jobs', $1::text)`
 

@@ -58,19 +58,10 @@ WHERE j.ordering_key IS NOT NULL AND j.state = 'queued'
               WHERE e.queue = j.queue AND e.ordering_key = j.ordering_key AND e.id < j.id
                 AND e.state IN ('queued', 'claimed', 'dead'));
 
--- The claim reads (queue, false, ...) in priority, run_at, id order and
--- never steps on a waiting job. The predicate stays state = 'queued', so
--- every other query of queued jobs (admin lists and counts, queue depths)
--- is served as before.
-DROP INDEX relay_jobs_claim_idx;
-CREATE INDEX relay_jobs_claim_idx ON relay_jobs (queue, key_waiting, priority, run_at, id)
-    WHERE state = 'queued';
-
--- The queued jobs of each key that do not wait: normally one (the head),
--- so the fix finds a key's wrongly claimable jobs without reading its
--- backlog.
-CREATE INDEX relay_jobs_key_heads_idx ON relay_jobs (queue, ordering_key, id)
-    WHERE ordering_key IS NOT NULL AND state = 'queued' AND NOT key_waiting;
+-- The claim index gains key_waiting, and relay_jobs_key_heads_idx is made,
+-- in 20261201000004_key_refix, outside a transaction (CREATE INDEX
+-- CONCURRENTLY: claims and enqueues go on during the builds). Until then
+-- the claim filters waiting jobs out on the old index.
 
 -- relay_jobs_key_fix(queue, key) restores the invariant for one key from
 -- what is committed (and this transaction's own changes). The caller holds

@@ -3,7 +3,8 @@
 //
 // Migrate is safe to call from many processes at once: it holds a PostgreSQL
 // advisory lock for the whole run, and each file runs in its own transaction
-// and is marked applied only after it succeeds.
+// (a file named without .tx runs outside one, statement by statement) and is
+// marked applied only after it succeeds.
 package migrations
 
 import (
@@ -14,7 +15,10 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io/fs"
+	"regexp"
 	"sort"
+	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -52,21 +56,27 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) (Result, error) {
 
 // MigrateDB is Migrate for a database/sql handle (any PostgreSQL driver).
 func MigrateDB(ctx context.Context, sqldb *sql.DB) (Result, error) {
+	return migrateFS(ctx, sqldb, files)
+}
+
+// migrateFS applies the migration files of fsys (*.up.sql, each
+// <number>_<comment>[.tx].up.sql).
+func migrateFS(ctx context.Context, sqldb *sql.DB, fsys fs.FS) (Result, error) {
 	// The advisory lock lives on one connection, held for the whole run.
 	conn, err := sqldb.Conn(ctx)
 	if err != nil {
 		return Result{}, fmt.Errorf("migrations: connect: %w", err)
 	}
 	defer conn.Close()
-	if _, err := conn.ExecContext(ctx, "SELECT pg_advisory_lock($1)", lockKey); err != nil {
-		return Result{}, fmt.Errorf("migrations: take advisory lock: %w", err)
+	if err := lockMigrations(ctx, conn); err != nil {
+		return Result{}, err
 	}
 	defer conn.ExecContext(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", lockKey) //nolint:errcheck // released with the session anyway
 
 	db := bun.NewDB(sqldb, pgdialect.New())
-	ms := migrate.NewMigrations()
-	if err := ms.Discover(files); err != nil {
-		return Result{}, fmt.Errorf("migrations: read embedded files: %w", err)
+	ms, err := discover(fsys)
+	if err != nil {
+		return Result{}, err
 	}
 	m := migrate.NewMigrator(db, ms,
 		migrate.WithTableName(table),
@@ -87,6 +97,117 @@ func MigrateDB(ctx context.Context, sqldb *sql.DB) (Result, error) {
 		return res, fmt.Errorf("migrations: apply: %w", err)
 	}
 	return res, nil
+}
+
+// lockMigrations takes the migration lock on conn, trying again until it
+// gets it or ctx ends. It does not wait in pg_advisory_lock: a session
+// waiting there holds a snapshot, and CREATE INDEX CONCURRENTLY, run by the
+// migrator holding the lock, waits for every older snapshot of its
+// database to go: the two would wait for each other for ever, unseen by
+// the deadlock detector (the lock is held by another session of the
+// migrator).
+func lockMigrations(ctx context.Context, conn *sql.Conn) error {
+	backoff := 10 * time.Millisecond
+	for {
+		var locked bool
+		if err := conn.QueryRowContext(ctx, "SELECT pg_try_advisory_lock($1)", lockKey).Scan(&locked); err != nil {
+			return fmt.Errorf("migrations: take advisory lock: %w", err)
+		}
+		if locked {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("migrations: take advisory lock: %w", ctx.Err())
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// fileName is a migration file's name: bun/migrate's <number>_<comment>,
+// then .tx.up.sql (run in one transaction) or .up.sql (run outside one,
+// statement by statement: the file's parts between --bun:split lines).
+var fileName = regexp.MustCompile(`^(\d{1,14})_([0-9a-z_\-]+)(\.tx)?\.up\.sql$`)
+
+// discover registers every migration file of fsys, each run by runSQL. It
+// stands in for bun's Migrations.Discover, whose SQL runner (bun v1.2.16)
+// drops the error of a failing statement: the migration was reported
+// applied, and marked applied (TestFailedMigrationIsNotApplied).
+func discover(fsys fs.FS) (*migrate.Migrations, error) {
+	names, err := fs.Glob(fsys, "*.sql")
+	if err != nil {
+		return nil, fmt.Errorf("migrations: list files: %w", err)
+	}
+	ms := migrate.NewMigrations()
+	for _, n := range names {
+		m := fileName.FindStringSubmatch(n)
+		if m == nil {
+			return nil, fmt.Errorf("migrations: file %s is not named <number>_<comment>[.tx].up.sql", n)
+		}
+		text, err := fs.ReadFile(fsys, n)
+		if err != nil {
+			return nil, fmt.Errorf("migrations: read %s: %w", n, err)
+		}
+		ms.Add(migrate.Migration{Name: m[1], Comment: m[2], Up: runSQL(n, string(text), m[3] != "")})
+	}
+	return ms, nil
+}
+
+// runSQL runs a migration file's text: in one transaction when inTx,
+// otherwise each part between --bun:split lines in a statement of its own
+// (one part may hold several statements: PostgreSQL runs them as one
+// implicit transaction; CREATE INDEX CONCURRENTLY must be a part alone).
+func runSQL(name, text string, inTx bool) func(context.Context, *migrate.Migrator, *migrate.Migration) error {
+	return func(ctx context.Context, m *migrate.Migrator, _ *migrate.Migration) error {
+		db := m.DB().DB
+		if inTx {
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				return fmt.Errorf("%s: begin: %w", name, err)
+			}
+			if _, err := tx.ExecContext(ctx, text); err != nil {
+				tx.Rollback() //nolint:errcheck // the statement's error is the one to report
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			if err := tx.Commit(); err != nil {
+				return fmt.Errorf("%s: commit: %w", name, err)
+			}
+			return nil
+		}
+		conn, err := db.Conn(ctx)
+		if err != nil {
+			return fmt.Errorf("%s: connect: %w", name, err)
+		}
+		defer conn.Close()
+		for i, part := range splitParts(text) {
+			if _, err := conn.ExecContext(ctx, part); err != nil {
+				return fmt.Errorf("%s, part %d: %w", name, i+1, err)
+			}
+		}
+		return nil
+	}
+}
+
+// splitParts cuts text at its --bun:split lines, dropping empty parts.
+func splitParts(text string) []string {
+	var parts []string
+	var cur strings.Builder
+	flush := func() {
+		if strings.TrimSpace(cur.String()) != "" {
+			parts = append(parts, cur.String())
+		}
+		cur.Reset()
+	}
+	for _, line := range strings.SplitAfter(text, "\n") {
+		if strings.TrimSpace(line) == "--bun:split" {
+			flush()
+			continue
+		}
+		cur.WriteString(line)
+	}
+	flush()
+	return parts
 }
 
 // Fingerprint is a short hash of every embedded migration file. Two builds

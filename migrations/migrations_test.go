@@ -2,10 +2,13 @@ package migrations_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
+	"testing/fstest"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/relayq/relay/internal/testdb"
 	"github.com/relayq/relay/migrations"
@@ -63,4 +66,110 @@ func TestConcurrentMigrate(t *testing.T) {
 	if err != nil || len(again.Applied) != 0 {
 		t.Fatalf("second run: %v %v", again, err)
 	}
+	// The indexes built concurrently (20261201000004, outside a
+	// transaction) are there and valid, and the temporary name is gone.
+	// (Migrators waiting in pg_advisory_lock would hold snapshots the
+	// builds wait for: this test hung.)
+	rows2, err := pool.Query(ctx, `
+		SELECT c.relname, i.indisvalid, pg_get_indexdef(c.oid)
+		FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+		WHERE i.indrelid = 'relay_jobs'::regclass AND c.relname LIKE 'relay_jobs_%heads%'
+		   OR c.relname = 'relay_jobs_claim_idx'
+		ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for rows2.Next() {
+		var name, def string
+		var valid bool
+		if err := rows2.Scan(&name, &valid, &def); err != nil {
+			t.Fatal(err)
+		}
+		if !valid {
+			t.Fatalf("index %s is invalid", name)
+		}
+		got = append(got, name)
+		if name == "relay_jobs_claim_idx" && !strings.Contains(def, "(queue, key_waiting, priority, run_at, id) WHERE (state = 'queued'") {
+			t.Fatalf("claim index: %s", def)
+		}
+	}
+	if err := rows2.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(got, ",") != "relay_jobs_claim_idx,relay_jobs_key_heads_idx" {
+		t.Fatalf("indexes %v, want the claim index and the key heads index only", got)
+	}
+}
+
+// A migration whose statement fails is reported, is not marked applied,
+// and stops the run (the later ones are not applied either); what it did
+// in its transaction is rolled back. A file without .tx runs its parts
+// outside a transaction (CREATE INDEX CONCURRENTLY works there), and a
+// failing part is reported too.
+func TestFailedMigrationIsNotApplied(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	run := func(t *testing.T, fsys fstest.MapFS) (*pgxpool.Pool, error) {
+		t.Helper()
+		pool, err := pgxpool.New(ctx, testdb.EmptyURL(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		sqldb := stdlib.OpenDBFromPool(pool)
+		defer sqldb.Close()
+		_, err = migrations.MigrateFS(ctx, sqldb, fsys)
+		return pool, err
+	}
+	applied := func(t *testing.T, pool *pgxpool.Pool) string {
+		t.Helper()
+		var names string
+		if err := pool.QueryRow(ctx, `SELECT coalesce(string_agg(name, ',' ORDER BY name), '') FROM relay_migrations`).Scan(&names); err != nil {
+			t.Fatal(err)
+		}
+		return names
+	}
+	exists := func(t *testing.T, pool *pgxpool.Pool, rel string) bool {
+		t.Helper()
+		var ok bool
+		if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, rel).Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+
+	t.Run("tx", func(t *testing.T) {
+		t.Parallel()
+		pool, err := run(t, fstest.MapFS{
+			"20300101000001_ok.tx.up.sql":    {Data: []byte("CREATE TABLE zz_ok (id int);\n")},
+			"20300101000002_bad.tx.up.sql":   {Data: []byte("CREATE TABLE zz_bad (id int);\nSELECT 1/0;\n")},
+			"20300101000003_later.tx.up.sql": {Data: []byte("CREATE TABLE zz_later (id int);\n")},
+		})
+		if err == nil || !strings.Contains(err.Error(), "20300101000002_bad.tx.up.sql") || !strings.Contains(err.Error(), "division by zero") {
+			t.Fatalf("migrating got %v, want the failure of 20300101000002_bad", err)
+		}
+		if got := applied(t, pool); got != "20300101000001" {
+			t.Fatalf("marked applied: %q, want only 20300101000001", got)
+		}
+		if !exists(t, pool, "zz_ok") || exists(t, pool, "zz_bad") || exists(t, pool, "zz_later") {
+			t.Fatal("want zz_ok only: the failed migration rolled back, the later one not run")
+		}
+	})
+	t.Run("outside a transaction", func(t *testing.T) {
+		t.Parallel()
+		pool, err := run(t, fstest.MapFS{
+			"20300101000001_concurrently.up.sql": {Data: []byte(
+				"CREATE TABLE zz_t (id int);\n--bun:split\nCREATE INDEX CONCURRENTLY zz_t_idx ON zz_t (id);\n--bun:split\nSELECT 1/0;\n")},
+		})
+		if err == nil || !strings.Contains(err.Error(), "part 3") {
+			t.Fatalf("migrating got %v, want the failure of part 3", err)
+		}
+		if got := applied(t, pool); got != "" {
+			t.Fatalf("marked applied: %q, want none", got)
+		}
+		if !exists(t, pool, "zz_t_idx") {
+			t.Fatal("the index built concurrently (part 2) is missing")
+		}
+	})
 }

@@ -44,7 +44,7 @@ func Pending(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
 		// first underscore.
 		id, _, _ := strings.Cut(n, "_")
 		if !applied[id] {
-			pending = append(pending, strings.TrimSuffix(n, ".tx.up.sql"))
+			pending = append(pending, strings.TrimSuffix(strings.TrimSuffix(n, ".up.sql"), ".tx"))
 		}
 	}
 	sort.Strings(pending)
