@@ -73,8 +73,11 @@ func TestPrefetch(t *testing.T) {
 		return running.Load() == 1 && count(t, pool, `SELECT count(*) FROM relay_jobs WHERE state = 'claimed'`) == 2
 	})
 
-	// Stop while job 2 runs and job 3 waits: job 3 goes back at once.
-	stopCtx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	// Stop while job 2 runs and job 3 waits: job 3 goes back at once. Job 2
+	// runs until cancelled, so the stop's length does not matter, but Stop
+	// keeps its last quarter to record the releases: with 200ms, 50ms, which
+	// a loaded machine can miss, leaving job 2 claimed.
+	stopCtx, cancel := context.WithTimeout(ctx, 4*time.Second)
 	defer cancel()
 	c.Stop(stopCtx)
 	if maxRunning.Load() != 1 {
