@@ -444,7 +444,11 @@ func TestCompleteTxThenHeartbeats(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
 	ctx := context.Background()
-	lease := 500 * time.Millisecond
+	// Long enough that, until CompleteTx commits, the heartbeats (each
+	// bounded by 40% of the lease) keep the lease on a loaded machine: with
+	// 500ms, a claim, a transaction and a commit under the race detector
+	// could pass the local deadline (400ms) and cancel the handler.
+	lease := 2 * time.Second
 	cancelled := make(chan error, 1)
 	ws := core.NewWorkers()
 	core.MustAddWorker(ws, core.WorkFunc[heldArgs](func(ctx context.Context, j *core.Job[heldArgs]) error {
