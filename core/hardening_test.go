@@ -134,7 +134,10 @@ func TestCallerRowLockStallsNoOtherLease(t *testing.T) {
 	pool := testdb.New(t)
 	ctx := context.Background()
 	h, ws := newHolder()
-	lease := 2 * time.Second // generous: the machine may be loaded
+	// Generous: the unrelated job must keep its lease for two leases, and
+	// each heartbeat is bounded by 40% of the lease; with 2s, two heartbeats
+	// in a row slower than 800ms on a loaded machine would cancel it.
+	lease := 3 * time.Second
 	c := startClient(t, pool, &core.Config{Workers: ws, LeaseDuration: lease, RescueInterval: 50 * time.Millisecond,
 		Queues: map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: 3}}})
 	var ids []int64
