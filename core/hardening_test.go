@@ -316,7 +316,10 @@ func TestHandlersHoldingThePoolStarveNoLease(t *testing.T) {
 	}
 	t.Cleanup(pool.Close)
 	ctx := context.Background()
-	lease := 2 * time.Second
+	// Generous: no lease may be lost, and each heartbeat is bounded by 40%
+	// of the lease; with 2s, two heartbeats in a row slower than 800ms on a
+	// loaded machine would cancel a handler.
+	lease := 3 * time.Second
 	ws := core.NewWorkers()
 	core.MustAddWorker(ws, core.WorkFunc[heldArgs](func(ctx context.Context, j *core.Job[heldArgs]) error {
 		tx, err := pool.Begin(ctx)
@@ -326,7 +329,7 @@ func TestHandlersHoldingThePoolStarveNoLease(t *testing.T) {
 		defer tx.Rollback(ctx)
 		// Hold the transaction (and the connection) for longer than the
 		// lease; pg_sleep keeps it busy in the database too.
-		if _, err := tx.Exec(ctx, `SELECT pg_sleep(2.5)`); err != nil {
+		if _, err := tx.Exec(ctx, `SELECT pg_sleep(3.5)`); err != nil {
 			return err
 		}
 		if err := core.CompleteTx(ctx, tx, j); err != nil {
