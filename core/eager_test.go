@@ -122,7 +122,11 @@ func TestEagerLeaseRenewedByHeartbeats(t *testing.T) {
 	pool := testdb.New(t)
 	ctx := context.Background()
 	ws, started, release, _ := blocking(true)
-	c := startClient(t, pool, &core.Config{Workers: ws, LeaseDuration: time.Second, RescueInterval: 20 * time.Millisecond})
+	// 2s: heartbeats are bounded by 40% of the lease, and with 1s two of
+	// them slower than 400ms in a row on a loaded machine would cancel the
+	// handler.
+	const lease = 2 * time.Second
+	c := startClient(t, pool, &core.Config{Workers: ws, LeaseDuration: lease, RescueInterval: 20 * time.Millisecond})
 	cl, err := c.InsertClaimed(ctx, blockArgs{}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -134,10 +138,10 @@ func TestEagerLeaseRenewedByHeartbeats(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT lease_expires_at FROM relay_jobs WHERE id = $1`, cl.ID).Scan(&first); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "lease renewed 5 times over", func() bool {
+	waitFor(t, "lease renewed 3 lease lengths over", func() bool {
 		var exp time.Time
 		pool.QueryRow(ctx, `SELECT lease_expires_at FROM relay_jobs WHERE id = $1`, cl.ID).Scan(&exp)
-		return exp.Sub(first) > 3*time.Second
+		return exp.Sub(first) > 3*lease
 	})
 	release <- nil
 	if err := <-done; err != nil {
