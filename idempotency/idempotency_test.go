@@ -159,7 +159,10 @@ func TestExternal(t *testing.T) {
 	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
-	opts := &idempotency.Options{Lease: 300 * time.Millisecond}
+	// The lease must outlast the steps below that count on it (the second
+	// attempt during the crashed one's lease; each result's recording,
+	// bounded by the lease): 300ms is too short on a loaded machine.
+	opts := &idempotency.Options{Lease: 3 * time.Second}
 	var tokens []string
 	send := func(ctx context.Context, token string) (string, error) {
 		tokens = append(tokens, token)
