@@ -90,7 +90,10 @@ func TestDeadProcessDeclarationsExpire(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
 	ctx := context.Background()
-	fast := 2 * time.Second
+	// Short, but not so short that the check below, made right after
+	// another process starts, can come after it on a loaded machine (2s
+	// could).
+	fast := 5 * time.Second
 	gone, err := scheduler.New(pool, &scheduler.Config{Schedules: []scheduler.Schedule{every("only-gone")}, LivenessTimeout: fast})
 	if err != nil {
 		t.Fatal(err)
