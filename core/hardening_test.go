@@ -618,9 +618,9 @@ func TestRetriesAndReleasesWakeTheQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitState(t, pool2, probe.ID, core.StateSucceeded)
-	// The last quarter of Stop's time records the release: 500ms on a
-	// loaded machine may not be enough.
-	stopCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	// The last quarter of Stop's time (at most 2s) records the release:
+	// the 500ms of a 2s stop may not be enough on a loaded machine.
+	stopCtx, cancel := context.WithTimeout(ctx, 8*time.Second)
 	defer cancel()
 	if err := a.Stop(stopCtx); err != nil {
 		var se *core.StopError
