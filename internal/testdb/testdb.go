@@ -143,8 +143,13 @@ func setup() (*server, error) {
 	return s, nil
 }
 
+// answers says whether a server accepts a connection at u. A refused
+// connection answers at once; the bound is for a server that is there but
+// slow, as on a loaded CI machine starting many test binaries at once,
+// which must not be mistaken for no server (the tests would then start a
+// throwaway cluster of their own, or fail).
 func answers(ctx context.Context, u string) bool {
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	c, err := pgx.Connect(ctx, u)
 	if err != nil {
