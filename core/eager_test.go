@@ -80,6 +80,9 @@ func TestEagerExecuteRunsInCaller(t *testing.T) {
 	if j.Attempt != 1 || j.AttemptedBy != "eager-client" {
 		t.Fatalf("after: %+v", j)
 	}
+	// Execute does not wait for the outcome's write, and a success is
+	// counted just after it commits: the row can say succeeded first.
+	waitFor(t, "the success counted", func() bool { return c.Stats().Succeeded >= 1 })
 	if s := c.Stats(); s.Claimed != 1 || s.Succeeded != 1 {
 		t.Fatalf("stats %+v", s)
 	}
