@@ -236,7 +236,10 @@ func TestLocalLeaseDeadline(t *testing.T) {
 	pool, direct, proxy := proxied(t, 0)
 	ctx := context.Background()
 	h, ws := newHolder()
-	lease := 3 * time.Second // a margin of 600ms for the cancel to reach the handler on a loaded machine
+	// The local deadline comes a fifth of the lease before the expiry in
+	// the database: 1s for the cancel to reach the handler on a loaded
+	// machine (600ms with 3s, which a descheduled goroutine can use up).
+	lease := 5 * time.Second
 	c := startClient(t, pool, &core.Config{Workers: ws, LeaseDuration: lease, RescueInterval: -1})
 	res, err := core.Enqueue(ctx, direct, heldArgs{}, nil)
 	if err != nil {
