@@ -113,8 +113,23 @@ func New(t testing.TB) *pgxpool.Pool {
 	if err != nil {
 		t.Fatalf("testdb: pool: %v", err)
 	}
-	t.Cleanup(pool.Close)
+	t.Cleanup(func() { closePool(t, pool) })
 	return pool
+}
+
+// closePool closes a test's pool, bounded: pgxpool's Close waits for every
+// connection to be released, and one held by a transaction a failed test
+// left open would hang the test binary until go test's timeout, the
+// failure's message unprinted. The database is dropped WITH (FORCE) after.
+func closePool(t testing.TB, pool *pgxpool.Pool) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { pool.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Errorf("testdb: the pool did not close within 30s: a connection is still held (a transaction left open?)")
+	}
 }
 
 func setup() (*server, error) {
