@@ -456,8 +456,11 @@ func TestCompleteTxThenHeartbeats(t *testing.T) {
 	// Long enough that, until CompleteTx commits, the heartbeats (each
 	// bounded by 40% of the lease) keep the lease on a loaded machine: with
 	// 500ms, a claim, a transaction and a commit under the race detector
-	// could pass the local deadline (400ms) and cancel the handler.
+	// could pass the local deadline (400ms) and cancel the handler. Should
+	// an attempt still lose its lease before CompleteTx, it fails and the
+	// job runs again: the claim is about the attempt that committed.
 	lease := 2 * time.Second
+	committed, proceed := make(chan struct{}, 1), make(chan struct{})
 	cancelled := make(chan error, 1)
 	ws := core.NewWorkers()
 	core.MustAddWorker(ws, core.WorkFunc[heldArgs](func(ctx context.Context, j *core.Job[heldArgs]) error {
@@ -465,6 +468,7 @@ func TestCompleteTxThenHeartbeats(t *testing.T) {
 		if err != nil {
 			return err
 		}
+		defer tx.Rollback(context.Background()) // a no-op after the commit
 		if err := core.CompleteTx(ctx, tx, j); err != nil {
 			return err
 		}
@@ -474,6 +478,12 @@ func TestCompleteTxThenHeartbeats(t *testing.T) {
 		}
 		if err := tx.Commit(ctx); err != nil {
 			return err
+		}
+		committed <- struct{}{}
+		select {
+		case <-proceed:
+		case <-ctx.Done(): // the test failed and stops the client
+			return nil
 		}
 		// Go on for three leases: many heartbeats, and the local deadline.
 		waitDBTime(t, pool, committedAt.Add(3*lease))
@@ -485,12 +495,24 @@ func TestCompleteTxThenHeartbeats(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cause := <-cancelled; cause != nil {
-		t.Fatalf("the successful handler's context was cancelled: %v", cause)
+	select {
+	case <-committed:
+	case <-time.After(60 * time.Second):
+		t.Fatal("no attempt committed its CompleteTx")
+	}
+	lostBefore := c.Stats().LeaseLost // by earlier attempts, if any
+	close(proceed)
+	select {
+	case cause := <-cancelled:
+		if cause != nil {
+			t.Fatalf("the successful handler's context was cancelled: %v", cause)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the handler did not finish")
 	}
 	waitFor(t, "success counted", func() bool { return c.Stats().Succeeded == 1 })
-	if s := c.Stats(); s.LeaseLost != 0 {
-		t.Fatalf("LeaseLost = %d after a CompleteTx success", s.LeaseLost)
+	if s := c.Stats(); s.LeaseLost != lostBefore {
+		t.Fatalf("LeaseLost = %d after a CompleteTx success (%d before it)", s.LeaseLost, lostBefore)
 	}
 	if st := jobState(t, pool, res.ID); st != core.StateSucceeded {
 		t.Fatalf("state %s", st)
