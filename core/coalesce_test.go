@@ -108,7 +108,11 @@ func TestClaimCoalesceClaimsTogether(t *testing.T) {
 		ran <- run{j.Args.N, [16]byte(j.LeaseToken)}
 		return nil
 	}))
-	c := startClient(t, pool, &core.Config{Workers: ws, PollInterval: time.Hour, ClaimCoalesce: 2 * time.Second})
+	// The window must outlast the three enqueues below (each its own
+	// transaction and notification) after the first claim: a loaded
+	// machine could take 2s, and a job committed after the window is
+	// claimed alone.
+	c := startClient(t, pool, &core.Config{Workers: ws, PollInterval: time.Hour, ClaimCoalesce: 5 * time.Second})
 	waitFor(t, "listener connected", func() bool {
 		return count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN%'`,
 			"relay-listener "+c.ID()) > 0

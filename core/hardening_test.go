@@ -134,7 +134,10 @@ func TestCallerRowLockStallsNoOtherLease(t *testing.T) {
 	pool := testdb.New(t)
 	ctx := context.Background()
 	h, ws := newHolder()
-	lease := 2 * time.Second // generous: the machine may be loaded
+	// Generous: the unrelated job must keep its lease for two leases, and
+	// each heartbeat is bounded by 40% of the lease; with 2s, two heartbeats
+	// in a row slower than 800ms on a loaded machine would cancel it.
+	lease := 3 * time.Second
 	c := startClient(t, pool, &core.Config{Workers: ws, LeaseDuration: lease, RescueInterval: 50 * time.Millisecond,
 		Queues: map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: 3}}})
 	var ids []int64
@@ -233,7 +236,10 @@ func TestLocalLeaseDeadline(t *testing.T) {
 	pool, direct, proxy := proxied(t, 0)
 	ctx := context.Background()
 	h, ws := newHolder()
-	lease := 3 * time.Second // a margin of 600ms for the cancel to reach the handler on a loaded machine
+	// The local deadline comes a fifth of the lease before the expiry in
+	// the database: 1s for the cancel to reach the handler on a loaded
+	// machine (600ms with 3s, which a descheduled goroutine can use up).
+	lease := 5 * time.Second
 	c := startClient(t, pool, &core.Config{Workers: ws, LeaseDuration: lease, RescueInterval: -1})
 	res, err := core.Enqueue(ctx, direct, heldArgs{}, nil)
 	if err != nil {
@@ -313,7 +319,10 @@ func TestHandlersHoldingThePoolStarveNoLease(t *testing.T) {
 	}
 	t.Cleanup(pool.Close)
 	ctx := context.Background()
-	lease := 2 * time.Second
+	// Generous: no lease may be lost, and each heartbeat is bounded by 40%
+	// of the lease; with 2s, two heartbeats in a row slower than 800ms on a
+	// loaded machine would cancel a handler.
+	lease := 3 * time.Second
 	ws := core.NewWorkers()
 	core.MustAddWorker(ws, core.WorkFunc[heldArgs](func(ctx context.Context, j *core.Job[heldArgs]) error {
 		tx, err := pool.Begin(ctx)
@@ -323,7 +332,7 @@ func TestHandlersHoldingThePoolStarveNoLease(t *testing.T) {
 		defer tx.Rollback(ctx)
 		// Hold the transaction (and the connection) for longer than the
 		// lease; pg_sleep keeps it busy in the database too.
-		if _, err := tx.Exec(ctx, `SELECT pg_sleep(2.5)`); err != nil {
+		if _, err := tx.Exec(ctx, `SELECT pg_sleep(3.5)`); err != nil {
 			return err
 		}
 		if err := core.CompleteTx(ctx, tx, j); err != nil {
@@ -444,7 +453,14 @@ func TestCompleteTxThenHeartbeats(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
 	ctx := context.Background()
-	lease := 500 * time.Millisecond
+	// Long enough that, until CompleteTx commits, the heartbeats (each
+	// bounded by 40% of the lease) keep the lease on a loaded machine: with
+	// 500ms, a claim, a transaction and a commit under the race detector
+	// could pass the local deadline (400ms) and cancel the handler. Should
+	// an attempt still lose its lease before CompleteTx, it fails and the
+	// job runs again: the claim is about the attempt that committed.
+	lease := 2 * time.Second
+	committed, proceed := make(chan struct{}, 1), make(chan struct{})
 	cancelled := make(chan error, 1)
 	ws := core.NewWorkers()
 	core.MustAddWorker(ws, core.WorkFunc[heldArgs](func(ctx context.Context, j *core.Job[heldArgs]) error {
@@ -452,6 +468,7 @@ func TestCompleteTxThenHeartbeats(t *testing.T) {
 		if err != nil {
 			return err
 		}
+		defer tx.Rollback(context.Background()) // a no-op after the commit
 		if err := core.CompleteTx(ctx, tx, j); err != nil {
 			return err
 		}
@@ -461,6 +478,12 @@ func TestCompleteTxThenHeartbeats(t *testing.T) {
 		}
 		if err := tx.Commit(ctx); err != nil {
 			return err
+		}
+		committed <- struct{}{}
+		select {
+		case <-proceed:
+		case <-ctx.Done(): // the test failed and stops the client
+			return nil
 		}
 		// Go on for three leases: many heartbeats, and the local deadline.
 		waitDBTime(t, pool, committedAt.Add(3*lease))
@@ -472,12 +495,24 @@ func TestCompleteTxThenHeartbeats(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cause := <-cancelled; cause != nil {
-		t.Fatalf("the successful handler's context was cancelled: %v", cause)
+	select {
+	case <-committed:
+	case <-time.After(60 * time.Second):
+		t.Fatal("no attempt committed its CompleteTx")
+	}
+	lostBefore := c.Stats().LeaseLost // by earlier attempts, if any
+	close(proceed)
+	select {
+	case cause := <-cancelled:
+		if cause != nil {
+			t.Fatalf("the successful handler's context was cancelled: %v", cause)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the handler did not finish")
 	}
 	waitFor(t, "success counted", func() bool { return c.Stats().Succeeded == 1 })
-	if s := c.Stats(); s.LeaseLost != 0 {
-		t.Fatalf("LeaseLost = %d after a CompleteTx success", s.LeaseLost)
+	if s := c.Stats(); s.LeaseLost != lostBefore {
+		t.Fatalf("LeaseLost = %d after a CompleteTx success (%d before it)", s.LeaseLost, lostBefore)
 	}
 	if st := jobState(t, pool, res.ID); st != core.StateSucceeded {
 		t.Fatalf("state %s", st)
@@ -608,9 +643,9 @@ func TestRetriesAndReleasesWakeTheQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitState(t, pool2, probe.ID, core.StateSucceeded)
-	// The last quarter of Stop's time records the release: 500ms on a
-	// loaded machine may not be enough.
-	stopCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	// The last quarter of Stop's time (at most 2s) records the release:
+	// the 500ms of a 2s stop may not be enough on a loaded machine.
+	stopCtx, cancel := context.WithTimeout(ctx, 8*time.Second)
 	defer cancel()
 	if err := a.Stop(stopCtx); err != nil {
 		var se *core.StopError

@@ -108,10 +108,11 @@ func TestHeartbeatsRenewLease(t *testing.T) {
 	ctx := context.Background()
 	ws, started, release, _ := blocking(true)
 	// The lease is short enough that the job outlives it several times over
-	// within the test, and long enough that a heartbeat (whose statement is
-	// bounded by half the lease) is not timed out by a loaded CI machine
-	// running the race detector: with 300 ms it was.
-	const lease = time.Second
+	// within the test, and long enough that heartbeats (each bounded by 40%
+	// of the lease) are not timed out by a loaded CI machine running the
+	// race detector: with 300 ms they were, and 1 s left them 400 ms, two
+	// misses in a row cancelling the handler.
+	const lease = 2 * time.Second
 	startClient(t, pool, &core.Config{Workers: ws, LeaseDuration: lease, RescueInterval: 20 * time.Millisecond})
 	res, _ := core.Enqueue(ctx, pool, blockArgs{}, nil)
 	<-started

@@ -3,6 +3,7 @@ package core_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -39,7 +40,10 @@ type ratedArgs struct{}
 
 func (ratedArgs) Kind() string { return "limits.rated" }
 
-const limitsChildEnv = "RELAY_LIMITS_CHILD_URL"
+const (
+	limitsChildEnv   = "RELAY_LIMITS_CHILD_URL"
+	limitsChildReady = "relay-limits-child: working"
+)
 
 // TestLimitsChild is the worker process of TestGlobalLimitsAcrossProcesses:
 // it runs only when started by it, with the database's URL in the
@@ -94,10 +98,37 @@ func TestLimitsChild(t *testing.T) {
 	if err := c.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
+	fmt.Println(limitsChildReady) // the parent enqueues once all three are working
 	io.Copy(io.Discard, os.Stdin) // until the parent closes it
 	stop, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	c.Stop(stop)
+}
+
+// readyWriter is a child's stdout: it signals ready once the child has
+// printed limitsChildReady, and discards the rest.
+type readyWriter struct {
+	ready chan<- struct{}
+	line  []byte
+	sent  bool
+}
+
+func (w *readyWriter) Write(p []byte) (int, error) {
+	for _, b := range p {
+		if w.sent {
+			break
+		}
+		if b != '\n' {
+			w.line = append(w.line, b)
+			continue
+		}
+		if string(w.line) == limitsChildReady {
+			w.sent = true
+			w.ready <- struct{}{}
+		}
+		w.line = w.line[:0]
+	}
+	return len(p), nil
 }
 
 // Three worker processes of ten workers per queue share the database's
@@ -158,15 +189,16 @@ func TestGlobalLimitsAcrossProcesses(t *testing.T) {
 			params = append(params, core.EnqueueParams{Args: ratedArgs{}})
 		}
 	}
-	if _, err := core.EnqueueMany(ctx, pool, params); err != nil {
-		t.Fatal(err)
-	}
 
+	// The jobs are enqueued once every child is working: enqueued before,
+	// they could all be taken by the first children to start on a loaded
+	// machine, and the work would not spread over three processes.
 	var children []*exec.Cmd
+	ready := make(chan struct{}, 3)
 	for range 3 {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestLimitsChild$", "-test.count=1")
 		cmd.Env = append(os.Environ(), limitsChildEnv+"="+url)
-		cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
+		cmd.Stdout, cmd.Stderr = &readyWriter{ready: ready}, os.Stderr
 		stdin, err := cmd.StdinPipe()
 		if err != nil {
 			t.Fatal(err)
@@ -185,6 +217,16 @@ func TestGlobalLimitsAcrossProcesses(t *testing.T) {
 				cmd.Process.Kill()
 			}
 		})
+	}
+	for range children {
+		select {
+		case <-ready:
+		case <-time.After(60 * time.Second):
+			t.Fatal("the child processes did not start working")
+		}
+	}
+	if _, err := core.EnqueueMany(ctx, pool, params); err != nil {
+		t.Fatal(err)
 	}
 	total := len(params)
 	deadline := time.Now().Add(60 * time.Second)
@@ -221,10 +263,13 @@ func TestGlobalLimitsAcrossProcesses(t *testing.T) {
 	if n := maxConcurrent(`queue = 'capped'`); n != 4 {
 		t.Errorf("queue limited to 4 ran %d at once (it must never exceed 4, and should reach it)", n)
 	}
+	// The rate counts claims, on the database's clock: read the claims'
+	// times (attempted_at), not the handlers' starts, which a loaded machine
+	// delays and bunches (24 starts fell in one second so).
 	if n := testdb.Count(t, pool, `
-		SELECT max((SELECT count(*) FROM limit_audit AS b
-		            WHERE b.kind = 'limits.rated' AND b.started >= a.started AND b.started < a.started + interval '1 second'))::int
-		FROM limit_audit AS a WHERE a.kind = 'limits.rated'`); n > 20 {
+		SELECT max((SELECT count(*) FROM relay_jobs AS b
+		            WHERE b.kind = 'limits.rated' AND b.attempted_at >= a.attempted_at AND b.attempted_at < a.attempted_at + interval '1 second'))::int
+		FROM relay_jobs AS a WHERE a.kind = 'limits.rated'`); n > 20 {
 		t.Errorf("kind limited to 10 starts per second started %d in one second (at most 20: two windows)", n)
 	}
 	if err := core.DeleteLimit(ctx, pool, core.Limit{Kind: "limits.rated"}); err != nil {

@@ -73,8 +73,12 @@ func TestPrefetch(t *testing.T) {
 		return running.Load() == 1 && count(t, pool, `SELECT count(*) FROM relay_jobs WHERE state = 'claimed'`) == 2
 	})
 
-	// Stop while job 2 runs and job 3 waits: job 3 goes back at once.
-	stopCtx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	// Stop while job 2 runs and job 3 waits: job 3 goes back at once. Job 2
+	// runs until cancelled, so the stop's length does not matter, but Stop
+	// keeps its last quarter (at most 2s) to record the releases: 50ms of a
+	// 200ms stop, and 1s of a 4s one, were missed on a loaded machine,
+	// leaving job 2 claimed.
+	stopCtx, cancel := context.WithTimeout(ctx, 8*time.Second)
 	defer cancel()
 	c.Stop(stopCtx)
 	if maxRunning.Load() != 1 {

@@ -159,7 +159,10 @@ func TestExternal(t *testing.T) {
 	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
-	opts := &idempotency.Options{Lease: 300 * time.Millisecond}
+	// The lease must outlast the steps below that count on it (the second
+	// attempt during the crashed one's lease; each result's recording,
+	// bounded by the lease): 300ms is too short on a loaded machine.
+	opts := &idempotency.Options{Lease: 3 * time.Second}
 	var tokens []string
 	send := func(ctx context.Context, token string) (string, error) {
 		tokens = append(tokens, token)
@@ -566,12 +569,15 @@ func TestFailedAttemptKeepsTheTokenForATTL(t *testing.T) {
 	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
-	opts := &idempotency.Options{TTL: time.Second, Lease: 200 * time.Millisecond}
+	// The lease is shorter than the TTL (so the key's first expiry is the
+	// TTL's) and bounds the failure's recording: 200ms could be missed on a
+	// loaded machine, the key then expiring with its token.
+	opts := &idempotency.Options{TTL: 3 * time.Second, Lease: 2 * time.Second}
 	var first string
 	_, _, err := idempotency.External(ctx, pool, "payments", "charge-9", func(ctx context.Context, token string) (string, error) {
 		first = token
 		waitFor(t, "the key's first expiry", func() bool {
-			return count(t, pool, `SELECT count(*) FROM relay_idempotency_keys WHERE key = 'charge-9' AND created_at + interval '1.2 s' < now()`) == 1
+			return count(t, pool, `SELECT count(*) FROM relay_idempotency_keys WHERE key = 'charge-9' AND created_at + interval '3.2 s' < now()`) == 1
 		})
 		return "", errors.New("gateway timeout")
 	}, opts)

@@ -19,7 +19,13 @@ import (
 
 func dispatcher(t *testing.T, pool *pgxpool.Pool, ns string, subs ...outbox.Subscription) *outbox.Dispatcher {
 	t.Helper()
-	d, err := outbox.NewDispatcher(pool, &outbox.Config{Namespace: ns, Subscriptions: subs, LivenessTimeout: 2 * time.Second,
+	return dispatcherLive(t, pool, ns, 2*time.Second, subs...)
+}
+
+// dispatcherLive is dispatcher with the given liveness timeout.
+func dispatcherLive(t *testing.T, pool *pgxpool.Pool, ns string, liveness time.Duration, subs ...outbox.Subscription) *outbox.Dispatcher {
+	t.Helper()
+	d, err := outbox.NewDispatcher(pool, &outbox.Config{Namespace: ns, Subscriptions: subs, LivenessTimeout: liveness,
 		PollInterval: time.Hour}) // dispatching is driven by hand below
 	if err != nil {
 		t.Fatal(err)
@@ -58,7 +64,10 @@ func TestSubscriptionsSharedAcrossVersions(t *testing.T) {
 	defer v1.Stop(ctx)
 	// v2 adds ledger and drops audit. It declares now and starts
 	// dispatching later, so v1 is the one that dispatches the first event.
-	v2 := dispatcher(t, pool, "", receipt, ledger)
+	// Until it starts it does not heartbeat: its liveness timeout must
+	// outlast the first dispatch, or v1 sweeps it and retires ledger (2s
+	// could pass on a loaded machine).
+	v2 := dispatcherLive(t, pool, "", time.Minute, receipt, ledger)
 	if err := v2.Declare(ctx); err != nil {
 		t.Fatal(err)
 	}

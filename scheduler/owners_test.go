@@ -61,7 +61,9 @@ func heartbeats(t *testing.T, pool *pgxpool.Pool, ns string, n int) {
 func TestRollingDeployKeepsEverySchedule(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
-	fast := 2 * time.Second
+	// Short, but a live process stalled this long by a loaded machine is
+	// swept by the other (heartbeats every quarter of it): 2s was tight.
+	fast := 5 * time.Second
 	v1 := start(t, pool, &scheduler.Config{Schedules: []scheduler.Schedule{every("a"), every("shared"), every("old")}, LivenessTimeout: fast})
 	// v2 adds "b" and drops "old" while v1 still runs.
 	v2 := start(t, pool, &scheduler.Config{Schedules: []scheduler.Schedule{every("b"), every("shared"), every("a")}, LivenessTimeout: fast})
@@ -90,7 +92,10 @@ func TestDeadProcessDeclarationsExpire(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
 	ctx := context.Background()
-	fast := 2 * time.Second
+	// Short, but not so short that the check below, made right after
+	// another process starts, can come after it on a loaded machine (2s
+	// could).
+	fast := 5 * time.Second
 	gone, err := scheduler.New(pool, &scheduler.Config{Schedules: []scheduler.Schedule{every("only-gone")}, LivenessTimeout: fast})
 	if err != nil {
 		t.Fatal(err)

@@ -97,6 +97,13 @@ func TestMetricsEndpoint(t *testing.T) {
 		s := c.Stats()
 		return s.Succeeded == 2 && s.Dead == 1
 	})
+	// Each outcome's metric is added just after its count in Stats: wait
+	// for the last ones on the endpoint too, or a scrape in between (a
+	// preempted goroutine on a loaded machine) reads one short.
+	testdb.WaitFor(t, "their metrics", func() bool {
+		return scrape(t, srv, "relay_jobs_succeeded_total", `queue="default"`, `kind="work"`) == 2 &&
+			scrape(t, srv, "relay_jobs_dead_total", `queue="default"`, `kind="work"`) == 1
+	})
 	for name, want := range map[string]float64{
 		"relay_jobs_started_total":   4,
 		"relay_jobs_succeeded_total": 2,

@@ -450,7 +450,12 @@ func TestStoppedExecutionDoesNotFailTheRun(t *testing.T) {
 	c := b.start()
 	h, _ := workflow.Start(context.Background(), b.pool, wf, 0, nil)
 	<-started
-	stopCtx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	// The execution runs until cancelled, so the stop's length does not
+	// matter; Stop keeps its last quarter (at most 2s) to record the
+	// release, and the 25ms of a 100ms stop can be missed on a loaded
+	// machine (in core's tests, so was the 1s of a 4s stop), leaving the
+	// job claimed until its 30s lease expires.
+	stopCtx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
 	c.Stop(stopCtx)
 	cancel()
 	if n := b.count(`SELECT count(*) FROM relay_workflow_runs WHERE id = $1 AND finished_at IS NOT NULL`, h.ID); n != 0 {

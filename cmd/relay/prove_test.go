@@ -96,8 +96,12 @@ func TestProveQueueLongJobs(t *testing.T) {
 	t.Parallel()
 	bin := buildRelay(t)
 	url := testdb.URL(t)
+	// Jobs 1.75 to 5 leases long (the job time varies ±50%). The lease is
+	// not shorter than 2s: heartbeats are bounded by 40% of it, and with
+	// 600ms two of them in a row slower than 240ms on a loaded machine lose
+	// a lease (a re-execution).
 	f := runProof(t, bin, "queue", "--database-url", url, "--jobs", "12", "--processes", "2", "--concurrency", "6",
-		"--job-time", "2s", "--lease", "600ms")
+		"--job-time", "7s", "--lease", "2s")
 	if f["succeeded"] != "12" || f["lost"] != "0" || f["duplicate_effects"] != "0" || f["overlapping_executions"] != "0" || f["re_executions"] != "0" {
 		t.Fatalf("long jobs: %v", f)
 	}

@@ -113,8 +113,23 @@ func New(t testing.TB) *pgxpool.Pool {
 	if err != nil {
 		t.Fatalf("testdb: pool: %v", err)
 	}
-	t.Cleanup(pool.Close)
+	t.Cleanup(func() { closePool(t, pool) })
 	return pool
+}
+
+// closePool closes a test's pool, bounded: pgxpool's Close waits for every
+// connection to be released, and one held by a transaction a failed test
+// left open would hang the test binary until go test's timeout, the
+// failure's message unprinted. The database is dropped WITH (FORCE) after.
+func closePool(t testing.TB, pool *pgxpool.Pool) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { pool.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Errorf("testdb: the pool did not close within 30s: a connection is still held (a transaction left open?)")
+	}
 }
 
 func setup() (*server, error) {
@@ -143,8 +158,13 @@ func setup() (*server, error) {
 	return s, nil
 }
 
+// answers says whether a server accepts a connection at u. A refused
+// connection answers at once; the bound is for a server that is there but
+// slow, as on a loaded CI machine starting many test binaries at once,
+// which must not be mistaken for no server (the tests would then start a
+// throwaway cluster of their own, or fail).
 func answers(ctx context.Context, u string) bool {
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	c, err := pgx.Connect(ctx, u)
 	if err != nil {
