@@ -40,7 +40,7 @@
 -- can run again after a failure half-way (a build that failed leaves an
 -- invalid index, dropped first).
 
-CREATE TABLE relay_job_key_refix (
+CREATE TABLE IF NOT EXISTS relay_job_key_refix (
     id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     queue        text NOT NULL,
     ordering_key text NOT NULL,
@@ -51,7 +51,7 @@ CREATE TABLE relay_job_key_refix (
 -- what it reads (committed rows and this transaction's own, under READ
 -- COMMITTED), and says whether the key is settled (see above). The caller
 -- holds the key's lock.
-DROP FUNCTION relay_jobs_key_fix(text, text);
+DROP FUNCTION IF EXISTS relay_jobs_key_fix(text, text);
 CREATE FUNCTION relay_jobs_key_fix(q text, k text) RETURNS boolean
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
@@ -117,7 +117,7 @@ $$;
 
 -- relay_jobs_key_hand_off(queue, key) hands a key its fix did not settle
 -- to relay_jobs_key_refix, from this transaction's commit on.
-CREATE FUNCTION relay_jobs_key_hand_off(q text, k text) RETURNS void
+CREATE OR REPLACE FUNCTION relay_jobs_key_hand_off(q text, k text) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     -- No unique key: ON CONFLICT under REPEATABLE READ fails on a row
@@ -174,7 +174,7 @@ $$;
 -- whose next row is still locked is handed off again (no notification: the
 -- rescuer's next run takes it). taken counts the hand-offs taken, left the
 -- keys handed off again.
-CREATE FUNCTION relay_jobs_key_refix(n integer, OUT taken integer, OUT "left" integer)
+CREATE OR REPLACE FUNCTION relay_jobs_key_refix(n integer, OUT taken integer, OUT "left" integer)
 LANGUAGE plpgsql AS $$
 DECLARE
     e record;
@@ -209,7 +209,19 @@ $$;
 -- The claim reads (queue, false, ...) in priority, run_at, id order and
 -- never steps on a waiting job. The predicate stays state = 'queued', so
 -- every other query of queued jobs (admin lists and counts, queue depths)
--- is served as before. Built under another name, then swapped in.
+-- is served as before. Built under another name, then swapped in. A run
+-- that stopped between dropping the old index and the rename finishes the
+-- swap first, so that a run again never leaves the table without a claim
+-- index while it builds.
+DO $$
+BEGIN
+    IF to_regclass('relay_jobs_claim_idx') IS NULL AND EXISTS (
+        SELECT FROM pg_index WHERE indexrelid = to_regclass('relay_jobs_claim_idx_heads') AND indisvalid) THEN
+        ALTER INDEX relay_jobs_claim_idx_heads RENAME TO relay_jobs_claim_idx;
+    END IF;
+END;
+$$;
+--bun:split
 DROP INDEX CONCURRENTLY IF EXISTS relay_jobs_claim_idx_heads;
 --bun:split
 CREATE INDEX CONCURRENTLY relay_jobs_claim_idx_heads ON relay_jobs (queue, key_waiting, priority, run_at, id)

@@ -55,6 +55,9 @@ $$;
 --     heartbeat, a snooze, a checkpoint's HoldLease, a completion) release
 --     it within the bound, and the wake-up is made as core.Wake makes it
 --     (TestWorkflowWakeWaitsForAShortHolder);
+--   - the bound is shared by every locked job of one call (each waits for
+--     what is left of it), so a call holds its caller's rows at most that
+--     long, however many jobs are locked;
 --   - a holder keeping the row longer than the bound (a caller's open
 --     transaction that woke the job, or ended it) leaves the wake-up
 --     skipped: a run waiting for a child or a signal then executes at its
@@ -72,10 +75,16 @@ DECLARE
     woken  bigint[] := '{}';
     job    bigint;
     q      text;
+    until  timestamptz;
+    left_ms bigint;
 BEGIN
     IF caller::interval > interval '0' AND caller::interval < bound THEN
         bound := caller::interval;
     END IF;
+    -- The bound is for the whole call, not for each locked job: the waits
+    -- for several locked jobs share it (each gets what is left), so the
+    -- caller's rows are held at most that long.
+    until := clock_timestamp() + bound;
     FOR job, q IN
         UPDATE relay_jobs AS j
         SET run_at = CASE WHEN j.state = 'claimed' OR j.run_at > clock_timestamp() THEN clock_timestamp() ELSE j.run_at END
@@ -91,8 +100,10 @@ BEGIN
     FOREACH job IN ARRAY coalesce($1, '{}') LOOP
         CONTINUE WHEN job IS NULL OR job = 0 OR job = ANY (woken);
         q := NULL;
+        left_ms := floor(extract(epoch FROM until - clock_timestamp()) * 1000)::bigint;
+        CONTINUE WHEN left_ms < 1; -- the bound is spent: the rest are skipped
         BEGIN
-            PERFORM set_config('lock_timeout', (greatest(extract(epoch FROM bound) * 1000, 1))::bigint::text, true);
+            PERFORM set_config('lock_timeout', left_ms::text, true);
             UPDATE relay_jobs
             SET run_at = CASE WHEN state = 'claimed' OR run_at > clock_timestamp() THEN clock_timestamp() ELSE run_at END
             WHERE id = job AND state IN ('claimed', 'queued')

@@ -13,6 +13,7 @@ import (
 	"database/sql"
 	"embed"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io/fs"
 	"regexp"
@@ -20,6 +21,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/uptrace/bun"
@@ -125,6 +127,10 @@ func lockMigrations(ctx context.Context, conn *sql.Conn) error {
 	}
 }
 
+// nonTxLockTimeout bounds each lock wait of a migration file run outside
+// a transaction (see runSQL).
+const nonTxLockTimeout = "'2min'"
+
 // fileName is a migration file's name: bun/migrate's <number>_<comment>,
 // then .tx.up.sql (run in one transaction) or .up.sql (run outside one,
 // statement by statement: the file's parts between --bun:split lines).
@@ -180,8 +186,23 @@ func runSQL(name, text string, inTx bool) func(context.Context, *migrate.Migrato
 			return fmt.Errorf("%s: connect: %w", name, err)
 		}
 		defer conn.Close()
+		// A part's waits are bounded: CREATE INDEX CONCURRENTLY waits for
+		// every transaction older than its build, and one of those may
+		// never end on its own — an older Relay's migrator waiting in
+		// pg_advisory_lock for the lock this run holds (a rolling deploy)
+		// waits for us while we wait for it, unseen by the deadlock
+		// detector. Every part can run again, so the way out is an error
+		// that says what to do.
+		if _, err := conn.ExecContext(ctx, "SET lock_timeout = "+nonTxLockTimeout); err != nil {
+			return fmt.Errorf("%s: set lock_timeout: %w", name, err)
+		}
+		defer conn.ExecContext(context.WithoutCancel(ctx), "RESET lock_timeout") //nolint:errcheck // the connection is returned to database/sql's pool
 		for i, part := range splitParts(text) {
 			if _, err := conn.ExecContext(ctx, part); err != nil {
+				if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "55P03" {
+					return fmt.Errorf("%s, part %d: waited %s for older transactions to end (an idle-in-transaction session, a long report, or an older relay migrate waiting for the migration lock): end them and migrate again (the file resumes where it stopped): %w",
+						name, i+1, nonTxLockTimeout, err)
+				}
 				return fmt.Errorf("%s, part %d: %w", name, i+1, err)
 			}
 		}

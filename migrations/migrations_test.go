@@ -2,6 +2,8 @@ package migrations_test
 
 import (
 	"context"
+	"fmt"
+	"io/fs"
 	"strings"
 	"sync"
 	"testing"
@@ -172,4 +174,71 @@ func TestFailedMigrationIsNotApplied(t *testing.T) {
 			t.Fatal("the index built concurrently (part 2) is missing")
 		}
 	})
+}
+
+// A migration run outside a transaction that stopped after any of its parts
+// (a build that timed out, a killed process) runs again from the start and
+// finishes: each part is written to run again, and the claim index is never
+// left missing. 20261201000004 is stopped after each of its parts in turn.
+func TestStoppedKeyRefixMigrationRunsAgain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const stopped = "20261201000004_key_refix.up.sql"
+	text, err := fs.ReadFile(migrations.Files, stopped)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parts := migrations.SplitParts(string(text))
+	if len(parts) < 3 {
+		t.Fatalf("%s has %d parts, want several", stopped, len(parts))
+	}
+	// Every file before the stopped one.
+	names, err := fs.Glob(migrations.Files, "*.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := fstest.MapFS{}
+	for _, n := range names {
+		if n < stopped {
+			b, _ := fs.ReadFile(migrations.Files, n)
+			before[n] = &fstest.MapFile{Data: b}
+		}
+	}
+	for k := 1; k < len(parts); k++ {
+		t.Run(fmt.Sprintf("after part %d", k), func(t *testing.T) {
+			t.Parallel()
+			pool, err := pgxpool.New(ctx, testdb.EmptyURL(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(pool.Close)
+			sqldb := stdlib.OpenDBFromPool(pool)
+			defer sqldb.Close()
+			if _, err := migrations.MigrateFS(ctx, sqldb, before); err != nil {
+				t.Fatal(err)
+			}
+			for i, p := range parts[:k] {
+				if _, err := pool.Exec(ctx, p); err != nil {
+					t.Fatalf("part %d: %v", i+1, err)
+				}
+			}
+			if _, err := migrations.MigrateDB(ctx, sqldb); err != nil {
+				t.Fatalf("migrating again after part %d: %v", k, err)
+			}
+			var claimIdx, headsIdx, leftover bool
+			if err := pool.QueryRow(ctx, `
+				SELECT coalesce((SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass('relay_jobs_claim_idx')), false),
+				       coalesce((SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass('relay_jobs_key_heads_idx')), false),
+				       to_regclass('relay_jobs_claim_idx_heads') IS NOT NULL`).Scan(&claimIdx, &headsIdx, &leftover); err != nil {
+				t.Fatal(err)
+			}
+			if !claimIdx || !headsIdx || leftover {
+				t.Fatalf("after part %d and a second run: claim index valid %v, key heads index valid %v, temporary index left %v", k, claimIdx, headsIdx, leftover)
+			}
+			var n int
+			if err := pool.QueryRow(ctx, `SELECT count(*) FROM relay_job_key_refix`).Scan(&n); err != nil {
+				t.Fatalf("hand-off table: %v", err)
+			}
+		})
+	}
 }
