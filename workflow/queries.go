@@ -168,18 +168,14 @@ const sqlRequestCancel = `SELECT relay_workflow_cancel_tree($1, true)`
 // failed step is the last one that failed: a run that failed in its
 // compensations resumes them (the step that failed the run, and the
 // compensations that ran, are not done again), and a step failure the
-// function handled before is kept. A cancel asked for is forgotten, unless
-// the run failed in its compensations (its last failed step is one, as in
-// sqlRetryDropFailedCompensations): a cancelled run whose compensation
-// failed resumes its compensations, and ends cancelled, instead of going
-// on with its function past the point where the cancel stopped it.
+// function handled before is kept. A cancel asked for before the run
+// failed is kept, whatever failed it (a compensation, or its job ending
+// dead while it compensated): the run resumes its compensations and ends
+// cancelled, instead of going on with its function past the point where
+// the cancel stopped it.
 const sqlRetryRun = `
 UPDATE relay_workflow_runs AS r
-SET state = 'pending', finished_at = NULL, error = NULL, output = NULL,
-    cancel_requested = r.cancel_requested AND EXISTS (
-        SELECT 1 FROM relay_workflow_steps AS l
-        WHERE l.run_id = r.id AND l.state = 'failed' AND l.kind = 'step' AND starts_with(l.key, 'compensate:')
-          AND l.position = (SELECT max(position) FROM relay_workflow_steps WHERE run_id = r.id AND state = 'failed'))
+SET state = 'pending', finished_at = NULL, error = NULL, output = NULL
 WHERE r.id = $1 AND r.state = 'failed'
 RETURNING coalesce(r.job_id, 0)`
 
