@@ -71,10 +71,11 @@ type Config struct {
 	// price of a relaxed order for late priority-0 jobs while it is on.
 	// For measurement, or where that order matters more than claim cost.
 	NoClaimFloor bool
-	// RescueInterval is how often expired leases are looked for, and
-	// ordering keys handed off for a re-fix are re-fixed
-	// (docs/ordering-keys.md). Default LeaseDuration/2. Negative disables
-	// the rescuer in this client.
+	// RescueInterval is how often expired leases are looked for. Default
+	// LeaseDuration/2. Negative disables the rescuer in this client.
+	// (Ordering keys handed off for a re-fix, docs/ordering-keys.md, and
+	// wake-ups handed off over a held row are taken by every client with
+	// workers, on notification and every few seconds, whatever this is.)
 	RescueInterval time.Duration
 	// Retention says how long finished jobs are kept. See Retention.
 	Retention Retention
@@ -188,7 +189,8 @@ type Client struct {
 	// handler is cancelled: LeaseDuration less leaseMargin.
 	leaseBudget time.Duration
 	epoch       time.Time // local lease deadlines count from here (monotonic)
-	// refix asks refixLoop to run refixKeys (a 'keys' notification).
+	// refix asks refixLoop to take the hand-offs now (a 'keys' or 'wakes'
+	// notification, a connect of the listener).
 	refix chan struct{}
 }
 
@@ -410,7 +412,7 @@ func (c *Client) Start(ctx context.Context) error {
 		c.loops.Add(1)
 		go func() {
 			defer c.loops.Done()
-			c.every(loopCtx, c.cfg.RescueInterval, func(ctx context.Context) { c.rescue(ctx); c.refixKeys(ctx) })
+			c.every(loopCtx, c.cfg.RescueInterval, c.rescue)
 		}()
 	}
 	if c.cfg.Retention.Interval > 0 {
@@ -562,7 +564,7 @@ func (c *Client) onNotify(channel, payload string) {
 				}
 				r.cancel(ErrJobCancelled)
 			}
-		} else if payload == "keys" {
+		} else if payload == "keys" || payload == "wakes" {
 			c.refixSoon()
 		}
 	}

@@ -202,8 +202,8 @@ func (c *Client) cleanup(ctx context.Context) {
 	}
 }
 
-// refixSoon asks refixLoop for a run of refixKeys; it never blocks (one
-// request pending is enough: a run takes every hand-off).
+// refixSoon asks refixLoop for a run of its hand-offs; it never blocks (one
+// pending request is enough).
 func (c *Client) refixSoon() {
 	select {
 	case c.refix <- struct{}{}:
@@ -211,23 +211,36 @@ func (c *Client) refixSoon() {
 	}
 }
 
-// refixLoop runs refixKeys on every 'keys' notification (a transaction
-// handed an ordering key off for a re-fix) until ctx is done.
+// handOffEvery is how often refixLoop takes the hand-offs left by
+// transactions that could not finish their work without waiting: ordering
+// keys the commit-time fix could not settle, wake-ups that stepped over a
+// held row. Each run is one indexed read of a table that is nearly always
+// empty.
+const handOffEvery = 5 * time.Second
+
+// refixLoop takes the hand-offs (refixKeys, rewake) on every 'keys' or
+// 'wakes' notification, on every (re)connect of the listener and every
+// handOffEvery, until ctx is done. It runs on its own, so a backlog of
+// hand-offs never holds up the rescuer.
 func (c *Client) refixLoop(ctx context.Context) {
+	t := time.NewTicker(handOffEvery)
+	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-c.refix:
+		case <-t.C:
 		}
 		c.refixKeys(ctx)
+		c.rewake(ctx)
 	}
 }
 
 // refixKeys re-fixes the ordering keys whose commit-time fix could not
 // settle them (docs/ordering-keys.md, "Who keeps the flag"), in batches,
 // until none is left or the rest are keys whose next job's row is still
-// locked (those wait for the next run: the rescuer's tick).
+// locked (those wait for the next run).
 func (c *Client) refixKeys(ctx context.Context) {
 	const batch = 1000
 	for ctx.Err() == nil {
@@ -237,6 +250,43 @@ func (c *Client) refixKeys(ctx context.Context) {
 				c.logger.Warn("relay: re-fix of ordering keys failed", "error", err)
 			}
 			return
+		}
+		if taken < batch || left > 0 {
+			return
+		}
+	}
+}
+
+// rewake makes the wake-ups handed off by relay_jobs_wake (a wake-up that
+// found the job's row held by another transaction, migration *_job_rewake),
+// in batches, until none is left or the rest are jobs whose rows are still
+// held. Most holders hold a row for a moment (a claim, a heartbeat, the
+// suspension of the run being woken), so those are tried again a few times
+// over about 600 ms; what is still held then waits for the next run.
+func (c *Client) rewake(ctx context.Context) {
+	const batch = 1000
+	again := 10 * time.Millisecond
+	for ctx.Err() == nil {
+		var taken, left int
+		err := func() error {
+			qctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+			defer cancel()
+			return c.pool.QueryRow(qctx, sqlRewake, batch).Scan(&taken, &left)
+		}()
+		if err != nil {
+			if ctx.Err() == nil { // not a stop
+				c.logger.Warn("relay: handed-off wake-ups failed", "error", err)
+			}
+			return
+		}
+		if left > 0 && again <= 320*time.Millisecond {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(again):
+			}
+			again *= 2
+			continue
 		}
 		if taken < batch || left > 0 {
 			return

@@ -425,6 +425,10 @@ RETURNING queue`
 // (their next row still locked).
 const sqlRefixKeys = `SELECT taken, "left" FROM relay_jobs_key_refix($1)`
 
+// sqlRewake makes up to $1 handed-off wake-ups (relay_jobs_wake stepped
+// over a held row; migration *_job_rewake): taken, and left still held.
+const sqlRewake = `SELECT taken, "left" FROM relay_jobs_rewake($1)`
+
 // sqlNotifyQueue wakes the workers of queue $1.
 const sqlNotifyQueue = `SELECT pg_notify('relay_jobs', $1::text)`
 

@@ -2,6 +2,7 @@ package migrations_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"io/fs"
 	"strings"
@@ -178,67 +179,83 @@ func TestFailedMigrationIsNotApplied(t *testing.T) {
 
 // A migration run outside a transaction that stopped after any of its parts
 // (a build that timed out, a killed process) runs again from the start and
-// finishes: each part is written to run again, and the claim index is never
-// left missing. 20261201000004 is stopped after each of its parts in turn.
-func TestStoppedKeyRefixMigrationRunsAgain(t *testing.T) {
+// finishes with the same schema as a run that never stopped: each part is
+// written to run again, and no index is left invalid or missing. Every
+// such file is stopped after each of its parts in turn.
+func TestStoppedMigrationRunsAgain(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	const stopped = "20261201000004_key_refix.up.sql"
-	text, err := fs.ReadFile(migrations.Files, stopped)
-	if err != nil {
-		t.Fatal(err)
-	}
-	parts := migrations.SplitParts(string(text))
-	if len(parts) < 3 {
-		t.Fatalf("%s has %d parts, want several", stopped, len(parts))
-	}
-	// Every file before the stopped one.
 	names, err := fs.Glob(migrations.Files, "*.sql")
 	if err != nil {
 		t.Fatal(err)
 	}
-	before := fstest.MapFS{}
-	for _, n := range names {
-		if n < stopped {
-			b, _ := fs.ReadFile(migrations.Files, n)
-			before[n] = &fstest.MapFile{Data: b}
+	open := func(t *testing.T) (*pgxpool.Pool, *sql.DB) {
+		t.Helper()
+		pool, err := pgxpool.New(ctx, testdb.EmptyURL(t))
+		if err != nil {
+			t.Fatal(err)
 		}
+		t.Cleanup(pool.Close)
+		sqldb := stdlib.OpenDBFromPool(pool)
+		t.Cleanup(func() { sqldb.Close() })
+		return pool, sqldb
 	}
-	for k := 1; k < len(parts); k++ {
-		t.Run(fmt.Sprintf("after part %d", k), func(t *testing.T) {
-			t.Parallel()
-			pool, err := pgxpool.New(ctx, testdb.EmptyURL(t))
-			if err != nil {
-				t.Fatal(err)
+	// What a run that never stopped leaves: every index (valid or not) and
+	// every function of the schema.
+	schema := func(t *testing.T, pool *pgxpool.Pool) string {
+		t.Helper()
+		var s string
+		if err := pool.QueryRow(ctx, `
+			SELECT coalesce((SELECT string_agg(c.relname || CASE WHEN i.indisvalid THEN '' ELSE ' INVALID' END || ': ' || pg_get_indexdef(c.oid), E'\n' ORDER BY c.relname)
+			                 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+			                 WHERE n.nspname = 'public'), '') || E'\n' ||
+			       coalesce((SELECT string_agg(p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ') ' || md5(p.prosrc), E'\n' ORDER BY p.proname, pg_get_function_identity_arguments(p.oid))
+			                 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'public'), '')`).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	refPool, refDB := open(t)
+	if _, err := migrations.MigrateDB(ctx, refDB); err != nil {
+		t.Fatal(err)
+	}
+	want := schema(t, refPool)
+
+	for _, stopped := range names {
+		if strings.HasSuffix(stopped, ".tx.up.sql") {
+			continue
+		}
+		text, err := fs.ReadFile(migrations.Files, stopped)
+		if err != nil {
+			t.Fatal(err)
+		}
+		parts := migrations.SplitParts(string(text))
+		before := fstest.MapFS{}
+		for _, n := range names {
+			if n < stopped {
+				b, _ := fs.ReadFile(migrations.Files, n)
+				before[n] = &fstest.MapFile{Data: b}
 			}
-			t.Cleanup(pool.Close)
-			sqldb := stdlib.OpenDBFromPool(pool)
-			defer sqldb.Close()
-			if _, err := migrations.MigrateFS(ctx, sqldb, before); err != nil {
-				t.Fatal(err)
-			}
-			for i, p := range parts[:k] {
-				if _, err := pool.Exec(ctx, p); err != nil {
-					t.Fatalf("part %d: %v", i+1, err)
+		}
+		for k := 1; k < len(parts); k++ {
+			t.Run(fmt.Sprintf("%s after part %d", stopped, k), func(t *testing.T) {
+				t.Parallel()
+				pool, sqldb := open(t)
+				if _, err := migrations.MigrateFS(ctx, sqldb, before); err != nil {
+					t.Fatal(err)
 				}
-			}
-			if _, err := migrations.MigrateDB(ctx, sqldb); err != nil {
-				t.Fatalf("migrating again after part %d: %v", k, err)
-			}
-			var claimIdx, headsIdx, leftover bool
-			if err := pool.QueryRow(ctx, `
-				SELECT coalesce((SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass('relay_jobs_claim_idx')), false),
-				       coalesce((SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass('relay_jobs_key_heads_idx')), false),
-				       to_regclass('relay_jobs_claim_idx_heads') IS NOT NULL`).Scan(&claimIdx, &headsIdx, &leftover); err != nil {
-				t.Fatal(err)
-			}
-			if !claimIdx || !headsIdx || leftover {
-				t.Fatalf("after part %d and a second run: claim index valid %v, key heads index valid %v, temporary index left %v", k, claimIdx, headsIdx, leftover)
-			}
-			var n int
-			if err := pool.QueryRow(ctx, `SELECT count(*) FROM relay_job_key_refix`).Scan(&n); err != nil {
-				t.Fatalf("hand-off table: %v", err)
-			}
-		})
+				for i, p := range parts[:k] {
+					if _, err := pool.Exec(ctx, p); err != nil {
+						t.Fatalf("part %d: %v", i+1, err)
+					}
+				}
+				if _, err := migrations.MigrateDB(ctx, sqldb); err != nil {
+					t.Fatalf("migrating again after part %d: %v", k, err)
+				}
+				if got := schema(t, pool); got != want {
+					t.Fatalf("after part %d and a second run the schema differs from an uninterrupted run's:\n%s\nwant:\n%s", k, got, want)
+				}
+			})
+		}
 	}
 }

@@ -6,9 +6,16 @@
 -- only under its run job's lease (relay_hold_lease), by the execution of a
 -- run that exists; deleting a run still deletes its steps in the same
 -- transaction, by trigger relay_workflow_runs_deleted.
-ALTER TABLE relay_workflow_steps DROP CONSTRAINT relay_workflow_steps_run_id_fkey;
+--
+-- This file runs outside a transaction (no .tx in its name), in parts cut
+-- at the --bun:split lines, so that the indexes are built CONCURRENTLY:
+-- workflow runs go on during the builds (in a transaction, DROP INDEX
+-- held relay_workflow_runs' exclusive lock through both builds and the
+-- backfill). The first part is one implicit transaction. Every part can
+-- run again after a failure half-way.
+ALTER TABLE relay_workflow_steps DROP CONSTRAINT IF EXISTS relay_workflow_steps_run_id_fkey;
 
-CREATE FUNCTION relay_workflow_runs_deleted() RETURNS trigger
+CREATE OR REPLACE FUNCTION relay_workflow_runs_deleted() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     DELETE FROM relay_workflow_steps WHERE run_id = OLD.id;
@@ -16,6 +23,7 @@ BEGIN
 END;
 $$;
 
+DROP TRIGGER IF EXISTS relay_workflow_runs_deleted ON relay_workflow_runs;
 CREATE TRIGGER relay_workflow_runs_deleted
     AFTER DELETE ON relay_workflow_runs
     FOR EACH ROW
@@ -30,9 +38,16 @@ CREATE TRIGGER relay_workflow_runs_deleted
 -- execution does not change until it ends: the unfinished runs (pending,
 -- running, compensating) and the runs that ended with an error (failed,
 -- compensated, cancelled: every such run has one, see workflow.finish).
-DROP INDEX relay_workflow_runs_state_idx;
-CREATE INDEX relay_workflow_runs_unfinished_idx ON relay_workflow_runs (created_at, id) WHERE finished_at IS NULL;
-CREATE INDEX relay_workflow_runs_error_idx ON relay_workflow_runs (created_at, id) WHERE error IS NOT NULL;
 ALTER TABLE relay_workflow_runs SET (fillfactor = 70);
 UPDATE relay_workflow_runs SET error = format('workflow: run %s ended %s', id, state)
 WHERE state IN ('failed', 'compensated', 'cancelled') AND error IS NULL;
+--bun:split
+DROP INDEX CONCURRENTLY IF EXISTS relay_workflow_runs_unfinished_idx;
+--bun:split
+CREATE INDEX CONCURRENTLY relay_workflow_runs_unfinished_idx ON relay_workflow_runs (created_at, id) WHERE finished_at IS NULL;
+--bun:split
+DROP INDEX CONCURRENTLY IF EXISTS relay_workflow_runs_error_idx;
+--bun:split
+CREATE INDEX CONCURRENTLY relay_workflow_runs_error_idx ON relay_workflow_runs (created_at, id) WHERE error IS NOT NULL;
+--bun:split
+DROP INDEX CONCURRENTLY IF EXISTS relay_workflow_runs_state_idx;
