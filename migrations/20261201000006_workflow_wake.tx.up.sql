@@ -31,94 +31,14 @@ WHERE r.id = locked.id
 RETURNING coalesce(r.job_id, 0)
 $$;
 
--- relay_workflow_wake makes the jobs $1 runnable now, as core.Wake does
--- (keep the two in step): a queued job waiting for its run_at is due at once
--- and its queue notified; a claimed one gets a run_at later than its claim,
--- which a snooze of the running attempt honours. Final jobs and 0 are left
--- alone.
---
--- Unlike core.Wake, it waits for a job's row lock for a bounded time only:
--- half of deadlock_timeout (or the caller's lock_timeout if shorter), then
--- it leaves that job alone and goes on. It runs in transactions that
--- already hold a job's row (the rescuer's, the completer's or a canceller's
--- ending a run's job, relay_workflow_job_ended) or a run's (a cancel, a
--- child's end waking its parent), and the row it waits for can be held by
--- a transaction that waits for them: a parent's job and its child's ending
--- at once, each transaction holding its own job and asking for the other's
--- run or job; a child ending as its parent's job does. PostgreSQL then aborted one of them (a
--- deadlock, and a retried batch); now the wait gives up before the
--- deadlock detector runs, and the holder goes on. What a skipped wake-up
--- leaves (TestWorkflowJobsEndingAtOnce, docs/workflow.md):
---   - in that case, the holder is ending the woken job itself: its run
---     ends failed, and there is nothing to wake;
---   - the holders that take a job's row for a moment (a claim, a
---     heartbeat, a snooze, a checkpoint's HoldLease, a completion) release
---     it within the bound, and the wake-up is made as core.Wake makes it
---     (TestWorkflowWakeWaitsForAShortHolder);
---   - the bound is shared by every locked job of one call (each waits for
---     what is left of it), so a call holds its caller's rows at most that
---     long, however many jobs are locked;
---   - a holder keeping the row longer than the bound (a caller's open
---     transaction that woke the job, or ended it) leaves the wake-up
---     skipped: a run waiting for a child or a signal then executes at its
---     next wake-up, or at the latest after workflow's maxSuspend (an hour),
---     the poll that covers a lost wake-up.
--- The jobs whose rows are free are woken in one statement; each of the
--- others in a subtransaction of its own (the lock_timeout error rolls back
--- only that job), so a run with many children does not take a
--- subtransaction per child.
-CREATE FUNCTION relay_workflow_wake(bigint[]) RETURNS void
-LANGUAGE plpgsql AS $$
-DECLARE
-    caller text := current_setting('lock_timeout');
-    bound  interval := current_setting('deadlock_timeout')::interval / 2;
-    woken  bigint[] := '{}';
-    job    bigint;
-    q      text;
-    until  timestamptz;
-    left_ms bigint;
-BEGIN
-    IF caller::interval > interval '0' AND caller::interval < bound THEN
-        bound := caller::interval;
-    END IF;
-    -- The bound is for the whole call, not for each locked job: the waits
-    -- for several locked jobs share it (each gets what is left), so the
-    -- caller's rows are held at most that long.
-    until := clock_timestamp() + bound;
-    FOR job, q IN
-        UPDATE relay_jobs AS j
-        SET run_at = CASE WHEN j.state = 'claimed' OR j.run_at > clock_timestamp() THEN clock_timestamp() ELSE j.run_at END
-        WHERE j.id IN (SELECT f.id FROM relay_jobs AS f WHERE f.id = ANY ($1) AND f.state IN ('claimed', 'queued')
-                       FOR UPDATE SKIP LOCKED)
-        RETURNING j.id, CASE WHEN j.state = 'queued' THEN j.queue END
-    LOOP
-        woken := woken || job;
-        IF q IS NOT NULL THEN
-            PERFORM pg_notify('relay_jobs', q);
-        END IF;
-    END LOOP;
-    FOREACH job IN ARRAY coalesce($1, '{}') LOOP
-        CONTINUE WHEN job IS NULL OR job = 0 OR job = ANY (woken);
-        q := NULL;
-        left_ms := floor(extract(epoch FROM until - clock_timestamp()) * 1000)::bigint;
-        CONTINUE WHEN left_ms < 1; -- the bound is spent: the rest are skipped
-        BEGIN
-            PERFORM set_config('lock_timeout', left_ms::text, true);
-            UPDATE relay_jobs
-            SET run_at = CASE WHEN state = 'claimed' OR run_at > clock_timestamp() THEN clock_timestamp() ELSE run_at END
-            WHERE id = job AND state IN ('claimed', 'queued')
-            RETURNING CASE WHEN state = 'queued' THEN queue END INTO q;
-            PERFORM set_config('lock_timeout', caller, true);
-        EXCEPTION WHEN lock_not_available THEN
-            -- The subtransaction's rollback restores lock_timeout too.
-            q := NULL;
-        END;
-        IF q IS NOT NULL THEN
-            PERFORM pg_notify('relay_jobs', q);
-        END IF;
-    END LOOP;
-END;
-$$;
+-- relay_workflow_wake(jobs) makes the jobs runnable now, as core.Wake
+-- does, without ever waiting for a job's row: it runs in transactions that
+-- already hold a job's row or a run's (the rescuer's, the completer's or a
+-- canceller's ending a run's job, a cancel, a child's end waking its
+-- parent), and the row it wants can be held by a transaction waiting for
+-- theirs. It is defined in 20261201000008_job_rewake (core's
+-- relay_jobs_wake: held rows are handed off and woken once free); nothing
+-- calls it before that migration has run.
 
 -- relay_workflow_cancel_tree asks the unfinished descendants of run $1
 -- (and run $1 itself when $2) to cancel (relay_workflow_request_cancel)
@@ -147,7 +67,7 @@ $$;
 -- canceller's), so it is never left running behind a dead job. As when a
 -- run ends: its Result callers are notified, its unfinished descendants
 -- are asked to cancel and woken (relay_workflow_cancel_tree), and so is its
--- parent's job (relay_workflow_wake: a bounded wait, so that a parent's job
+-- parent's job (relay_workflow_wake: no wait, so that a parent's job
 -- and its child's ending at once cannot deadlock). Retry runs
 -- such a run again with a new job. A job left behind by its run (job_id
 -- moved on) changes nothing.

@@ -157,9 +157,9 @@ FROM relay_workflow_runs WHERE id = $1`
 
 // sqlRequestCancel asks run $1 and its unfinished descendants to cancel,
 // wakes their jobs, and returns how many runs it asked. The tree walk, its
-// lock order (parents first) and the wake-ups (each waiting for a job's row
-// a bounded time) are relay_workflow_cancel_tree's (migration
-// 20261201000006), shared with sqlRequestCancelChildren and the trigger
+// lock order (parents first) and the wake-ups (never waiting for a job's
+// row: held ones are handed off, migration 20261201000008) are
+// relay_workflow_cancel_tree's (migration 20261201000006), shared with sqlRequestCancelChildren and the trigger
 // relay_workflow_job_ended.
 const sqlRequestCancel = `SELECT relay_workflow_cancel_tree($1, true)`
 
@@ -268,8 +268,9 @@ WHERE run_id = $1 AND state = 'failed' AND kind = 'step' AND starts_with(key, 'c
       AND l.position = (SELECT max(position) FROM relay_workflow_steps WHERE run_id = $1 AND state = 'failed'))`
 
 // sqlWakeParent wakes job $1, the parent's, when a child run ends: as
-// core.Wake, but waiting for the job's row a bounded time
-// (relay_workflow_wake, migration 20261201000006). The child's end holds its
+// core.Wake, but never waiting for the job's row (relay_workflow_wake,
+// migration 20261201000008: a held row is handed off and woken once free).
+// The child's end holds its
 // run row, and the parent's job ending at that moment holds the job's row
 // and asks for the child's run row: core.Wake deadlocked there
 // (TestChildEndWhileParentJobEnds).
