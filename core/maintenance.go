@@ -271,7 +271,12 @@ func (c *Client) rewake(ctx context.Context) {
 		err := func() error {
 			qctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 			defer cancel()
-			return c.pool.QueryRow(qctx, sqlRewake, batch).Scan(&taken, &left)
+			// READ COMMITTED whatever the pool's default: under REPEATABLE
+			// READ, clients taking the same hand-offs at once fail with
+			// serialization errors instead of stepping over each other.
+			return pgx.BeginTxFunc(qctx, c.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+				return tx.QueryRow(qctx, sqlRewake, batch).Scan(&taken, &left)
+			})
 		}()
 		if err != nil {
 			if ctx.Err() == nil { // not a stop

@@ -210,17 +210,24 @@ $$;
 -- never steps on a waiting job. The predicate stays state = 'queued', so
 -- every other query of queued jobs (admin lists and counts, queue depths)
 -- is served as before. Built under another name, then swapped in. A run
--- that stopped between dropping the old index and the rename finishes the
--- swap first, so that a run again never leaves the table without a claim
--- index while it builds.
+-- that stopped during the swap — the old index dropped, or left invalid by
+-- a DROP INDEX CONCURRENTLY that failed half-way, and the new one not yet
+-- renamed — finishes the swap first (the invalid one set aside and dropped),
+-- so that a run again never drops a valid claim index without a valid one
+-- in its place.
 DO $$
 BEGIN
-    IF to_regclass('relay_jobs_claim_idx') IS NULL AND EXISTS (
-        SELECT FROM pg_index WHERE indexrelid = to_regclass('relay_jobs_claim_idx_heads') AND indisvalid) THEN
+    IF NOT coalesce((SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass('relay_jobs_claim_idx')), false)
+       AND coalesce((SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass('relay_jobs_claim_idx_heads')), false) THEN
+        IF to_regclass('relay_jobs_claim_idx') IS NOT NULL THEN
+            ALTER INDEX relay_jobs_claim_idx RENAME TO relay_jobs_claim_idx_old;
+        END IF;
         ALTER INDEX relay_jobs_claim_idx_heads RENAME TO relay_jobs_claim_idx;
     END IF;
 END;
 $$;
+--bun:split
+DROP INDEX CONCURRENTLY IF EXISTS relay_jobs_claim_idx_old;
 --bun:split
 DROP INDEX CONCURRENTLY IF EXISTS relay_jobs_claim_idx_heads;
 --bun:split

@@ -36,15 +36,15 @@ $$;
 -- already hold a job's row or a run's (the rescuer's, the completer's or a
 -- canceller's ending a run's job, a cancel, a child's end waking its
 -- parent), and the row it wants can be held by a transaction waiting for
--- theirs. It is defined in 20261201000008_job_rewake (core's
--- relay_jobs_wake: held rows are handed off and woken once free); nothing
--- calls it before that migration has run.
+-- theirs. It is defined in 20261201000001_job_rewake, which runs before
+-- this file (core's relay_jobs_wake: held rows are handed off and woken
+-- once free).
 
 -- relay_workflow_cancel_tree asks the unfinished descendants of run $1
 -- (and run $1 itself when $2) to cancel (relay_workflow_request_cancel)
 -- and wakes their jobs (relay_workflow_wake), returning how many runs it
 -- asked: workflow.Cancel, and a run's end or ContinueAsNew closing its
--- children. Its wake-ups are bounded as the trigger's are, for the same
+-- children. Its wake-ups never wait for a job's row, as the trigger's, for the same
 -- reason: a cancel holds the tree's run rows when it wakes their jobs, and a
 -- child's job ending at that moment holds its job's row and asks for its
 -- run's (TestCancelWhileAChildJobEnds).

@@ -128,8 +128,14 @@ func lockMigrations(ctx context.Context, conn *sql.Conn) error {
 }
 
 // nonTxLockTimeout bounds each lock wait of a migration file run outside
-// a transaction (see runSQL).
-const nonTxLockTimeout = "'2min'"
+// a transaction (see runSQL); a lower lock_timeout already set (on the
+// role, in the URL) is kept.
+const nonTxLockTimeout = "2min"
+
+const sqlBoundLockTimeout = `SELECT set_config('lock_timeout',
+    CASE WHEN current_setting('lock_timeout')::interval = interval '0'
+           OR current_setting('lock_timeout')::interval > $1::text::interval
+         THEN $1::text ELSE current_setting('lock_timeout') END, false)`
 
 // fileName is a migration file's name: bun/migrate's <number>_<comment>,
 // then .tx.up.sql (run in one transaction) or .up.sql (run outside one,
@@ -193,14 +199,14 @@ func runSQL(name, text string, inTx bool) func(context.Context, *migrate.Migrato
 		// waits for us while we wait for it, unseen by the deadlock
 		// detector. Every part can run again, so the way out is an error
 		// that says what to do.
-		if _, err := conn.ExecContext(ctx, "SET lock_timeout = "+nonTxLockTimeout); err != nil {
+		if _, err := conn.ExecContext(ctx, sqlBoundLockTimeout, nonTxLockTimeout); err != nil {
 			return fmt.Errorf("%s: set lock_timeout: %w", name, err)
 		}
 		defer conn.ExecContext(context.WithoutCancel(ctx), "RESET lock_timeout") //nolint:errcheck // the connection is returned to database/sql's pool
 		for i, part := range splitParts(text) {
 			if _, err := conn.ExecContext(ctx, part); err != nil {
 				if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "55P03" {
-					return fmt.Errorf("%s, part %d: waited %s for older transactions to end (an idle-in-transaction session, a long report, or an older relay migrate waiting for the migration lock): end them and migrate again (the file resumes where it stopped): %w",
+					return fmt.Errorf("%s, part %d: waited up to %s for older transactions to end (an idle-in-transaction session, a long report, or an older relay migrate waiting for the migration lock): end them and migrate again (the file resumes where it stopped): %w",
 						name, i+1, nonTxLockTimeout, err)
 				}
 				return fmt.Errorf("%s, part %d: %w", name, i+1, err)

@@ -259,3 +259,106 @@ func TestStoppedMigrationRunsAgain(t *testing.T) {
 		}
 	}
 }
+
+// A DROP INDEX CONCURRENTLY that fails half-way (a lock wait that timed out)
+// leaves the index behind, invalid. 20261201000004 stopped there, with its
+// new claim index built under another name, finishes the swap when run
+// again instead of dropping the valid new index and rebuilding it beside an
+// invalid one: the same schema as an uninterrupted run, and a valid claim
+// index at every step of the second run.
+func TestKeyRefixMigrationFinishesAFailedSwap(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const stopped = "20261201000004_key_refix.up.sql"
+	text, err := fs.ReadFile(migrations.Files, stopped)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parts := migrations.SplitParts(string(text))
+	drop := -1
+	for i, p := range parts {
+		if strings.Contains(p, "DROP INDEX CONCURRENTLY IF EXISTS relay_jobs_claim_idx;") {
+			drop = i
+		}
+	}
+	if drop < 0 {
+		t.Fatalf("%s has no part dropping the old claim index", stopped)
+	}
+	names, err := fs.Glob(migrations.Files, "*.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := fstest.MapFS{}
+	for _, n := range names {
+		if n < stopped {
+			b, _ := fs.ReadFile(migrations.Files, n)
+			before[n] = &fstest.MapFile{Data: b}
+		}
+	}
+	pool, err := pgxpool.New(ctx, testdb.EmptyURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	var super bool
+	if err := pool.QueryRow(ctx, `SELECT rolsuper FROM pg_roles WHERE rolname = current_user`).Scan(&super); err != nil {
+		t.Fatal(err)
+	}
+	if !super {
+		t.Skip("marking an index invalid needs a superuser")
+	}
+	sqldb := stdlib.OpenDBFromPool(pool)
+	defer sqldb.Close()
+	if _, err := migrations.MigrateFS(ctx, sqldb, before); err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range parts[:drop] {
+		if _, err := pool.Exec(ctx, p); err != nil {
+			t.Fatalf("part %d: %v", i+1, err)
+		}
+	}
+	// What the failed DROP INDEX CONCURRENTLY leaves: the old index, invalid.
+	if _, err := pool.Exec(ctx, `UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'relay_jobs_claim_idx'::regclass`); err != nil {
+		t.Fatal(err)
+	}
+	// While the second run goes on, a valid index of the claim's shape is
+	// always there (checked between its statements by a watcher).
+	done := make(chan struct{})
+	gaps := make(chan string, 1)
+	go func() {
+		defer close(gaps)
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			var n int
+			if err := pool.QueryRow(ctx, `
+				SELECT count(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+				WHERE i.indrelid = 'relay_jobs'::regclass AND i.indisvalid
+				  AND pg_get_indexdef(c.oid) LIKE '%(queue, key_waiting, priority, run_at, id) WHERE (state = ''queued''%'`).Scan(&n); err == nil && n == 0 {
+				gaps <- "no valid claim index"
+				return
+			}
+		}
+	}()
+	_, err = migrations.MigrateDB(ctx, sqldb)
+	close(done)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gap, ok := <-gaps; ok {
+		t.Fatalf("during the second run: %s", gap)
+	}
+	var valid, leftovers bool
+	if err := pool.QueryRow(ctx, `
+		SELECT coalesce((SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass('relay_jobs_claim_idx')), false),
+		       to_regclass('relay_jobs_claim_idx_old') IS NOT NULL OR to_regclass('relay_jobs_claim_idx_heads') IS NOT NULL`).Scan(&valid, &leftovers); err != nil {
+		t.Fatal(err)
+	}
+	if !valid || leftovers {
+		t.Fatalf("claim index valid %v, leftovers %v", valid, leftovers)
+	}
+}
+

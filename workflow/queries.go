@@ -158,7 +158,7 @@ FROM relay_workflow_runs WHERE id = $1`
 // sqlRequestCancel asks run $1 and its unfinished descendants to cancel,
 // wakes their jobs, and returns how many runs it asked. The tree walk, its
 // lock order (parents first) and the wake-ups (never waiting for a job's
-// row: held ones are handed off, migration 20261201000008) are
+// row: held ones are handed off, migration 20261201000001) are
 // relay_workflow_cancel_tree's (migration 20261201000006), shared with sqlRequestCancelChildren and the trigger
 // relay_workflow_job_ended.
 const sqlRequestCancel = `SELECT relay_workflow_cancel_tree($1, true)`
@@ -169,13 +169,17 @@ const sqlRequestCancel = `SELECT relay_workflow_cancel_tree($1, true)`
 // compensations resumes them (the step that failed the run, and the
 // compensations that ran, are not done again), and a step failure the
 // function handled before is kept. A cancel asked for before the run
-// failed is kept, whatever failed it (a compensation, or its job ending
-// dead while it compensated): the run resumes its compensations and ends
-// cancelled, instead of going on with its function past the point where
-// the cancel stopped it.
+// failed is kept if the run had begun compensating (whatever failed it
+// then: a compensation, or its job ending dead): the run resumes its
+// compensations and ends cancelled, instead of going on with its function
+// past the point where the cancel stopped it. A cancel the run never acted
+// on (one asked of a child by its parent's end, say) is forgotten.
 const sqlRetryRun = `
 UPDATE relay_workflow_runs AS r
-SET state = 'pending', finished_at = NULL, error = NULL, output = NULL
+SET state = 'pending', finished_at = NULL, error = NULL, output = NULL,
+    cancel_requested = r.cancel_requested AND EXISTS (
+        SELECT 1 FROM relay_workflow_steps AS l
+        WHERE l.run_id = r.id AND l.kind = 'step' AND starts_with(l.key, 'compensate:'))
 WHERE r.id = $1 AND r.state = 'failed'
 RETURNING coalesce(r.job_id, 0)`
 
@@ -269,7 +273,7 @@ WHERE run_id = $1 AND state = 'failed' AND kind = 'step' AND starts_with(key, 'c
 
 // sqlWakeParent wakes job $1, the parent's, when a child run ends: as
 // core.Wake, but never waiting for the job's row (relay_workflow_wake,
-// migration 20261201000008: a held row is handed off and woken once free).
+// migration 20261201000001: a held row is handed off and woken once free).
 // The child's end holds its
 // run row, and the parent's job ending at that moment holds the job's row
 // and asks for the child's run row: core.Wake deadlocked there

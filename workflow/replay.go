@@ -424,7 +424,7 @@ func (x *execution) finish(state RunState, output []byte, msg string) error {
 				return err
 			}
 			// The parent wakes in the transaction that records the child's
-			// end, waiting for its job's row a bounded time (sqlWakeParent).
+			// end, never waiting for its job's row (sqlWakeParent).
 			if parentJob != 0 {
 				if _, err := tx.Exec(ctx, sqlWakeParent, parentJob); err != nil {
 					return fmt.Errorf("wake parent job %d: %w", parentJob, err)

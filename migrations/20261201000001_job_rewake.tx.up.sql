@@ -6,7 +6,8 @@
 -- holding a run tree's rows, a child's end waking its parent — must not
 -- wait for the woken job's row: the row's holder may be waiting for one of
 -- ours (a deadlock), or be a caller's open transaction (an unbounded wait).
--- 20261201000006 bounded that wait; this takes it away:
+-- (It runs before 20261201000002 and 20261201000006, whose trigger and
+-- functions call relay_workflow_wake.)
 --
 --   relay_jobs_wake(ids, notify) wakes the jobs whose rows are free in one
 --   statement (FOR UPDATE SKIP LOCKED) and hands off the others: a row in
