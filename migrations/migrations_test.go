@@ -361,4 +361,3 @@ func TestKeyRefixMigrationFinishesAFailedSwap(t *testing.T) {
 		t.Fatalf("claim index valid %v, leftovers %v", valid, leftovers)
 	}
 }
-
