@@ -230,13 +230,7 @@ func TestStoppedMigrationRunsAgain(t *testing.T) {
 			t.Fatal(err)
 		}
 		parts := migrations.SplitParts(string(text))
-		before := fstest.MapFS{}
-		for _, n := range names {
-			if n < stopped {
-				b, _ := fs.ReadFile(migrations.Files, n)
-				before[n] = &fstest.MapFile{Data: b}
-			}
-		}
+		before := filesBefore(t, stopped)
 		for k := 1; k < len(parts); k++ {
 			t.Run(fmt.Sprintf("%s after part %d", stopped, k), func(t *testing.T) {
 				t.Parallel()
@@ -284,17 +278,7 @@ func TestKeyRefixMigrationFinishesAFailedSwap(t *testing.T) {
 	if drop < 0 {
 		t.Fatalf("%s has no part dropping the old claim index", stopped)
 	}
-	names, err := fs.Glob(migrations.Files, "*.sql")
-	if err != nil {
-		t.Fatal(err)
-	}
-	before := fstest.MapFS{}
-	for _, n := range names {
-		if n < stopped {
-			b, _ := fs.ReadFile(migrations.Files, n)
-			before[n] = &fstest.MapFile{Data: b}
-		}
-	}
+	before := filesBefore(t, stopped)
 	pool, err := pgxpool.New(ctx, testdb.EmptyURL(t))
 	if err != nil {
 		t.Fatal(err)
@@ -360,4 +344,24 @@ func TestKeyRefixMigrationFinishesAFailedSwap(t *testing.T) {
 	if !valid || leftovers {
 		t.Fatalf("claim index valid %v, leftovers %v", valid, leftovers)
 	}
+}
+
+// filesBefore is the embedded migration files that run before file stopped.
+func filesBefore(t *testing.T, stopped string) fstest.MapFS {
+	t.Helper()
+	names, err := fs.Glob(migrations.Files, "*.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := fstest.MapFS{}
+	for _, n := range names {
+		if n < stopped {
+			b, err := fs.ReadFile(migrations.Files, n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			before[n] = &fstest.MapFile{Data: b}
+		}
+	}
+	return before
 }
