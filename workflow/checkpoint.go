@@ -116,9 +116,10 @@ type outcome struct {
 
 // batchWrite is write without a function of the caller's, in one round
 // trip: the lease check (core.LeaseCheck), the bookkeeping, the deferred
-// checkpoints and, given fin, the run's outcome and the wake-up of Result
-// callers are one pipelined batch, which PostgreSQL runs as one implicit
-// transaction: all of it commits under the lease, or none of it.
+// checkpoints and, given fin, the run's outcome are one pipelined batch,
+// which PostgreSQL runs as one implicit transaction: all of it commits
+// under the lease, or none of it. It is sent with the batches of other
+// executions writing at the same moment (grouper).
 func (x *execution) batchWrite(fin *outcome, extra ...*stepWrite) error {
 	ctx, cancelWrite := context.WithTimeout(context.WithoutCancel(x.ctx), writeTimeout)
 	defer cancelWrite()
@@ -138,20 +139,30 @@ func (x *execution) batchWrite(fin *outcome, extra ...*stepWrite) error {
 	// no two writers deadlock.
 	sql, args := core.LeaseCheck(x.job.JobRow)
 	b.Queue(sql, args...)
-	br := x.r.pool.SendBatch(ctx, b)
 	cancel := false
-	var err error
-	first := 0
-	if readCancel {
-		err = br.QueryRow().Scan(&cancel)
-		first = 1
-	}
-	for i := first; err == nil && i < b.Len(); i++ {
-		_, err = br.Exec()
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
+	err := x.r.group.do(ctx, x.r.pool, member{
+		job: x.job.ID,
+		queue: func(g *pgx.Batch) {
+			for _, q := range b.QueuedQueries {
+				g.Queue(q.SQL, q.Arguments...)
+			}
+		},
+		read: func(br pgx.BatchResults) error {
+			var err error
+			cancel = false
+			first := 0
+			if readCancel {
+				err = br.QueryRow().Scan(&cancel)
+				first = 1
+			}
+			for i := first; i < b.Len(); i++ {
+				if _, e := br.Exec(); err == nil {
+					err = e
+				}
+			}
+			return err
+		},
+	})
 	if err != nil {
 		if core.IsLeaseLost(err) {
 			x.r.stats.refused.Add(1)

@@ -105,19 +105,22 @@ SET state = $2, output = $3::jsonb, error = nullif($4, ''), finished_at = now()
 WHERE r.id = $1 AND r.state IN ('pending', 'running', 'compensating')
 RETURNING coalesce((SELECT p.job_id FROM relay_workflow_runs AS p WHERE p.id = r.parent_id AND p.finished_at IS NULL), 0)`
 
-// sqlFinishRootRun is sqlFinishRun for a run without a parent, in a batch:
-// it wakes the Result callers waiting on it at commit too.
+// sqlFinishRootRun is sqlFinishRun for a run without a parent, in a batch.
+// The Result callers waiting on it are woken after the commit (announcer).
 const sqlFinishRootRun = `
 UPDATE relay_workflow_runs
 SET state = $2, output = $3::jsonb, error = nullif($4, ''), finished_at = now()
-WHERE id = $1 AND state IN ('pending', 'running', 'compensating')
-RETURNING pg_notify('relay_workflow', id)`
+WHERE id = $1 AND state IN ('pending', 'running', 'compensating')`
 
 // sqlSetRunState moves a run to $2 (running → compensating).
 const sqlSetRunState = `UPDATE relay_workflow_runs SET state = $2 WHERE id = $1 AND state <> $2`
 
 // sqlNotifyDone wakes Result callers waiting on run $1. Delivered at commit.
 const sqlNotifyDone = `SELECT pg_notify('relay_workflow', $1::text)`
+
+// sqlAnnounceDone wakes Result callers waiting on runs $1, after the
+// commits that recorded their ends (announcer).
+const sqlAnnounceDone = `SELECT pg_notify('relay_workflow', id) FROM unnest($1::text[]) AS id`
 
 // sqlRunOutcome reads a run's state and outcome (Result).
 const sqlRunOutcome = `

@@ -40,6 +40,10 @@ type Registry struct {
 	byName map[string]*definition
 	stats  stats
 	waiter waiter
+	// announcer wakes Result callers after a run's end commits.
+	announcer announcer
+	// group sends the checkpoints of concurrent executions together.
+	group grouper
 }
 
 // Stats counts what a registry's executions did since it was made.

@@ -439,6 +439,11 @@ func (x *execution) finish(state RunState, output []byte, msg string) error {
 	if err != nil {
 		return fmt.Errorf("workflow: run %s: record outcome %s: %w", x.runID, state, err)
 	}
+	if x.run.parentID == "" {
+		// A child's callers are woken in its outcome's transaction, which
+		// notifies anyway (its parent's wake-up).
+		x.r.announcer.announce(x.r.pool, x.runID)
+	}
 	x.r.stats.finished.Add(1)
 	eagerFinished(x.ctx, x.runID, state, output, msg)
 	return nil

@@ -332,3 +332,41 @@ func TestSleepUntilAndStepTimeout(t *testing.T) {
 		t.Fatal(out, err)
 	}
 }
+
+// A finished run is announced on channel relay_workflow (payload its id)
+// once its outcome has committed, for Result callers: a listener sees the
+// notification, and the run reads finished when it does.
+func TestFinishedRunIsAnnounced(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	wf := workflow.MustRegister(b.reg, "announced", func(wctx workflow.Context, n int) (int, error) {
+		return workflow.Step(wctx, "double", func(context.Context) (int, error) { return 2 * n, nil }, nil)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	conn, err := b.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `LISTEN relay_workflow`); err != nil {
+		t.Fatal(err)
+	}
+	b.start()
+	h, err := workflow.Start(ctx, b.pool, wf, 21, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		n, err := conn.Conn().WaitForNotification(ctx)
+		if err != nil {
+			t.Fatalf("no announcement of run %s: %v", h.ID, err)
+		}
+		if n.Payload == h.ID {
+			break
+		}
+	}
+	if got := b.count(`SELECT count(*) FROM relay_workflow_runs WHERE id = $1 AND state = 'completed' AND output = '42'`, h.ID); got != 1 {
+		t.Fatalf("run %s announced but not completed with 42", h.ID)
+	}
+}

@@ -1,0 +1,68 @@
+package workflow
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// announcer tells Result callers that runs finished: one notification per
+// run on channel relay_workflow (payload the run id), sent after the
+// transaction that recorded the run's end committed, in a transaction of
+// their own.
+//
+// Not in the outcome's transaction, because PostgreSQL serialises the
+// commits of transactions that NOTIFY: it holds a database-wide lock from a
+// notifying transaction's pre-commit until its WAL flush, so runs finishing
+// together would commit one WAL flush after another (the queued drain of
+// docs/benchmarks.md waited on that lock more than on anything else). A
+// transaction that only notifies writes no WAL that must be flushed, so it
+// holds that lock for microseconds.
+//
+// Runs that finish while a notification is being sent share the next one
+// (one statement for all of them); no goroutine runs while there is
+// nothing to send. A notification lost to a crash between the commit and
+// its sending, or to a failed send, costs the callers waiting on that run
+// their polling interval (a second at most): Result reads the run again
+// anyway.
+type announcer struct {
+	mu      sync.Mutex
+	pending []string
+	sending bool
+}
+
+// announceTimeout bounds one send.
+const announceTimeout = 5 * time.Second
+
+// announce queues the notification of run id's end, to be sent on pool.
+func (a *announcer) announce(pool *pgxpool.Pool, id string) {
+	a.mu.Lock()
+	a.pending = append(a.pending, id)
+	if a.sending {
+		a.mu.Unlock()
+		return
+	}
+	a.sending = true
+	a.mu.Unlock()
+	go a.send(pool)
+}
+
+// send sends what is pending until nothing is.
+func (a *announcer) send(pool *pgxpool.Pool) {
+	for {
+		a.mu.Lock()
+		ids := a.pending
+		a.pending = nil
+		if len(ids) == 0 {
+			a.sending = false
+			a.mu.Unlock()
+			return
+		}
+		a.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), announceTimeout)
+		pool.Exec(ctx, sqlAnnounceDone, ids) //nolint:errcheck // Result polls
+		cancel()
+	}
+}

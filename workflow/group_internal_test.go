@@ -1,0 +1,202 @@
+package workflow
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/relayq/relay/internal/testdb"
+)
+
+// insertMember writes n (and its transaction's id) into group_t, then runs
+// last, whose error is the member's.
+func insertMember(n int, last string, args ...any) member {
+	return member{
+		job: int64(100 - n), // sorted against the order given
+		queue: func(b *pgx.Batch) {
+			b.Queue(`INSERT INTO group_t VALUES ($1, txid_current())`, n)
+			b.Queue(last, args...)
+		},
+		read: func(br pgx.BatchResults) error {
+			_, err := br.Exec()
+			var one int
+			if e := br.QueryRow().Scan(&one); err == nil {
+				err = e
+			}
+			return err
+		},
+	}
+}
+
+// A member whose statement the server refuses (a lost lease) rolls its
+// group back; every member is then written alone, so the others commit,
+// each once, and only the refused one fails, with its own error.
+func TestGroupRefusesOnlyTheFailingMember(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `CREATE TABLE group_t (n int, xid bigint)`); err != nil {
+		t.Fatal(err)
+	}
+	var calls []*groupCall
+	for n := range 5 {
+		last := `SELECT 1`
+		if n == 2 {
+			last = `SELECT 1 / (n - 2) FROM group_t WHERE n = 2` // division by zero
+		}
+		calls = append(calls, &groupCall{m: insertMember(n, last), done: make(chan error, 1)})
+	}
+	sendGroup(ctx, pool, calls)
+	for _, c := range calls {
+		err := <-c.done
+		n := 100 - int(c.m.job)
+		var pgErr *pgconn.PgError
+		switch {
+		case n == 2 && !(errors.As(err, &pgErr) && pgErr.Code == "22012"):
+			t.Errorf("member 2: %v, want division by zero", err)
+		case n != 2 && err != nil:
+			t.Errorf("member %d: %v", n, err)
+		}
+	}
+	rows, err := pool.Query(ctx, `SELECT n, count(*) FROM group_t GROUP BY n ORDER BY n`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) ([2]int, error) {
+		var v [2]int
+		return v, r.Scan(&v[0], &v[1])
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := [][2]int{{0, 1}, {1, 1}, {3, 1}, {4, 1}}
+	if len(got) != len(want) {
+		t.Fatalf("rows %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("rows %v, want %v", got, want)
+		}
+	}
+}
+
+// A member's own error that is not the server's (a row it did not find)
+// is that member's alone: the group commits, the others' writes with it,
+// and nothing is written twice.
+func TestGroupMemberErrorStaysItsOwn(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `CREATE TABLE group_t (n int, xid bigint)`); err != nil {
+		t.Fatal(err)
+	}
+	var calls []*groupCall
+	for n := range 3 {
+		last := `SELECT 1`
+		if n == 1 {
+			last = `SELECT 1 WHERE false`
+		}
+		calls = append(calls, &groupCall{m: insertMember(n, last), done: make(chan error, 1)})
+	}
+	sendGroup(ctx, pool, calls)
+	for _, c := range calls {
+		err := <-c.done
+		if n := 100 - int(c.m.job); (n == 1) != errors.Is(err, pgx.ErrNoRows) {
+			t.Errorf("member %d: %v", n, err)
+		}
+	}
+	var rows, xids int
+	if err := pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT xid) FROM group_t`).Scan(&rows, &xids); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 3 || xids != 1 {
+		t.Fatalf("%d rows in %d transactions, want 3 in 1 (one group)", rows, xids)
+	}
+}
+
+// Writes that arrive while every sender is busy wait, and go together in
+// the next group: one transaction for all of them.
+func TestGroupWritesArrivingMeanwhileShareACommit(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `CREATE TABLE group_t (n int, xid bigint); CREATE TABLE gate (id int); INSERT INTO gate VALUES (1)`); err != nil {
+		t.Fatal(err)
+	}
+	// Hold the gate's row: the first groupSenders writes wait on it.
+	holder, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx) //nolint:errcheck
+	if _, err := holder.Exec(ctx, `SELECT * FROM gate FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	g := &grouper{}
+	var wg sync.WaitGroup
+	errs := make(chan error, 100)
+	for n := range groupSenders {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- g.do(ctx, pool, insertMember(n, `SELECT id FROM gate FOR UPDATE`))
+		}()
+	}
+	waitUntil(t, "every sender busy", func() bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return g.senders == groupSenders
+	})
+	const later = 20
+	for n := groupSenders; n < groupSenders+later; n++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- g.do(ctx, pool, insertMember(n, `SELECT 1`))
+		}()
+	}
+	waitUntil(t, "the later writes pending", func() bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return len(g.pending) == later
+	})
+	if err := holder.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	var rows, xids int
+	if err := pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT xid) FROM group_t WHERE n >= $1`, groupSenders).Scan(&rows, &xids); err != nil {
+		t.Fatal(err)
+	}
+	if rows != later || xids != 1 {
+		t.Fatalf("the %d later writes: %d rows in %d transactions, want %d in 1", later, rows, xids, later)
+	}
+	// The last sender frees its place after it answered its group.
+	waitUntil(t, "no sender and nothing pending", func() bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return g.senders == 0 && len(g.pending) == 0
+	})
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
