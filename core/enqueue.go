@@ -3,7 +3,6 @@ package core
 import (
 	"context"
 	"crypto/sha256"
-	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -14,13 +13,13 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/uptrace/bun"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/relayq/relay/internal/dbx"
 )
 
 // DefaultQueue is the queue of jobs enqueued without one.
@@ -192,13 +191,7 @@ func enqueueMany(ctx context.Context, db DB, params []EnqueueParams, tp trace.Tr
 // inTransaction reports whether db is a caller's transaction: then the
 // insert trigger's NOTIFY rides on its commit. Otherwise the enqueue is its
 // own transaction and notifies after it (notifyQueues).
-func inTransaction(db DB) bool {
-	switch db.(type) {
-	case pgx.Tx, bun.Tx, *bun.Tx, *sql.Tx:
-		return true
-	}
-	return false
-}
+func inTransaction(db DB) bool { return dbx.InTransaction(db) }
 
 // notifyQueues wakes the workers of the queues that got a job runnable now,
 // after the enqueue on db committed (see wakeQueues).

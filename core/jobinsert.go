@@ -17,6 +17,9 @@ import (
 func init() {
 	jobinsert.Prepare = prepareJobInsert
 	jobinsert.SQL = jobInsertSQL
+	jobinsert.SQLAfter = func(from, idCol string, param int) string {
+		return notifyAfter(jobInsertSQL(from, idCol, param))
+	}
 }
 
 // prepareJobInsert is Enqueue up to the statement, for one job without a
@@ -56,7 +59,14 @@ func prepareJobInsert(ctx context.Context, a, o any) (jobinsert.Job, error) {
 		span.SetAttributes(attribute.String("messaging.message.id", strconv.FormatInt(id, 10)))
 		countEnqueued(ctx, nil, rows, []EnqueueResult{{ID: id}})
 	}
-	return jobinsert.Job{Ctx: ctx, Row: string(appendBatch(nil, rows)), Done: done}, nil
+	wake := func(ctx context.Context, db any) {
+		ex, err := execerFor(db)
+		if err != nil {
+			return
+		}
+		notifyQueues(ctx, db, ex, rows, []EnqueueResult{{}})
+	}
+	return jobinsert.Job{Ctx: ctx, Row: string(appendBatch(nil, rows)), Done: done, Wake: wake}, nil
 }
 
 // jobInsertSQL is sqlEnqueue inserting the job with the id from.idCol,

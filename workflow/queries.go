@@ -14,14 +14,23 @@ import "github.com/relayq/relay/internal/jobinsert"
 // inserts the job, through relay_jobs' triggers, once per run row
 // inserted. It returns the job's id; no row for an existing id, which
 // sqlRunIdentity then says which workflow holds.
-var sqlStartRun = `
+var sqlStartRun = startRunSQL(jobinsert.SQL)
+
+// sqlStartRunAfter is sqlStartRun for a start that is its own transaction
+// (on a pool): the job's wake-up is sent after the commit (jobinsert.Job.Wake),
+// not by a NOTIFY in the transaction, whose commits PostgreSQL serialises.
+var sqlStartRunAfter = startRunSQL(jobinsert.SQLAfter)
+
+func startRunSQL(job func(from, idCol string, param int) string) string {
+	return `
 WITH run AS (
     INSERT INTO relay_workflow_runs (id, workflow, input, queue, parent_id, parent_position, trace, job_id)
     VALUES ($1, $2, $3::jsonb, $4, nullif($5, ''), $6, $7::jsonb, nextval(pg_get_serial_sequence('relay_jobs', 'id')))
     ON CONFLICT (id) DO NOTHING
     RETURNING job_id
-), job AS (` + jobinsert.SQL("run", "job_id", 8) + `)
+), job AS (` + job("run", "job_id", 8) + `)
 SELECT id FROM job`
+}
 
 const sqlRunIdentity = `SELECT workflow FROM relay_workflow_runs WHERE id = $1`
 

@@ -170,13 +170,21 @@ func startRun(ctx context.Context, db core.DB, tracer trace.Tracer, name string,
 			return err
 		}
 		var jobID int64
-		if err := ex.Query(job.Ctx, sqlStartRun, []any{o.ID, name, string(input), o.Queue, parentID, parentPos, string(traceJSON), job.Row},
+		own := !dbx.InTransaction(db)
+		q := sqlStartRun
+		if own {
+			q = sqlStartRunAfter
+		}
+		if err := ex.Query(job.Ctx, q, []any{o.ID, name, string(input), o.Queue, parentID, parentPos, string(traceJSON), job.Row},
 			func(r dbx.Scanner) error { return r.Scan(&jobID) }); err != nil {
 			job.Done(0, err)
 			return err
 		}
 		if jobID != 0 {
 			job.Done(jobID, nil)
+			if own {
+				job.Wake(ctx, db)
+			}
 			return nil
 		}
 		job.Done(0, nil) // no job: the run exists

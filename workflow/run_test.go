@@ -370,3 +370,40 @@ func TestFinishedRunIsAnnounced(t *testing.T) {
 		t.Fatalf("run %s announced but not completed with 42", h.ID)
 	}
 }
+
+// A run started on a pool (its own transaction, whose job's wake-up is
+// sent after the commit) and one started in a caller's transaction (whose
+// wake-up rides on its commit) are both picked up by their notification:
+// the workers here never poll.
+func TestStartWakesTheWorkers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	wf := workflow.MustRegister(b.reg, "woken", func(wctx workflow.Context, n int) (int, error) {
+		return workflow.Step(wctx, "inc", func(context.Context) (int, error) { return n + 1, nil }, nil)
+	})
+	b.startWith(&core.Config{PollInterval: time.Hour})
+	ctx := context.Background()
+	for i := range 3 {
+		h, err := workflow.Start(ctx, b.pool, wf, i, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out, err := result[int](t, b.pool, h.ID); err != nil || out != i+1 {
+			t.Fatalf("run started on the pool: %d, %v", out, err)
+		}
+	}
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := workflow.Start(ctx, tx, wf, 10, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := result[int](t, b.pool, h.ID); err != nil || out != 11 {
+		t.Fatalf("run started in a transaction: %d, %v", out, err)
+	}
+}

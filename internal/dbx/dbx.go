@@ -69,6 +69,18 @@ func For(db any) (Execer, error) {
 	return nil, fmt.Errorf("%w: %T (want a pgx, bun or database/sql transaction, connection or pool)", ErrUnsupported, db)
 }
 
+// InTransaction reports whether db is a caller's transaction (pgx.Tx,
+// bun.Tx, *bun.Tx, *sql.Tx), whose commit is the caller's: what Relay
+// writes through it becomes visible then, and a NOTIFY must ride on that
+// commit. Any other handle runs each statement as its own transaction.
+func InTransaction(db any) bool {
+	switch db.(type) {
+	case pgx.Tx, bun.Tx, *bun.Tx, *sql.Tx:
+		return true
+	}
+	return false
+}
+
 // PGX runs SQL on a pgx handle.
 type PGX struct{ Q pgxQuerier }
 

@@ -18,6 +18,11 @@ type Job struct {
 	// Done ends the producer span and counts the job once the statement
 	// ran: id is the job's id, err the statement's error.
 	Done func(id int64, err error)
+	// Wake wakes the workers of the job's queue (unless the job runs
+	// later), after a statement of SQLAfter inserted it and committed, on
+	// db, the handle it ran on: as core.Enqueue does for an enqueue that is
+	// its own transaction.
+	Wake func(ctx context.Context, db any)
 }
 
 var (
@@ -31,4 +36,9 @@ var (
 	// core's own enqueue statement, so the insert goes through
 	// relay_jobs' triggers and rules as any enqueue's.
 	SQL func(from, idCol string, param int) string
+	// SQLAfter is SQL for a statement that is its own transaction (on a
+	// pool or connection, not in a caller's transaction): its insert sends
+	// no wake-up at commit, since PostgreSQL serialises the commits of
+	// transactions that NOTIFY; call Job.Wake after the statement instead.
+	SQLAfter func(from, idCol string, param int) string
 )
