@@ -3,6 +3,7 @@ package workflow
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/internal/testdb"
 )
 
@@ -33,10 +35,11 @@ func insertMember(n int, last string, args ...any) member {
 	}
 }
 
-// A member whose statement the server refuses (a lost lease) rolls its
-// group back; every member is then written alone, so the others commit,
-// each once, and only the refused one fails, with its own error.
-func TestGroupRefusesOnlyTheFailingMember(t *testing.T) {
+// A member whose statement the server refuses rolls its group back: a
+// lost lease is that member's verdict, any other refusal is tried again
+// alone (where it fails again here), and the other members go again
+// together: they commit, each once, in one transaction.
+func TestGroupRefusesOnlyTheFailingMembers(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
 	ctx := context.Background()
@@ -44,10 +47,13 @@ func TestGroupRefusesOnlyTheFailingMember(t *testing.T) {
 		t.Fatal(err)
 	}
 	var calls []*groupCall
-	for n := range 5 {
+	for n := range 6 {
 		last := `SELECT 1`
-		if n == 2 {
-			last = `SELECT 1 / (n - 2) FROM group_t WHERE n = 2` // division by zero
+		switch n {
+		case 1:
+			last = `SELECT 1 FROM (SELECT relay_hold_lease(0, gen_random_uuid())) AS held` // RLY02
+		case 3:
+			last = `SELECT 1 / (n - 3) FROM group_t WHERE n = 3` // division by zero
 		}
 		calls = append(calls, &groupCall{m: insertMember(n, last), done: make(chan error, 1)})
 	}
@@ -57,9 +63,11 @@ func TestGroupRefusesOnlyTheFailingMember(t *testing.T) {
 		n := 100 - int(c.m.job)
 		var pgErr *pgconn.PgError
 		switch {
-		case n == 2 && !(errors.As(err, &pgErr) && pgErr.Code == "22012"):
-			t.Errorf("member 2: %v, want division by zero", err)
-		case n != 2 && err != nil:
+		case n == 1 && !core.IsLeaseLost(err):
+			t.Errorf("member 1: %v, want a lost lease", err)
+		case n == 3 && !(errors.As(err, &pgErr) && pgErr.Code == "22012"):
+			t.Errorf("member 3: %v, want division by zero", err)
+		case n != 1 && n != 3 && err != nil:
 			t.Errorf("member %d: %v", n, err)
 		}
 	}
@@ -74,14 +82,79 @@ func TestGroupRefusesOnlyTheFailingMember(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := [][2]int{{0, 1}, {1, 1}, {3, 1}, {4, 1}}
-	if len(got) != len(want) {
-		t.Fatalf("rows %v, want %v", got, want)
+	if want := [][2]int{{0, 1}, {2, 1}, {4, 1}, {5, 1}}; !slices.Equal(got, want) {
+		t.Fatalf("rows (n, count) %v, want %v", got, want)
 	}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Fatalf("rows %v, want %v", got, want)
+	var xids int
+	if err := pool.QueryRow(ctx, `SELECT count(DISTINCT xid) FROM group_t`).Scan(&xids); err != nil {
+		t.Fatal(err)
+	}
+	if xids != 1 {
+		t.Fatalf("the members that committed did so in %d transactions, want 1 (one group)", xids)
+	}
+}
+
+// A member waiting for a row lock (a caller's transaction holding its
+// run's job row, as Signal does) does not hold up the rest of its group:
+// they commit while the lock is held, and the waiting member once it is
+// released.
+func TestGroupDoesNotWaitForOneMembersLock(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `CREATE TABLE group_t (n int, xid bigint); CREATE TABLE gate (id int); INSERT INTO gate VALUES (1)`); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx) //nolint:errcheck
+	if _, err := holder.Exec(ctx, `SELECT * FROM gate FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	var calls []*groupCall
+	for n := range 3 {
+		last := `SELECT 1`
+		if n == 1 {
+			last = `SELECT id FROM gate FOR UPDATE`
 		}
+		calls = append(calls, &groupCall{m: insertMember(n, last), done: make(chan error, 1)})
+	}
+	waiting := calls[1]
+	go sendGroup(ctx, pool, slices.Clone(calls))
+	for _, c := range []*groupCall{calls[0], calls[2]} {
+		select {
+		case err := <-c.done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("a member waited for another member's lock")
+		}
+	}
+	select {
+	case err := <-waiting.done:
+		t.Fatalf("the member waiting for the lock was answered (%v) while the lock was held", err)
+	default:
+	}
+	if err := holder.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-waiting.done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the waiting member was not answered after the lock was released")
+	}
+	var rows int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM group_t`).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 3 {
+		t.Fatalf("%d rows, want 3", rows)
 	}
 }
 

@@ -344,11 +344,11 @@ func TestFinishedRunIsAnnounced(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	conn, err := b.pool.Acquire(ctx)
+	conn, err := pgx.Connect(ctx, b.pool.Config().ConnConfig.ConnString())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Release()
+	defer conn.Close(context.Background())
 	if _, err := conn.Exec(ctx, `LISTEN relay_workflow`); err != nil {
 		t.Fatal(err)
 	}
@@ -358,7 +358,7 @@ func TestFinishedRunIsAnnounced(t *testing.T) {
 		t.Fatal(err)
 	}
 	for {
-		n, err := conn.Conn().WaitForNotification(ctx)
+		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
 			t.Fatalf("no announcement of run %s: %v", h.ID, err)
 		}
