@@ -37,7 +37,8 @@ import (
 // groupSenders groups are in flight, and writes that arrive meanwhile go
 // together in the next group. One execution at a time therefore pays
 // nothing; a hundred pay one round trip per group instead of one each
-// (docs/benchmarks.md, "Group commit and notifications after the commit").
+// (docs/benchmarks.md, "Current figures: group commit and notifications
+// after the commit").
 type grouper struct {
 	mu      sync.Mutex
 	pending []*groupCall
