@@ -206,11 +206,24 @@ func (c *Client) startLease(r *running, sent time.Time) {
 // renewLease moves r's local lease deadline to leaseBudget after sent, when
 // a renewal that succeeded was sent.
 func (c *Client) renewLease(r *running, sent time.Time) {
-	if r.lost.Load() {
+	if r.lost.Load() || r.done.Load() {
 		return
 	}
 	r.deadline.Store(int64(sent.Sub(c.epoch) + c.leaseBudget))
 	r.leaseTimer.Reset(time.Until(sent.Add(c.leaseBudget)))
+	if r.done.Load() {
+		// The handler returned while the renewal was on its way (a
+		// heartbeat collects the jobs in flight, then renews them): its
+		// timer must not fire for a job that is over.
+		r.leaseTimer.Stop()
+	}
+}
+
+// endLease disarms r's local lease deadline once its handler returned (or
+// will never run): no renewal re-arms it, and it loses no lease.
+func (c *Client) endLease(r *running) {
+	r.done.Store(true)
+	r.leaseTimer.Stop()
 }
 
 // leasePassed says whether r's local lease deadline has passed.
@@ -240,14 +253,17 @@ type running struct {
 	// completedInTx: CompleteTx recorded the success in the handler's
 	// transaction; the lease is no longer needed.
 	completedInTx atomic.Bool
+	// done: the handler returned (or will never run); the local lease
+	// deadline is disarmed (endLease).
+	done atomic.Bool
 }
 
 // loseLease cancels r's handler with ErrLeaseLost, once, and counts it. A
 // job whose success CompleteTx has recorded is left alone: its lease ended
 // with the success, and nothing can run it again.
 func (c *Client) loseLease(r *running, why string) {
-	if r.completedInTx.Load() || errors.Is(context.Cause(r.ctx), ErrJobCancelled) || !r.lost.CompareAndSwap(false, true) {
-		return // done, cancelled (its lease ended with it), or counted already
+	if r.done.Load() || r.completedInTx.Load() || errors.Is(context.Cause(r.ctx), ErrJobCancelled) || !r.lost.CompareAndSwap(false, true) {
+		return // over, done, cancelled (its lease ended with it), or counted already
 	}
 	c.stats.leaseLost.Add(1)
 	c.metrics.leaseLost.Add(context.Background(), 1, c.metrics.with(r.row))

@@ -329,7 +329,7 @@ func (q *queue) close() {
 // lease to give back; a cancelled job or a lost lease has none.
 func (q *queue) finish(r *running) {
 	c := q.client
-	r.leaseTimer.Stop()
+	c.endLease(r)
 	c.inflight.CompareAndDelete(r.row.ID, r)
 	if givenBack(context.Cause(r.ctx)) {
 		c.completer.add(outcome{row: r.row, kind: outcomeRelease})
@@ -358,7 +358,7 @@ func (q *queue) executeOne(r *running) error {
 		return ErrLeaseLost
 	}
 	defer func() {
-		r.leaseTimer.Stop()
+		c.endLease(r)
 		r.cancel(nil)
 		q.active.Add(-1)
 		c.jobs.Done()
@@ -381,6 +381,10 @@ func (q *queue) executeOne(r *running) error {
 	} else {
 		err = runHandler(spanCtx, reg, row)
 	}
+	// The handler is over: its local lease deadline is disarmed before it
+	// leaves the jobs in flight, so that a heartbeat renewing it meanwhile
+	// cannot re-arm it (a "lease lost" 24 s later for a job long done).
+	c.endLease(r)
 	c.inflight.CompareAndDelete(row.ID, r) // not a newer attempt of the same job
 	c.metrics.duration.Record(ctx, time.Since(began).Seconds(), attrs)
 	if err == nil { // the hot path: nothing to log, nothing to allocate

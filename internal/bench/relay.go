@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand"
+	"os"
 	"strconv"
 	"sync"
 	"time"
@@ -62,7 +63,7 @@ func relayConfig(cfg WorkerConfig, ws *core.Workers) *core.Config {
 	return &core.Config{
 		Workers:       ws,
 		Queues:        map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: cfg.Workers, Prefetch: cfg.Prefetch}},
-		Logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Logger:        benchLogger(),
 		ClaimCoalesce: cfg.ClaimCoalesce,
 		NoClaimFloor:  cfg.NoClaimFloor,
 	}
@@ -232,4 +233,14 @@ func EndToEndQuery(ctx context.Context, pool *pgxpool.Pool, sql string) (p50, p9
 		return time.Duration(*qs[i] * float64(time.Second))
 	}
 	return d(0), d(1), d(2), nil
+}
+
+// benchLogger is the clients' logger: discarded, unless RELAY_BENCH_LOG is
+// set (to investigate a run: the claim floor going on and off, a listener
+// reconnecting), when it writes to stderr.
+func benchLogger() *slog.Logger {
+	if os.Getenv("RELAY_BENCH_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
