@@ -61,7 +61,7 @@ type Handle[Out any] struct {
 // pool has no listener: its handles poll, as Result.
 func (h Handle[Out]) Result(ctx context.Context, db core.DB) (Out, error) {
 	var w *waiter
-	if h.reg != nil && h.reg.pool != nil {
+	if h.reg != nil && h.reg.pool != nil && h.reg.waiter.open() {
 		w = &h.reg.waiter
 	}
 	return result[Out](ctx, db, h.ID, w)

@@ -407,3 +407,41 @@ func TestStartWakesTheWorkers(t *testing.T) {
 		t.Fatalf("run started in a transaction: %d, %v", out, err)
 	}
 }
+
+// Registry.Close stops the Result listener; a Handle.Result after it
+// still returns the outcome (by polling).
+func TestResultAfterRegistryClose(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	wf := workflow.MustRegister(b.reg, "closed", func(wctx workflow.Context, n int) (int, error) {
+		return workflow.Step(wctx, "triple", func(context.Context) (int, error) { return 3 * n, nil }, nil)
+	})
+	b.start()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	h, err := workflow.Start(ctx, b.pool, wf, 2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := h.Result(ctx, b.pool); err != nil || out != 6 {
+		t.Fatalf("before Close: %d, %v", out, err)
+	}
+	listeners := func() int {
+		return b.count(`SELECT count(*) FROM pg_stat_activity WHERE application_name = 'relay-workflow-results' AND datname = current_database()`)
+	}
+	if n := listeners(); n != 1 {
+		t.Fatalf("%d Result listeners before Close, want 1 (it stays a while after its last caller)", n)
+	}
+	b.reg.Close()
+	b.waitFor("the Result listener to disconnect", func() bool { return listeners() == 0 })
+	h2, err := workflow.Start(ctx, b.pool, wf, 5, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := h2.Result(ctx, b.pool); err != nil || out != 15 {
+		t.Fatalf("after Close: %d, %v", out, err)
+	}
+	if n := listeners(); n != 0 {
+		t.Fatalf("a Result after Close opened a listener (%d connections)", n)
+	}
+}

@@ -21,6 +21,29 @@ type waiter struct {
 	cancel    context.CancelFunc // the listener's, nil when not running
 	connected chan struct{}      // closed once the listener listens
 	idle      *time.Timer
+	closed    bool // Registry.Close: no listener any more; Result polls
+}
+
+// close stops the listener for good.
+func (w *waiter) close() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.closed = true
+	if w.idle != nil {
+		w.idle.Stop()
+		w.idle = nil
+	}
+	if w.cancel != nil {
+		w.cancel()
+		w.cancel = nil
+	}
+}
+
+// open reports whether Result may wait on the listener.
+func (w *waiter) open() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return !w.closed
 }
 
 const waiterIdle = 10 * time.Second
@@ -40,7 +63,12 @@ func (w *waiter) subscribe(id string) (<-chan struct{}, <-chan struct{}, func())
 		w.idle.Stop()
 		w.idle = nil
 	}
-	if w.cancel == nil {
+	if w.closed && w.connected == nil {
+		// Closed before any listener ran: nothing will connect.
+		w.connected = make(chan struct{})
+		close(w.connected)
+	}
+	if w.cancel == nil && !w.closed {
 		ctx, cancel := context.WithCancel(context.Background())
 		w.cancel = cancel
 		connected := make(chan struct{})

@@ -71,6 +71,7 @@ func run(ctx context.Context, url string, out io.Writer) error {
 	tp := sdktrace.NewTracerProvider()
 	defer tp.Shutdown(ctx) //nolint:errcheck
 	reg := workflow.NewRegistry(pool, &workflow.Config{TracerProvider: tp})
+	defer reg.Close()
 
 	// The receipt email: a StepTx records the email row with the step, so
 	// a retried run never records two.

@@ -201,6 +201,7 @@ func run(ctx context.Context, url string, out io.Writer) error {
 
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	reg := workflow.NewRegistry(pool, &workflow.Config{Logger: quiet})
+	defer reg.Close()
 	register(reg, pool, loc, out)
 
 	// The schedule's job is the workflow start hook: at each fire it starts
