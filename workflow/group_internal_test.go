@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/internal/testdb"
@@ -35,17 +36,37 @@ func insertMember(n int, last string, args ...any) member {
 	}
 }
 
+// groupDB returns a test database with table group_t (n, xid) and, when
+// gate, table gate (one row) locked by a transaction the caller rolls back.
+func groupDB(t *testing.T, gate bool) (*pgxpool.Pool, pgx.Tx) {
+	t.Helper()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `CREATE TABLE group_t (n int, xid bigint); CREATE TABLE gate (id int); INSERT INTO gate VALUES (1)`); err != nil {
+		t.Fatal(err)
+	}
+	if !gate {
+		return pool, nil
+	}
+	holder, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { holder.Rollback(context.Background()) }) //nolint:errcheck
+	if _, err := holder.Exec(ctx, `SELECT * FROM gate FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	return pool, holder
+}
+
 // A member whose statement the server refuses rolls its group back: a
 // lost lease is that member's verdict, any other refusal is tried again
 // alone (where it fails again here), and the other members go again
 // together: they commit, each once, in one transaction.
 func TestGroupRefusesOnlyTheFailingMembers(t *testing.T) {
 	t.Parallel()
-	pool := testdb.New(t)
+	pool, _ := groupDB(t, false)
 	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `CREATE TABLE group_t (n int, xid bigint)`); err != nil {
-		t.Fatal(err)
-	}
 	var calls []*groupCall
 	for n := range 6 {
 		last := `SELECT 1`
@@ -85,11 +106,7 @@ func TestGroupRefusesOnlyTheFailingMembers(t *testing.T) {
 	if want := [][2]int{{0, 1}, {2, 1}, {4, 1}, {5, 1}}; !slices.Equal(got, want) {
 		t.Fatalf("rows (n, count) %v, want %v", got, want)
 	}
-	var xids int
-	if err := pool.QueryRow(ctx, `SELECT count(DISTINCT xid) FROM group_t`).Scan(&xids); err != nil {
-		t.Fatal(err)
-	}
-	if xids != 1 {
+	if xids := testdb.Count(t, pool, `SELECT count(DISTINCT xid) FROM group_t`); xids != 1 {
 		t.Fatalf("the members that committed did so in %d transactions, want 1 (one group)", xids)
 	}
 }
@@ -100,19 +117,8 @@ func TestGroupRefusesOnlyTheFailingMembers(t *testing.T) {
 // released.
 func TestGroupDoesNotWaitForOneMembersLock(t *testing.T) {
 	t.Parallel()
-	pool := testdb.New(t)
+	pool, holder := groupDB(t, true)
 	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `CREATE TABLE group_t (n int, xid bigint); CREATE TABLE gate (id int); INSERT INTO gate VALUES (1)`); err != nil {
-		t.Fatal(err)
-	}
-	holder, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Rollback(ctx) //nolint:errcheck
-	if _, err := holder.Exec(ctx, `SELECT * FROM gate FOR UPDATE`); err != nil {
-		t.Fatal(err)
-	}
 	var calls []*groupCall
 	for n := range 3 {
 		last := `SELECT 1`
@@ -149,11 +155,7 @@ func TestGroupDoesNotWaitForOneMembersLock(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the waiting member was not answered after the lock was released")
 	}
-	var rows int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM group_t`).Scan(&rows); err != nil {
-		t.Fatal(err)
-	}
-	if rows != 3 {
+	if rows := testdb.Count(t, pool, `SELECT count(*) FROM group_t`); rows != 3 {
 		t.Fatalf("%d rows, want 3", rows)
 	}
 }
@@ -163,11 +165,8 @@ func TestGroupDoesNotWaitForOneMembersLock(t *testing.T) {
 // and nothing is written twice.
 func TestGroupMemberErrorStaysItsOwn(t *testing.T) {
 	t.Parallel()
-	pool := testdb.New(t)
+	pool, _ := groupDB(t, false)
 	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `CREATE TABLE group_t (n int, xid bigint)`); err != nil {
-		t.Fatal(err)
-	}
 	var calls []*groupCall
 	for n := range 3 {
 		last := `SELECT 1`
@@ -196,20 +195,8 @@ func TestGroupMemberErrorStaysItsOwn(t *testing.T) {
 // the next group: one transaction for all of them.
 func TestGroupWritesArrivingMeanwhileShareACommit(t *testing.T) {
 	t.Parallel()
-	pool := testdb.New(t)
+	pool, holder := groupDB(t, true) // the first groupSenders writes wait on the gate
 	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `CREATE TABLE group_t (n int, xid bigint); CREATE TABLE gate (id int); INSERT INTO gate VALUES (1)`); err != nil {
-		t.Fatal(err)
-	}
-	// Hold the gate's row: the first groupSenders writes wait on it.
-	holder, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Rollback(ctx) //nolint:errcheck
-	if _, err := holder.Exec(ctx, `SELECT * FROM gate FOR UPDATE`); err != nil {
-		t.Fatal(err)
-	}
 	g := &grouper{}
 	var wg sync.WaitGroup
 	errs := make(chan error, 100)
@@ -220,7 +207,7 @@ func TestGroupWritesArrivingMeanwhileShareACommit(t *testing.T) {
 			errs <- g.do(ctx, pool, insertMember(n, `SELECT id FROM gate FOR UPDATE`))
 		}()
 	}
-	waitUntil(t, "every sender busy", func() bool {
+	testdb.WaitFor(t, "every sender busy", func() bool {
 		g.mu.Lock()
 		defer g.mu.Unlock()
 		return g.senders == groupSenders
@@ -233,7 +220,7 @@ func TestGroupWritesArrivingMeanwhileShareACommit(t *testing.T) {
 			errs <- g.do(ctx, pool, insertMember(n, `SELECT 1`))
 		}()
 	}
-	waitUntil(t, "the later writes pending", func() bool {
+	testdb.WaitFor(t, "the later writes pending", func() bool {
 		g.mu.Lock()
 		defer g.mu.Unlock()
 		return len(g.pending) == later
@@ -256,20 +243,9 @@ func TestGroupWritesArrivingMeanwhileShareACommit(t *testing.T) {
 		t.Fatalf("the %d later writes: %d rows in %d transactions, want %d in 1", later, rows, xids, later)
 	}
 	// The last sender frees its place after it answered its group.
-	waitUntil(t, "no sender and nothing pending", func() bool {
+	testdb.WaitFor(t, "no sender and nothing pending", func() bool {
 		g.mu.Lock()
 		defer g.mu.Unlock()
 		return g.senders == 0 && len(g.pending) == 0
 	})
-}
-
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }
