@@ -68,18 +68,24 @@ func Child[In, Out any](wctx Context, key string, wf *Workflow[In, Out], in In, 
 		}
 		so.Priority, so.MaxAttempts = opts.Priority, opts.MaxAttempts
 	}
+	link := &parentLink{runID: x.runID, position: pos}
 	x.fenced(func(ctx context.Context, tx pgx.Tx) error {
 		// The child's root span goes under this one, in the run's trace;
 		// the writes keep the write's own context.
 		_, span := x.stepSpan("child", key, 1)
 		defer span.End()
 		ctx = trace.ContextWithSpan(ctx, span)
-		if _, _, err := startRun(ctx, tx, x.r.tracer, wf.name, input, so, &parentLink{runID: x.runID, position: pos}); err != nil {
+		link.wake = nil // a retried transaction starts it again
+		if _, _, err := startRun(ctx, tx, x.r.tracer, wf.name, input, so, link); err != nil {
 			return err
 		}
 		_, err := x.upsert(ctx, tx, &stepRow{position: pos, key: key, kind: "child", state: stepWaiting, childID: id}, 0, nil, -1)
 		return err
 	})
+	if link.wake != nil {
+		// Committed: the child's queue is woken now.
+		link.wake(context.WithoutCancel(x.ctx), x.r.pool)
+	}
 	return &Future[Out]{x: x, pos: pos, RunID: id}
 }
 

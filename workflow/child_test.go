@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -159,5 +160,27 @@ func TestRetryParentAfterChild(t *testing.T) {
 	}
 	if out, err := result[string](t, b.pool, h.ID); err != nil || out != "ok" {
 		t.Fatal(out, err)
+	}
+}
+
+// A child started on another queue is picked up by the wake-up its
+// parent's transaction sends after committing: the workers here never
+// poll.
+func TestChildStartWakesItsQueue(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	email := workflow.MustRegister(b.reg, "email", func(wctx workflow.Context, to string) (string, error) {
+		return workflow.Step(wctx, "send", func(ctx context.Context) (string, error) { return "sent to " + to, nil }, nil)
+	})
+	parent := workflow.MustRegister(b.reg, "parent", func(wctx workflow.Context, to string) (string, error) {
+		return workflow.Child(wctx, "mail", email, to, &workflow.ChildOpts{Queue: "email"}).Get(wctx)
+	})
+	b.startWith(&core.Config{PollInterval: time.Hour}, "default", "email")
+	h, err := workflow.Start(context.Background(), b.pool, parent, "ann", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := result[string](t, b.pool, h.ID); err != nil || out != "sent to ann" {
+		t.Fatalf("%q, %v", out, err)
 	}
 }

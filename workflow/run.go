@@ -106,10 +106,14 @@ func StartNamed(ctx context.Context, db core.DB, reg *Registry, name string, inp
 // errInvalidInput: StartNamed's input is not JSON.
 var errInvalidInput = errors.New("input is not valid JSON")
 
-// parentLink places a child run under its parent.
+// parentLink places a child run under its parent. The child is started in
+// a transaction of the parent's execution, which wakes the child's queue
+// after its commit (wake, set by startRun), not by a NOTIFY in it:
+// PostgreSQL serialises the commits of transactions that NOTIFY.
 type parentLink struct {
 	runID    string
 	position int
+	wake     func(ctx context.Context, db any)
 }
 
 // startRun writes the run and its job in one statement (in the caller's
@@ -172,7 +176,7 @@ func startRun(ctx context.Context, db core.DB, tracer trace.Tracer, name string,
 		var jobID int64
 		own := !dbx.InTransaction(db)
 		q := sqlStartRun
-		if own {
+		if own || parent != nil {
 			q = sqlStartRunAfter
 		}
 		if err := ex.Query(job.Ctx, q, []any{o.ID, name, string(input), o.Queue, parentID, parentPos, string(traceJSON), job.Row},
@@ -182,8 +186,11 @@ func startRun(ctx context.Context, db core.DB, tracer trace.Tracer, name string,
 		}
 		if jobID != 0 {
 			job.Done(jobID, nil)
-			if own {
+			switch {
+			case own:
 				job.Wake(ctx, db)
+			case parent != nil:
+				parent.wake = job.Wake
 			}
 			return nil
 		}

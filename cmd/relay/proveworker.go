@@ -49,19 +49,15 @@ func (w *proveWorker) Work(ctx context.Context, job *core.Job[proveArgs]) error 
 		}
 	}
 	defer endReport()
-	var attemptID int64
-	if err := w.pool.QueryRow(ctx, `INSERT INTO prove_attempts (job_id, attempt, worker) VALUES ($1, $2, $3) RETURNING id`,
-		job.ID, job.Attempt, w.id).Scan(&attemptID); err != nil {
-		return fmt.Errorf("record attempt start: %w", err)
-	}
-	// ended records the end of a failed attempt. The handler does not return
-	// before it is recorded (the database may be restarting), so the audit
-	// never mistakes an attempt that ended for one still running.
-	ended := func() {
+	// ended records the end of a failed attempt: where (its row's id) and
+	// args. The handler does not return before it is recorded (the
+	// database may be restarting), so the audit never mistakes an attempt
+	// that ended for one still running.
+	ended := func(where string, args ...any) {
 		endReport()
 		for try := 0; try < 100; try++ {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			_, err := w.pool.Exec(ctx, `UPDATE prove_attempts SET ended_at = clock_timestamp() WHERE id = $1 AND ended_at IS NULL`, attemptID)
+			_, err := w.pool.Exec(ctx, `UPDATE prove_attempts SET ended_at = clock_timestamp() WHERE ended_at IS NULL AND `+where, args...)
 			cancel()
 			if err == nil {
 				return
@@ -69,10 +65,19 @@ func (w *proveWorker) Work(ctx context.Context, job *core.Job[proveArgs]) error 
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
+	var attemptID int64
+	if err := w.pool.QueryRow(ctx, `INSERT INTO prove_attempts (job_id, attempt, worker) VALUES ($1, $2, $3) RETURNING id`,
+		job.ID, job.Attempt, w.id).Scan(&attemptID); err != nil {
+		// The row may have been written even so: a connection lost (a
+		// PostgreSQL crash) after the commit, before its answer. It
+		// would read as an attempt still running, overlapping the next.
+		ended(`job_id = $1 AND attempt = $2 AND worker = $3`, job.ID, job.Attempt, w.id)
+		return fmt.Errorf("record attempt start: %w", err)
+	}
 	select {
 	case <-time.After(time.Duration(job.Args.Ms) * time.Millisecond):
 	case <-ctx.Done():
-		ended()
+		ended(`id = $1`, attemptID)
 		return context.Cause(ctx)
 	}
 	err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
@@ -85,7 +90,7 @@ func (w *proveWorker) Work(ctx context.Context, job *core.Job[proveArgs]) error 
 		return core.CompleteTx(ctx, tx, job)
 	})
 	if err != nil {
-		ended()
+		ended(`id = $1`, attemptID)
 	}
 	return err
 }
