@@ -495,7 +495,7 @@ func (c *Client) releaseAll() {
 	c.inflight.Range(func(k, v any) bool {
 		r := v.(*running)
 		c.inflight.Delete(k)
-		r.leaseTimer.Stop()
+		c.endLease(r)
 		c.completer.add(outcome{row: r.row, kind: outcomeRelease})
 		return true
 	})

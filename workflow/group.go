@@ -67,6 +67,7 @@ type member struct {
 }
 
 type groupCall struct {
+	ctx  context.Context // the caller's: bounds the member's sends alone
 	m    member
 	done chan error // buffered: answered once
 }
@@ -80,7 +81,7 @@ var errGroupAbandoned = errors.New("workflow: checkpoint group abandoned; outcom
 // may still commit: do then returns ctx's error, as a lost connection
 // would.
 func (g *grouper) do(ctx context.Context, pool *pgxpool.Pool, m member) error {
-	c := &groupCall{m: m, done: make(chan error, 1)}
+	c := &groupCall{ctx: ctx, m: m, done: make(chan error, 1)}
 	g.mu.Lock()
 	g.pending = append(g.pending, c)
 	if g.senders < groupSenders {
@@ -90,7 +91,7 @@ func (g *grouper) do(ctx context.Context, pool *pgxpool.Pool, m member) error {
 		g.mu.Unlock()
 		func() {
 			defer g.next(pool)
-			sendGroup(ctx, pool, calls)
+			sendGroup(pool, calls)
 		}()
 	} else {
 		g.mu.Unlock()
@@ -118,14 +119,14 @@ func (g *grouper) next(pool *pgxpool.Pool) {
 	g.mu.Unlock()
 	go func() {
 		defer g.next(pool)
-		ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
-		defer cancel()
-		sendGroup(ctx, pool, calls)
+		sendGroup(pool, calls)
 	}()
 }
 
-// sendGroup sends calls as one batch and answers each.
-func sendGroup(ctx context.Context, pool *pgxpool.Pool, calls []*groupCall) {
+// sendGroup sends calls as one batch and answers each. The batch is bounded
+// by writeTimeout, not by any one caller's context; a member sent alone is
+// bounded by its caller's.
+func sendGroup(pool *pgxpool.Pool, calls []*groupCall) {
 	answered := 0
 	defer func() {
 		if answered < len(calls) {
@@ -140,10 +141,12 @@ func sendGroup(ctx context.Context, pool *pgxpool.Pool, calls []*groupCall) {
 		}
 	}()
 	if len(calls) == 1 {
-		calls[0].done <- sendAlone(ctx, pool, calls[0].m)
+		calls[0].done <- sendAlone(calls[0].ctx, pool, calls[0].m)
 		answered = 1
 		return
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
+	defer cancel()
 	// Job rows are locked in one order (ascending id, as the core's batch
 	// statements lock them), so two groups do not deadlock.
 	slices.SortFunc(calls, func(a, b *groupCall) int { return cmp.Compare(a.m.job, b.m.job) })
@@ -182,11 +185,11 @@ func sendGroup(ctx context.Context, pool *pgxpool.Pool, calls []*groupCall) {
 		if core.IsLeaseLost(errs[failed]) {
 			f.done <- errs[failed]
 		} else {
-			go func() { f.done <- sendAlone(ctx, pool, f.m) }()
+			go func() { f.done <- sendAlone(f.ctx, pool, f.m) }()
 		}
 		rest := slices.Delete(slices.Clone(calls), failed, failed+1)
 		answered = len(calls)
-		sendGroup(ctx, pool, rest)
+		sendGroup(pool, rest)
 		return
 	case err != nil && (errors.As(err, &pgErr) || errors.As(err, &prep) || pgconn.SafeToRetry(err)):
 		// Nothing was executed, or the server refused the batch (its
@@ -196,7 +199,7 @@ func sendGroup(ctx context.Context, pool *pgxpool.Pool, calls []*groupCall) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				c.done <- sendAlone(ctx, pool, c.m)
+				c.done <- sendAlone(c.ctx, pool, c.m)
 			}()
 		}
 		answered = len(calls)

@@ -76,9 +76,9 @@ func TestGroupRefusesOnlyTheFailingMembers(t *testing.T) {
 		case 3:
 			last = `SELECT 1 / (n - 3) FROM group_t WHERE n = 3` // division by zero
 		}
-		calls = append(calls, &groupCall{m: insertMember(n, last), done: make(chan error, 1)})
+		calls = append(calls, &groupCall{ctx: ctx, m: insertMember(n, last), done: make(chan error, 1)})
 	}
-	sendGroup(ctx, pool, calls)
+	sendGroup(pool, calls)
 	for _, c := range calls {
 		err := <-c.done
 		n := 100 - int(c.m.job)
@@ -125,10 +125,14 @@ func TestGroupDoesNotWaitForOneMembersLock(t *testing.T) {
 		if n == 1 {
 			last = `SELECT id FROM gate FOR UPDATE`
 		}
-		calls = append(calls, &groupCall{m: insertMember(n, last), done: make(chan error, 1)})
+		calls = append(calls, &groupCall{ctx: ctx, m: insertMember(n, last), done: make(chan error, 1)})
 	}
 	waiting := calls[1]
-	go sendGroup(ctx, pool, slices.Clone(calls))
+	returned := make(chan struct{})
+	go func() {
+		sendGroup(pool, slices.Clone(calls))
+		close(returned)
+	}()
 	for _, c := range []*groupCall{calls[0], calls[2]} {
 		select {
 		case err := <-c.done:
@@ -143,6 +147,14 @@ func TestGroupDoesNotWaitForOneMembersLock(t *testing.T) {
 	case err := <-waiting.done:
 		t.Fatalf("the member waiting for the lock was answered (%v) while the lock was held", err)
 	default:
+	}
+	// The group is over (and its own context with it) before the lock
+	// is released: the waiting member's send alone is bounded by its
+	// caller's context only.
+	select {
+	case <-returned:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the group did not return while one member waited alone")
 	}
 	if err := holder.Rollback(ctx); err != nil {
 		t.Fatal(err)
@@ -173,9 +185,9 @@ func TestGroupMemberErrorStaysItsOwn(t *testing.T) {
 		if n == 1 {
 			last = `SELECT 1 WHERE false`
 		}
-		calls = append(calls, &groupCall{m: insertMember(n, last), done: make(chan error, 1)})
+		calls = append(calls, &groupCall{ctx: ctx, m: insertMember(n, last), done: make(chan error, 1)})
 	}
-	sendGroup(ctx, pool, calls)
+	sendGroup(pool, calls)
 	for _, c := range calls {
 		err := <-c.done
 		if n := 100 - int(c.m.job); (n == 1) != errors.Is(err, pgx.ErrNoRows) {

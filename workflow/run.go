@@ -256,6 +256,9 @@ func result[T any](ctx context.Context, db core.DB, id string, w *waiter) (T, er
 	}
 	delay := 2 * time.Millisecond
 	for {
+		if w != nil && !w.open() {
+			w, delay = nil, 2*time.Millisecond // Registry.Close: poll from here on
+		}
 		var woken, connected <-chan struct{}
 		release := func() {}
 		if w != nil {

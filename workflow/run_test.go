@@ -445,3 +445,40 @@ func TestResultAfterRegistryClose(t *testing.T) {
 		t.Fatalf("a Result after Close opened a listener (%d connections)", n)
 	}
 }
+
+// A Result already waiting when the registry is closed goes on polling and
+// returns the run's outcome as soon as it is there, as does one started
+// after Close while the listener had not connected.
+func TestResultWaitingAcrossRegistryClose(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	release := make(chan struct{})
+	wf := workflow.MustRegister(b.reg, "gated", func(wctx workflow.Context, n int) (int, error) {
+		return workflow.Step(wctx, "wait", func(context.Context) (int, error) { <-release; return n, nil }, nil)
+	})
+	b.start()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	h, err := workflow.Start(ctx, b.pool, wf, 7, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type res struct {
+		out int
+		err error
+	}
+	done := make(chan res, 1)
+	go func() {
+		out, err := h.Result(ctx, b.pool)
+		done <- res{out, err}
+	}()
+	b.waitFor("the Result listener", func() bool {
+		return b.count(`SELECT count(*) FROM pg_stat_activity WHERE application_name = 'relay-workflow-results' AND datname = current_database()`) == 1
+	})
+	b.reg.Close()
+	close(release)
+	r := <-done
+	if r.err != nil || r.out != 7 {
+		t.Fatalf("%d, %v", r.out, r.err)
+	}
+}

@@ -20,8 +20,11 @@ type waiter struct {
 	n         int
 	cancel    context.CancelFunc // the listener's, nil when not running
 	connected chan struct{}      // closed once the listener listens
-	idle      *time.Timer
-	closed    bool // Registry.Close: no listener any more; Result polls
+	// connectedOnce closes connected (the listener's first connect, or
+	// close).
+	connectedOnce *sync.Once
+	idle          *time.Timer
+	closed        bool // Registry.Close: no listener any more; Result polls
 }
 
 // close stops the listener for good.
@@ -36,6 +39,21 @@ func (w *waiter) close() {
 	if w.cancel != nil {
 		w.cancel()
 		w.cancel = nil
+	}
+	// Callers waiting for the listener to connect, or for a
+	// notification, go on at once, and poll.
+	if w.connectedOnce != nil {
+		ch := w.connected
+		w.connectedOnce.Do(func() { close(ch) })
+	} else {
+		w.connected = make(chan struct{})
+		close(w.connected)
+	}
+	for id, list := range w.waiting {
+		for _, ch := range list {
+			close(ch)
+		}
+		delete(w.waiting, id)
 	}
 }
 
@@ -57,23 +75,22 @@ func (w *waiter) subscribe(id string) (<-chan struct{}, <-chan struct{}, func())
 	if w.waiting == nil {
 		w.waiting = map[string][]chan struct{}{}
 	}
-	w.waiting[id] = append(w.waiting[id], ch)
+	if w.closed {
+		close(ch) // no notification will come: read the run again
+	} else {
+		w.waiting[id] = append(w.waiting[id], ch)
+	}
 	w.n++
 	if w.idle != nil {
 		w.idle.Stop()
 		w.idle = nil
 	}
-	if w.closed && w.connected == nil {
-		// Closed before any listener ran: nothing will connect.
-		w.connected = make(chan struct{})
-		close(w.connected)
-	}
 	if w.cancel == nil && !w.closed {
 		ctx, cancel := context.WithCancel(context.Background())
 		w.cancel = cancel
 		connected := make(chan struct{})
-		w.connected = connected
-		var once sync.Once
+		once := &sync.Once{}
+		w.connected, w.connectedOnce = connected, once
 		go notifier.Run(ctx, notifier.Config{
 			Pool:      w.r.pool,
 			Channels:  []string{"relay_workflow"},
