@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/core"
@@ -449,7 +450,7 @@ func superviseProof(ctx context.Context, pool *pgxpool.Pool, fleet *workerFleet,
 					defer pauses.Done()
 					// A pause whose job was not taken over tested nothing:
 					// try another worker, a few times.
-					for try := 0; try < 3; try++ {
+					for try := 0; try < 10; try++ {
 						if fleet.pause(ctx, pool) {
 							pauseMu.Lock()
 							counts.pauses++
@@ -718,6 +719,13 @@ func (f *workerFleet) pause(ctx context.Context, pool *pgxpool.Pool) bool {
 		return false
 	}
 	fmt.Printf("\nprove: paused %s holding job %d\n", id, jobID)
+	if rowLocked(ctx, pool, jobID) {
+		// Stopped inside its transaction (in CompleteTx, say): the row
+		// stays locked until it is resumed, so the job cannot be taken
+		// over. Another moment, at once, rather than after the wait below.
+		fmt.Printf("prove: job %d is locked by the paused worker's transaction; resuming %s, trying again\n", jobID, id)
+		return false
+	}
 	// Taken over: the rescuer ended the paused attempt's lease (the job may
 	// then wait behind the backlog before another worker runs it; the fence
 	// refuses the paused worker's writes from now on either way).
@@ -733,6 +741,18 @@ func (f *workerFleet) pause(ctx context.Context, pool *pgxpool.Pool) bool {
 	}
 	fmt.Printf("prove: job %d was not taken over (the paused worker held its row lock); resuming %s, trying again\n", jobID, id)
 	return false
+}
+
+// rowLocked says whether job id's row is locked by another transaction.
+func rowLocked(ctx context.Context, pool *pgxpool.Pool, id int64) bool {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return false
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	_, err = tx.Exec(ctx, `SELECT 1 FROM relay_jobs WHERE id = $1 FOR UPDATE NOWAIT`, id)
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }
 
 // partition cuts a random worker's proxy for d, then restores it. It says
