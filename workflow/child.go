@@ -138,10 +138,10 @@ func (f *Future[Out]) Get(wctx Context) (Out, error) {
 		b, _ := json.Marshal(ChildError{RunID: f.RunID, State: RunState(state), Message: msg})
 		s.state, s.errMsg = stepFailed, string(b)
 	}
-	x.fenced(func(ctx context.Context, tx pgx.Tx) error {
-		_, err := x.upsert(ctx, tx, s, 1, nil, -1)
-		return err
-	})
+	// Deferred to the execution's next write, as a completed step's
+	// checkpoint is (later): the outcome is durable in the child's own
+	// run, which a replay reads again if this checkpoint never commits.
+	x.later(s)
 	return decode(s)
 }
 

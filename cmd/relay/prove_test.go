@@ -206,9 +206,9 @@ func TestProveWorkflow(t *testing.T) {
 	t.Parallel()
 	bin := buildRelay(t)
 	url := testdb.URL(t)
-	f := runProof(t, bin, "workflow", "--database-url", url, "--runs", "80", "--processes", "3", "--concurrency", "4",
+	f := runProof(t, bin, "workflow", "--database-url", url, "--runs", "160", "--processes", "3", "--concurrency", "4",
 		"--kill", "2", "--pause", "1", "--lease", "1s", "--sleep", "200ms", "--stall-bound", "40s")
-	for k, want := range map[string]string{"runs": "80", "completed": "72", "compensated": "8", "lost": "0", "stalled": "0",
+	for k, want := range map[string]string{"runs": "160", "completed": "144", "compensated": "16", "lost": "0", "stalled": "0",
 		"duplicate_tx_effects": "0", "forked_runs": "0", "order_violations": "0", "kills": "2", "pauses": "1"} {
 		if f[k] != want {
 			t.Errorf("%s=%s, want %s (%v)", k, f[k], want, f)

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -95,10 +96,16 @@ func (r RelayWorkflow) Open(ctx context.Context, spec WorkflowSpec) (WorkflowEng
 	q.Set("search_path", spec.Schema)
 	u.RawQuery = q.Encode()
 	e.url = u.String()
-	// The callers' pool is the harness's (large enough that callers never
-	// queue for a connection); the workers' is sized as a bench worker
-	// process's. Both count their statements.
-	if e.pool, err = CountingPool(ctx, e.url, 48, &e.counter); err != nil {
+	// The callers' pool is the harness's (large enough that callers, or
+	// the queued mode's starters, never queue for a connection, and no
+	// larger: tests run several benchmarks and proofs against one server);
+	// the workers' is sized as a bench worker process's. Both count their
+	// statements.
+	users := spec.Callers
+	if spec.Mode == "queued" {
+		users = cmp.Or(spec.Starters, 16)
+	}
+	if e.pool, err = CountingPool(ctx, e.url, max(8, min(users+4, 48)), &e.counter); err != nil {
 		return nil, err
 	}
 	if _, err := migrations.Migrate(ctx, e.pool); err != nil {
