@@ -36,6 +36,9 @@ type announcer struct {
 // announceTimeout bounds one send.
 const announceTimeout = 5 * time.Second
 
+// wakeTimeout bounds a wake-up sent after a commit (a child's queue).
+const wakeTimeout = 5 * time.Second
+
 // announce queues the notification of run id's end, to be sent on pool.
 func (a *announcer) announce(pool *pgxpool.Pool, id string) {
 	a.mu.Lock()

@@ -83,8 +83,11 @@ func Child[In, Out any](wctx Context, key string, wf *Workflow[In, Out], in In, 
 		return err
 	})
 	if link.wake != nil {
-		// Committed: the child's queue is woken now.
-		link.wake(context.WithoutCancel(x.ctx), x.r.pool)
+		// Committed: the child's queue is woken now (bounded: a wake-up
+		// lost to a slow server costs the workers' next poll, no more).
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(x.ctx), wakeTimeout)
+		link.wake(ctx, x.r.pool)
+		cancel()
 	}
 	return &Future[Out]{x: x, pos: pos, RunID: id}
 }
