@@ -151,6 +151,7 @@ func (*River) Work(ctx context.Context, pool *pgxpool.Pool, cfg bench.WorkerConf
 	if err := client.Start(ctx); err != nil {
 		return err
 	}
+	hooks.CallReady()
 	<-ctx.Done()
 	stopCtx, stop := context.WithTimeout(context.Background(), 30*time.Second)
 	defer stop()

@@ -39,6 +39,9 @@ func childArgs(system, url string, cfg WorkerConfig) []string {
 	if cfg.NoClaimFloor {
 		args = append(args, "--no-claim-floor")
 	}
+	if cfg.StartEarly {
+		args = append(args, "--start-early")
+	}
 	return args
 }
 
@@ -55,6 +58,7 @@ func RunChild(ctx context.Context, args []string, systems []System) error {
 	fs.IntVar(&cfg.Job.Hash, "job-hash", 0, "hash rounds per job")
 	fs.DurationVar(&cfg.ClaimCoalesce, "claim-coalesce", 0, "Relay's ClaimCoalesce (0: default, negative: off)")
 	fs.BoolVar(&cfg.NoClaimFloor, "no-claim-floor", false, "relay: Config.NoClaimFloor")
+	fs.BoolVar(&cfg.StartEarly, "start-early", false, "start the client before the parent's go (steady runs)")
 	fs.DurationVar(&cfg.Window, "window", 0, "also report pickup latencies per window of this length (by insert time)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -103,18 +107,8 @@ func RunChild(ctx context.Context, args []string, systems []System) error {
 		fmt.Fprintf(os.Stdout, format+"\n", a...)
 		mu.Unlock()
 	}
-	say("ready")
-	in := bufio.NewScanner(os.Stdin)
-	if !in.Scan() || in.Text() != "go" {
-		return errors.New("bench worker: no go from the parent")
-	}
 	workCtx, stop := context.WithCancel(ctx)
-	go func() {
-		for in.Scan() {
-		}
-		stop() // stdin closed: the parent says stop
-	}()
-
+	defer stop()
 	var hist, work Histogram
 	windows := map[int64]*Histogram{}
 	var histMu sync.Mutex
@@ -165,7 +159,53 @@ func RunChild(ctx context.Context, args []string, systems []System) error {
 			}
 		}
 	}()
-	err = sys.Work(workCtx, pool, cfg, hooks)
+	in := bufio.NewScanner(os.Stdin)
+	waitGo := func() error {
+		if !in.Scan() || in.Text() != "go" {
+			return errors.New("bench worker: no go from the parent")
+		}
+		go func() {
+			for in.Scan() {
+			}
+			stop() // stdin closed: the parent says stop
+		}()
+		return nil
+	}
+	workErr := make(chan error, 1)
+	if !cfg.StartEarly {
+		say("ready")
+		if err := waitGo(); err != nil {
+			stop()
+			<-reporterDone
+			return err
+		}
+		workErr <- sys.Work(workCtx, pool, cfg, hooks)
+	} else {
+		// The client starts before the parent's go, so that the run's
+		// clock does not count its start: Work calls Ready once it listens.
+		ready := make(chan struct{})
+		var readyOnce sync.Once
+		hooks.Ready = func() { readyOnce.Do(func() { close(ready) }) }
+		go func() { workErr <- sys.Work(workCtx, pool, cfg, hooks) }()
+		select {
+		case <-ready:
+		case err := <-workErr:
+			stop()
+			<-reporterDone
+			if err == nil {
+				err = errors.New("bench worker: the system stopped before it was ready")
+			}
+			return err
+		}
+		say("ready")
+		if err := waitGo(); err != nil {
+			stop()
+			<-workErr
+			<-reporterDone
+			return err
+		}
+	}
+	err = <-workErr
 	<-reporterDone
 	say("done %d", completed.Load())
 	histMu.Lock()

@@ -201,6 +201,10 @@ func (Relay) Work(ctx context.Context, pool *pgxpool.Pool, cfg WorkerConfig, hoo
 	if err := client.Start(ctx); err != nil {
 		return err
 	}
+	if err := WaitListening(ctx, pool, "relay-listener "+client.ID()); err != nil {
+		return err
+	}
+	hooks.ready()
 	// Stats has no completion event to subscribe to (River's hook is one):
 	// poll it often, so the end of a run is seen within a millisecond.
 	tick := time.NewTicker(time.Millisecond)
@@ -217,6 +221,28 @@ func (Relay) Work(ctx context.Context, pool *pgxpool.Pool, cfg WorkerConfig, hoo
 	err = client.Stop(stopCtx)
 	hooks.Completed(client.Stats().Succeeded)
 	return err
+}
+
+// WaitListening waits, up to 30 s, until the connection named appName
+// has run its LISTEN statements: a job inserted before it would wait for
+// the next poll.
+func WaitListening(ctx context.Context, pool *pgxpool.Pool, appName string) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for {
+		var ok bool
+		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE application_name = $1 AND state = 'idle' AND query ILIKE 'listen%')`, appName).Scan(&ok)
+		if err != nil {
+			return fmt.Errorf("wait for %s: %w", appName, err)
+		}
+		if ok {
+			return nil
+		}
+		if err := sleepCtx(ctx, 5*time.Millisecond); err != nil {
+			return fmt.Errorf("wait for %s: %w", appName, err)
+		}
+	}
 }
 
 // EndToEndQuery runs a query returning a float8[] of three quantiles in

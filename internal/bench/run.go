@@ -197,12 +197,19 @@ func RunSteady(ctx context.Context, env Env, sys System, o Steady) (Result, erro
 			return r, fmt.Errorf("reset: %w", err)
 		}
 	}
-	f, err := startFleet(ctx, env, sys, WorkerConfig{Workers: o.Workers, Prefetch: o.Prefetch, Job: o.Job, ClaimCoalesce: o.ClaimCoalesce, Window: o.Window, NoClaimFloor: o.NoClaimFloor}, o.Processes)
+	f, err := startFleet(ctx, env, sys, WorkerConfig{Workers: o.Workers, Prefetch: o.Prefetch, Job: o.Job, ClaimCoalesce: o.ClaimCoalesce, Window: o.Window, NoClaimFloor: o.NoClaimFloor, StartEarly: true}, o.Processes)
 	if err != nil {
 		return r, err
 	}
 	defer f.kill()
+	if err := warmPool(ctx, env.Pool, o.Producers); err != nil {
+		return r, err
+	}
 	f.start()
+	warm, err := warmUp(ctx, env, sys, f, o.Producers)
+	if err != nil {
+		return r, err
+	}
 	cpu0 := pgCPU(ctx, env.Pool)
 	duringDone := make(chan struct{})
 	if o.During != nil {
@@ -256,9 +263,9 @@ func RunSteady(ctx context.Context, env Env, sys System, o Steady) (Result, erro
 		return r, fmt.Errorf("insert: %w", *p)
 	}
 	deadline := time.Now().Add(60 * time.Second)
-	for f.completed() < produced.Load() {
+	for f.completed() < warm+produced.Load() {
 		if time.Now().After(deadline) {
-			return r, fmt.Errorf("%d of %d jobs completed 60s after the offer ended", f.completed(), produced.Load())
+			return r, fmt.Errorf("%d of %d jobs completed 60s after the offer ended", f.completed()-warm, produced.Load())
 		}
 		if err := sleepCtx(ctx, 2*time.Millisecond); err != nil {
 			return r, err
@@ -284,6 +291,74 @@ func RunSteady(ctx context.Context, env Env, sys System, o Steady) (Result, erro
 	}
 	r.EndToEnd = [3]time.Duration{p50, p95, p99}
 	return r, nil
+}
+
+// warmPool opens n of pool's connections before a steady run's clock
+// starts: a backend's start (its fork, its catalog caches) costs
+// PostgreSQL several milliseconds of CPU, and dozens of them opened in the
+// run's first second saturated a 2-vCPU machine for 2–3 s, a backlog the
+// pickup latencies of the whole run then carried (p99 > 1 s for either
+// system). A steady run measures the steady state.
+func warmPool(ctx context.Context, pool *pgxpool.Pool, n int) error {
+	n = min(n, int(pool.Config().MaxConns))
+	conns := make([]*pgxpool.Conn, 0, n)
+	defer func() {
+		for _, c := range conns {
+			c.Release()
+		}
+	}()
+	for range n {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			return fmt.Errorf("warm the pool: %w", err)
+		}
+		conns = append(conns, c)
+		if _, err := c.Exec(ctx, "SELECT 1"); err != nil {
+			return fmt.Errorf("warm the pool: %w", err)
+		}
+	}
+	return nil
+}
+
+// warmUp inserts rounds of unstamped jobs (Hooks.Started records no
+// pickup for them) from n producers at once and waits until the workers
+// finished them, before a steady run's clock starts: each connection's
+// first insert, claim and completion plan their statements and fill the
+// backend's caches. It returns how many jobs it inserted.
+func warmUp(ctx context.Context, env Env, sys System, f *fleet, n int) (int64, error) {
+	const rounds = 3
+	for range rounds {
+		var wg sync.WaitGroup
+		errs := make(chan error, n)
+		for range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := sys.InsertOne(ctx, env.Pool, time.Unix(0, 0)); err != nil {
+					errs <- err
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		if err := <-errs; err != nil {
+			return 0, fmt.Errorf("warm-up insert: %w", err)
+		}
+	}
+	warm := int64(rounds * n)
+	deadline := time.Now().Add(60 * time.Second)
+	for f.completed() < warm {
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("warm-up: %d of %d jobs completed after 60s", f.completed(), warm)
+		}
+		if err := f.failed(); err != nil {
+			return 0, err
+		}
+		if err := sleepCtx(ctx, 2*time.Millisecond); err != nil {
+			return 0, err
+		}
+	}
+	return warm, nil
 }
 
 func pgCPU(ctx context.Context, pool *pgxpool.Pool) time.Duration {

@@ -59,6 +59,10 @@ type WorkerConfig struct {
 	// NoClaimFloor turns Relay's claim floor off (core.Config.NoClaimFloor),
 	// for A/B runs.
 	NoClaimFloor bool
+	// StartEarly starts each process's client before the run's clock
+	// (Hooks.Ready): a steady run offers jobs to running workers. A
+	// burn-down times the workers' start with the drain, as before.
+	StartEarly bool
 }
 
 // Job is the handler's work: sleep, then hash.
@@ -94,4 +98,20 @@ type Hooks struct {
 	// Completed is called with the number of completions the system has
 	// recorded durably so far (a running total).
 	Completed func(total int64)
+	// Ready is called once, when the system's client has started and is
+	// listening for new jobs. With WorkerConfig.StartEarly the parent
+	// starts its clock, and its inserts, only when every worker process
+	// is ready, so that a run does not measure the processes' start (new
+	// connections cost this VM's PostgreSQL tens of milliseconds of CPU
+	// each).
+	Ready func()
 }
+
+func (h Hooks) ready() {
+	if h.Ready != nil {
+		h.Ready()
+	}
+}
+
+// CallReady calls h.Ready, if set.
+func (h Hooks) CallReady() { h.ready() }
