@@ -58,7 +58,10 @@ type Config struct {
 	// most this much more pickup latency. A drain (the last claim took all
 	// it asked for) is not slowed: a freed slot claims at once. Default 1ms
 	// (docs/benchmarks.md, "Steady load: PostgreSQL CPU per job");
-	// negative claims on every notification.
+	// negative claims on every notification. Measured at a steady 1,000
+	// jobs/s: 1ms spends 1.34× River's PostgreSQL CPU per job for a pickup
+	// p50 of 1.4 ms against River's 14; 20ms spends 0.93× River's, with a
+	// p50 of 12 ms.
 	ClaimCoalesce time.Duration
 	// FetchLimit caps the jobs one claim statement takes (a claim takes no
 	// more than the free workers either). Large batches are cheaper per job:
