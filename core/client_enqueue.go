@@ -1,10 +1,17 @@
 package core
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // Enqueue writes one job on the client's pool, traced and counted with the
 // client's TracerProvider and MeterProvider (the package-level Enqueue
 // uses the global ones). See Enqueue.
+//
+// Its wake-up of the queue's workers, sent after the commit, coalesces
+// over Config.EnqueueWakeCoalesce (see there) instead of the package-level
+// Enqueue's 1 ms.
 func (c *Client) Enqueue(ctx context.Context, args JobArgs, opts *EnqueueOpts) (EnqueueResult, error) {
 	return c.EnqueueTx(ctx, c.pool, args, opts)
 }
@@ -29,5 +36,21 @@ func (c *Client) EnqueueTx(ctx context.Context, db DB, args JobArgs, opts *Enque
 
 // EnqueueManyTx is EnqueueMany through db with the client's providers.
 func (c *Client) EnqueueManyTx(ctx context.Context, db DB, params []EnqueueParams) ([]EnqueueResult, error) {
-	return enqueueMany(ctx, db, params, c.cfg.TracerProvider, c.metrics.enqueued)
+	return enqueueMany(ctx, db, params, c.cfg.TracerProvider, c.metrics.enqueued, c.wakeWindow())
+}
+
+// wakeWindow is the window over which the client's enqueues on a pool
+// coalesce their wake-ups (Config.EnqueueWakeCoalesce, defaulted).
+func (c *Client) wakeWindow() time.Duration {
+	return c.cfg.EnqueueWakeCoalesce
+}
+
+// flushWakeups sends, at once, the wake-ups the client's enqueues on its
+// pool left scheduled (Stop), within ctx.
+func (c *Client) flushWakeups(ctx context.Context) {
+	ex, err := execerFor(c.pool)
+	if err != nil {
+		return
+	}
+	flushWakeups(ctx, c.pool, ex)
 }

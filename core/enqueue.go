@@ -127,12 +127,13 @@ func Enqueue(ctx context.Context, db DB, args JobArgs, opts *EnqueueOpts) (Enque
 // providers; a Client's Enqueue methods use the client's (see
 // docs/observability.md).
 func EnqueueMany(ctx context.Context, db DB, params []EnqueueParams) ([]EnqueueResult, error) {
-	return enqueueMany(ctx, db, params, nil, nil)
+	return enqueueMany(ctx, db, params, nil, nil, enqueueWakeCoalesce)
 }
 
 // enqueueMany is EnqueueMany tracing with tp and counting with ctr (nil:
-// the global providers').
-func enqueueMany(ctx context.Context, db DB, params []EnqueueParams, tp trace.TracerProvider, ctr metric.Int64Counter) ([]EnqueueResult, error) {
+// the global providers'), coalescing its wake-up on a pool over wake (see
+// wakeQueues).
+func enqueueMany(ctx context.Context, db DB, params []EnqueueParams, tp trace.TracerProvider, ctr metric.Int64Counter, wake time.Duration) ([]EnqueueResult, error) {
 	if len(params) == 0 {
 		return nil, nil
 	}
@@ -183,7 +184,7 @@ func enqueueMany(ctx context.Context, db DB, params []EnqueueParams, tp trace.Tr
 	}
 	countEnqueued(ctx, ctr, rows, results)
 	if ownTx {
-		notifyQueues(ctx, db, ex, rows, results)
+		notifyQueues(ctx, db, ex, rows, results, wake)
 	}
 	return results, nil
 }
@@ -195,7 +196,7 @@ func inTransaction(db DB) bool { return dbx.InTransaction(db) }
 
 // notifyQueues wakes the workers of the queues that got a job runnable now,
 // after the enqueue on db committed (see wakeQueues).
-func notifyQueues(ctx context.Context, db DB, ex execer, rows []enqueueRow, results []EnqueueResult) {
+func notifyQueues(ctx context.Context, db DB, ex execer, rows []enqueueRow, results []EnqueueResult, window time.Duration) {
 	now := time.Now()
 	var queues []string
 	for i, r := range rows {
@@ -204,7 +205,7 @@ func notifyQueues(ctx context.Context, db DB, ex execer, rows []enqueueRow, resu
 		}
 		queues = append(queues, r.Queue)
 	}
-	wakeQueues(ctx, db, ex, queues)
+	wakeQueues(ctx, db, ex, queues, window)
 }
 
 // countEnqueued adds the jobs written (not the duplicates) to ctr (nil:

@@ -64,7 +64,7 @@ func prepareJobInsert(ctx context.Context, a, o any) (jobinsert.Job, error) {
 		if err != nil {
 			return
 		}
-		notifyQueues(ctx, db, ex, rows, []EnqueueResult{{}})
+		notifyQueues(ctx, db, ex, rows, []EnqueueResult{{}}, enqueueWakeCoalesce)
 	}
 	return jobinsert.Job{Ctx: ctx, Row: string(appendBatch(nil, rows)), Done: done, Wake: wake}, nil
 }

@@ -102,10 +102,14 @@ func (cf *Config) validate() error {
 		{"LeaseDuration", cf.LeaseDuration},
 		{"HeartbeatInterval", cf.HeartbeatInterval},
 		{"PollInterval", cf.PollInterval},
+		{"EnqueueWakeCoalesce", cf.EnqueueWakeCoalesce},
 	} {
 		if d.v < 0 {
 			return fmt.Errorf("core: new client: %s %s is negative", d.name, d.v)
 		}
+	}
+	if cf.EnqueueWakeCoalesce > maxEnqueueWakeCoalesce {
+		return fmt.Errorf("core: new client: EnqueueWakeCoalesce %s is above %s", cf.EnqueueWakeCoalesce, maxEnqueueWakeCoalesce)
 	}
 	for _, n := range []struct {
 		name string

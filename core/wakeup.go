@@ -24,8 +24,9 @@ import (
 // trigger.
 //
 // A deferred wake-up is sent by a timer of this process, so a producer
-// that exits within enqueueWakeCoalesce of an enqueue that deferred its
-// wake-up drops it: that job is still stored, and is picked up at the
+// that exits within the window of an enqueue that deferred its wake-up
+// drops it (a Client's Stop sends its pool's first: Config.
+// EnqueueWakeCoalesce): that job is still stored, and is picked up at the
 // workers' next poll (Config.PollInterval) unless another wake-up of its
 // queue comes first. Making such an enqueue wait and send the wake-up
 // itself would close that gap, but would cap a producer that enqueues one
@@ -40,11 +41,17 @@ type wakeKey struct {
 }
 
 // wakeState is when a pool last woke a queue's workers, and whether a
-// wake-up is scheduled and not yet sent.
+// wake-up is scheduled and not yet sent (then timer sends it at due).
 type wakeState struct {
 	last    time.Time
+	window  time.Duration // the last caller's, for pruning
 	pending bool
+	due     time.Time
+	timer   *time.Timer
 }
+
+// maxEnqueueWakeCoalesce bounds Config.EnqueueWakeCoalesce.
+const maxEnqueueWakeCoalesce = time.Second
 
 // wakeups holds the state of every pool that enqueued lately.
 var wakeups = struct {
@@ -56,12 +63,14 @@ var wakeups = struct {
 const wakeupsPruneAt = 256
 
 // wakeQueues wakes the workers of queues after an enqueue on db committed,
-// coalescing wake-ups sent on a pool (see enqueueWakeCoalesce): every
-// queue gets a wake-up sent after this commit, now or within
-// enqueueWakeCoalesce. On a connection (which the caller may use again at
-// once, and which is not safe for concurrent use) it is sent now. A
-// failure loses nothing: the jobs are stored, and workers poll.
-func wakeQueues(ctx context.Context, db DB, ex execer, queues []string) {
+// coalescing wake-ups sent on a pool over window (enqueueWakeCoalesce, or
+// a Client's Config.EnqueueWakeCoalesce): every queue gets a wake-up sent
+// after this commit, now or within window of the pool's last wake-up of
+// it. A wake-up scheduled by a caller with a longer window is brought
+// forward to this caller's bound. On a connection (which the caller may
+// use again at once, and which is not safe for concurrent use) it is sent
+// now. A failure loses nothing: the jobs are stored, and workers poll.
+func wakeQueues(ctx context.Context, db DB, ex execer, queues []string, window time.Duration) {
 	if !isPool(db) {
 		sendWakeups(ctx, ex, queues)
 		return
@@ -71,7 +80,7 @@ func wakeQueues(ctx context.Context, db DB, ex execer, queues []string) {
 	wakeups.mu.Lock()
 	if len(wakeups.m) > wakeupsPruneAt {
 		for k, s := range wakeups.m {
-			if !s.pending && now.Sub(s.last) >= enqueueWakeCoalesce {
+			if !s.pending && now.Sub(s.last) >= s.window {
 				delete(wakeups.m, k)
 			}
 		}
@@ -83,16 +92,31 @@ func wakeQueues(ctx context.Context, db DB, ex execer, queues []string) {
 			s = &wakeState{}
 			wakeups.m[k] = s
 		}
+		s.window = window
+		want := s.last.Add(window)
 		switch {
 		case s.pending:
 			// Scheduled and not sent yet: it will be sent after this
-			// commit.
-		case now.Sub(s.last) >= enqueueWakeCoalesce:
+			// commit, at s.due, or sooner if this caller's window says so.
+			// (A timer that cannot be stopped is firing: it waits for the
+			// lock, then sends.)
+			if want.Before(s.due) && s.timer.Stop() {
+				if want.After(now) {
+					s.due = want
+					s.timer.Reset(want.Sub(now))
+				} else {
+					s.pending = false
+					s.last = now
+					send = append(send, q)
+				}
+			}
+		case !want.After(now):
 			s.last = now
 			send = append(send, q)
 		default:
 			s.pending = true
-			time.AfterFunc(s.last.Add(enqueueWakeCoalesce).Sub(now), func() {
+			s.due = want
+			s.timer = time.AfterFunc(want.Sub(now), func() {
 				wakeups.mu.Lock()
 				s.pending = false
 				s.last = time.Now()
@@ -101,6 +125,23 @@ func wakeQueues(ctx context.Context, db DB, ex execer, queues []string) {
 				defer cancel()
 				sendWakeups(ctx, ex, []string{k.queue})
 			})
+		}
+	}
+	wakeups.mu.Unlock()
+	sendWakeups(ctx, ex, send)
+}
+
+// flushWakeups sends at once every wake-up scheduled for enqueues on db
+// (a Client's Stop: a process that exits within a window would drop them,
+// and their jobs would wait for the workers' next poll).
+func flushWakeups(ctx context.Context, db DB, ex execer) {
+	var send []string
+	wakeups.mu.Lock()
+	for k, s := range wakeups.m {
+		if k.db == db && s.pending && s.timer.Stop() {
+			s.pending = false
+			s.last = time.Now()
+			send = append(send, k.queue)
 		}
 	}
 	wakeups.mu.Unlock()

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/relayq/relay/internal/testdb"
 )
 
@@ -40,7 +42,7 @@ func TestWakeupDeferredNotDropped(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			wakeQueues(ctx, pool, ex, []string{queue})
+			wakeQueues(ctx, pool, ex, []string{queue}, enqueueWakeCoalesce)
 		}()
 	}
 	close(start)
@@ -60,5 +62,142 @@ func TestWakeupDeferredNotDropped(t *testing.T) {
 	}
 	if !got[1].After(returned) {
 		t.Fatal("the second wake-up arrived before both wakeQueues returned: it was not deferred")
+	}
+}
+
+// wakeListener is a connection of pool listening on relay_jobs, and a
+// wait for the next wake-up of queue.
+func wakeListener(t *testing.T, pool *pgxpool.Pool, queue string) func(within time.Duration) error {
+	t.Helper()
+	ctx := context.Background()
+	listen, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(listen.Release)
+	if _, err := listen.Exec(ctx, `LISTEN relay_jobs`); err != nil {
+		t.Fatal(err)
+	}
+	return func(within time.Duration) error {
+		wait, cancel := context.WithTimeout(ctx, within)
+		defer cancel()
+		for {
+			n, err := listen.Conn().WaitForNotification(wait)
+			if err != nil {
+				return err
+			}
+			if n.Payload == queue {
+				return nil
+			}
+		}
+	}
+}
+
+// A longer window defers a wake-up for its length, not 1 ms, and sends it
+// then (bound and delivery); a caller with a shorter window, arriving
+// meanwhile, brings it forward to its own bound; flushWakeups (a Client's
+// Stop) sends what is scheduled at once.
+func TestWakeupWindows(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	ex, err := execerFor(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const long = 4 * time.Second
+
+	t.Run("long", func(t *testing.T) {
+		const queue = "wake-long"
+		next := wakeListener(t, pool, queue)
+		wakeQueues(ctx, pool, ex, []string{queue}, long)
+		if err := next(10 * time.Second); err != nil {
+			t.Fatalf("the first wake-up did not arrive: %v", err)
+		}
+		wakeQueues(ctx, pool, ex, []string{queue}, long)
+		// With a 1 ms window it would come a millisecond after the first.
+		if err := next(time.Second); err == nil {
+			t.Fatal("the second wake-up came within a second: not coalesced over the window")
+		}
+		if err := next(10 * time.Second); err != nil {
+			t.Fatalf("the second wake-up never came: dropped (%v)", err)
+		}
+	})
+	t.Run("shorter caller", func(t *testing.T) {
+		const queue = "wake-mixed"
+		next := wakeListener(t, pool, queue)
+		wakeQueues(ctx, pool, ex, []string{queue}, long)
+		if err := next(10 * time.Second); err != nil {
+			t.Fatalf("the first wake-up did not arrive: %v", err)
+		}
+		wakeQueues(ctx, pool, ex, []string{queue}, long) // scheduled at +4 s
+		wakeQueues(ctx, pool, ex, []string{queue}, enqueueWakeCoalesce)
+		if err := next(long / 2); err != nil {
+			t.Fatalf("a 1 ms caller's wake-up waited for the longer window's: %v", err)
+		}
+	})
+	t.Run("flush", func(t *testing.T) {
+		const queue = "wake-flush"
+		next := wakeListener(t, pool, queue)
+		wakeQueues(ctx, pool, ex, []string{queue}, long)
+		if err := next(10 * time.Second); err != nil {
+			t.Fatalf("the first wake-up did not arrive: %v", err)
+		}
+		wakeQueues(ctx, pool, ex, []string{queue}, long)
+		flushWakeups(ctx, pool, ex)
+		if err := next(long / 2); err != nil {
+			t.Fatalf("a flushed wake-up was not sent at once: %v", err)
+		}
+	})
+}
+
+// A Client's enqueues coalesce over its EnqueueWakeCoalesce (defaulted to
+// the package-level 1 ms), and its Stop sends what they left scheduled.
+func TestClientEnqueueWakeWindow(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	for _, bad := range []time.Duration{-time.Millisecond, 2 * time.Second} {
+		if _, err := NewClient(pool, &Config{EnqueueWakeCoalesce: bad}); err == nil {
+			t.Errorf("EnqueueWakeCoalesce %s accepted", bad)
+		}
+	}
+	def, err := NewClient(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := def.wakeWindow(); got != enqueueWakeCoalesce {
+		t.Errorf("default wake window %s, want %s", got, enqueueWakeCoalesce)
+	}
+	const queue = "client-wake-window"
+	next := wakeListener(t, pool, queue)
+	c, err := NewClient(pool, &Config{EnqueueWakeCoalesce: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Enqueue(ctx, floorArgs{}, &EnqueueOpts{Queue: queue}); err != nil {
+		t.Fatal(err)
+	}
+	if err := next(10 * time.Second); err != nil {
+		t.Fatalf("the first enqueue's wake-up did not arrive: %v", err)
+	}
+	if _, err := c.Enqueue(ctx, floorArgs{}, &EnqueueOpts{Queue: queue}); err != nil {
+		t.Fatal(err)
+	}
+	wakeups.mu.Lock()
+	s := wakeups.m[wakeKey{db: pool, queue: queue}]
+	window := time.Duration(0)
+	if s != nil {
+		window = s.window
+	}
+	wakeups.mu.Unlock()
+	if window != time.Second {
+		t.Fatalf("the enqueue coalesced over %s, want the client's 1s", window)
+	}
+	if err := c.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := next(10 * time.Second); err != nil {
+		t.Fatalf("the second enqueue's wake-up never came: %v", err)
 	}
 }

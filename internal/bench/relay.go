@@ -24,6 +24,46 @@ type Relay struct {
 	// Keys, when set, gives every inserted job an ordering key drawn from
 	// it (the outbox-shaped load of issue 17).
 	Keys *KeyPicker
+	// producer, when set, enqueues (ForProducers); else the package-level
+	// core.Enqueue does.
+	producer *core.Client
+}
+
+// ForProducers is the Relay a steady run's producers insert with: through
+// an insert-only Client whose EnqueueWakeCoalesce is the workers'
+// ClaimCoalesce (producerWake), as the documentation advises, so that its
+// enqueues wake the workers at most once per claim window. With ordering
+// keys the producers enqueue in a transaction of their own, whose commit
+// notifies, uncoalesced: the client changes nothing there.
+func (r Relay) ForProducers(pool *pgxpool.Pool, cfg WorkerConfig) (System, error) {
+	c, err := core.NewClient(pool, &core.Config{EnqueueWakeCoalesce: producerWake(cfg), Logger: benchLogger()})
+	if err != nil {
+		return nil, err
+	}
+	r.producer = c
+	return r, nil
+}
+
+// producerWake is the producers' EnqueueWakeCoalesce for workers
+// configured with cfg: their ClaimCoalesce when it is longer than the
+// default (1 ms), at most 1 s; else 0, the default.
+func producerWake(cfg WorkerConfig) time.Duration {
+	if cfg.ClaimCoalesce <= time.Millisecond {
+		return 0
+	}
+	return min(cfg.ClaimCoalesce, time.Second)
+}
+
+// enqueue writes one job through db: the producer client's, or the
+// package-level Enqueue.
+func (r Relay) enqueue(ctx context.Context, db core.DB, args core.JobArgs, opts *core.EnqueueOpts) error {
+	var err error
+	if r.producer != nil {
+		_, err = r.producer.EnqueueTx(ctx, db, args, opts)
+	} else {
+		_, err = core.Enqueue(ctx, db, args, opts)
+	}
+	return err
 }
 
 // KeyPicker draws ordering keys "k0" … "k<n-1>", Zipf-distributed (s =
@@ -79,8 +119,12 @@ func (Relay) Describe(cfg WorkerConfig) string {
 	if c.ClaimCoalesce < 0 {
 		coalesce = "off"
 	}
-	return fmt.Sprintf("MaxWorkers %d, Prefetch %d, ClaimCoalesce %s, NoClaimFloor %v, defaults otherwise (FetchLimit 1000, PollInterval 1s, LISTEN/NOTIFY on)",
-		q.MaxWorkers, q.Prefetch, coalesce, c.NoClaimFloor)
+	wake := "default (1ms)"
+	if w := producerWake(cfg); w > 0 {
+		wake = w.String()
+	}
+	return fmt.Sprintf("MaxWorkers %d, Prefetch %d, ClaimCoalesce %s, NoClaimFloor %v, defaults otherwise (FetchLimit 1000, PollInterval 1s, LISTEN/NOTIFY on); steady producers: a Client with EnqueueWakeCoalesce %s",
+		q.MaxWorkers, q.Prefetch, coalesce, c.NoClaimFloor, wake)
 }
 
 func (Relay) Setup(ctx context.Context, pool *pgxpool.Pool) error {
@@ -106,8 +150,7 @@ func (r Relay) InsertBatch(ctx context.Context, pool *pgxpool.Pool, n int) error
 func (r Relay) InsertOne(ctx context.Context, pool *pgxpool.Pool, stamp time.Time) error {
 	opts := r.Keys.opts()
 	if opts == nil {
-		_, err := core.Enqueue(ctx, pool, benchArgs{Stamp: stamp.UnixNano()}, nil)
-		return err
+		return r.enqueue(ctx, pool, benchArgs{Stamp: stamp.UnixNano()}, nil)
 	}
 	// Producers of one key serialise on a lock taken before the job's id
 	// is drawn, as outbox.Publish does, so that a key's ids follow commit
@@ -116,8 +159,7 @@ func (r Relay) InsertOne(ctx context.Context, pool *pgxpool.Pool, stamp time.Tim
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, opts.OrderingKey); err != nil {
 			return err
 		}
-		_, err := core.Enqueue(ctx, tx, benchArgs{Stamp: stamp.UnixNano()}, opts)
-		return err
+		return r.enqueue(ctx, tx, benchArgs{Stamp: stamp.UnixNano()}, opts)
 	})
 }
 

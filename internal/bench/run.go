@@ -182,6 +182,12 @@ type Steady struct {
 	During func(ctx context.Context, began time.Time)
 }
 
+// producers is a System whose producers insert with a configuration of
+// their own, made to match the workers' (Relay.ForProducers).
+type producers interface {
+	ForProducers(pool *pgxpool.Pool, cfg WorkerConfig) (System, error)
+}
+
 // RunSteady offers Rate single-job inserts per second for Duration to
 // running workers, then waits for the last to finish. Pickup latency runs
 // from just before each insert (its commit included) to its handler's
@@ -197,7 +203,14 @@ func RunSteady(ctx context.Context, env Env, sys System, o Steady) (Result, erro
 			return r, fmt.Errorf("reset: %w", err)
 		}
 	}
-	f, err := startFleet(ctx, env, sys, WorkerConfig{Workers: o.Workers, Prefetch: o.Prefetch, Job: o.Job, ClaimCoalesce: o.ClaimCoalesce, Window: o.Window, NoClaimFloor: o.NoClaimFloor, StartEarly: true}, o.Processes)
+	wcfg := WorkerConfig{Workers: o.Workers, Prefetch: o.Prefetch, Job: o.Job, ClaimCoalesce: o.ClaimCoalesce, Window: o.Window, NoClaimFloor: o.NoClaimFloor, StartEarly: true}
+	if p, ok := sys.(producers); ok {
+		var err error
+		if sys, err = p.ForProducers(env.Pool, wcfg); err != nil {
+			return r, fmt.Errorf("producers: %w", err)
+		}
+	}
+	f, err := startFleet(ctx, env, sys, wcfg, o.Processes)
 	if err != nil {
 		return r, err
 	}
