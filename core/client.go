@@ -61,10 +61,10 @@ type Config struct {
 	// negative claims on every notification. A window longer than 1 ms
 	// saves claims but not the producers' wake-ups: give the producers'
 	// clients the same EnqueueWakeCoalesce. Measured at a steady 1,000
-	// jobs/s (docs/benchmarks.md, "Steady load"): 1ms (the default) spends
-	// 1.33× River's PostgreSQL CPU per job for a pickup p50 of 1.5 ms
-	// against River's 14; 10ms on both settings spends 0.76× River's for a
-	// p50 of 6.5 ms.
+	// jobs/s (docs/benchmarks.md, "Steady load"; two rounds each): 1ms
+	// (the default) spends 1.33× River's PostgreSQL CPU per job for a
+	// pickup p50 of 1.6 ms against River's 14; 10ms on both settings spent
+	// 0.76× River's for a p50 of 6.5 ms.
 	ClaimCoalesce time.Duration
 	// EnqueueWakeCoalesce is the shortest time between two wake-ups of a
 	// queue's workers that this client's enqueues on a pool send (Enqueue,
@@ -72,8 +72,11 @@ type Config struct {
 	// transaction notifies at its commit, uncoalesced). An enqueue that
 	// commits sooner after the pool's last wake-up of its queue leaves its
 	// wake-up to one sent when the window is up, which covers every job
-	// committed meanwhile (deferred, never dropped; Stop sends those still
-	// waiting). Set it to the workers' ClaimCoalesce when that is longer:
+	// committed meanwhile. A process that exits while one waits drops it
+	// (its jobs then wait for the workers' next poll): call Stop before
+	// exiting, which sends those waiting on the client's pool (not on other
+	// pools given to EnqueueTx), within at most 1 s of Stop's context. Set
+	// it to the workers' ClaimCoalesce when that is longer:
 	// the workers claim once per window anyway, so the wake-ups in between
 	// cost PostgreSQL CPU (a statement, and a delivery to every listening
 	// client) for nothing. A window longer than the workers' adds up to
@@ -477,9 +480,10 @@ func (c *Client) Start(ctx context.Context) error {
 func (c *Client) Stop(ctx context.Context) error {
 	c.lifecycle.Lock()
 	defer c.lifecycle.Unlock()
-	// Wake-ups the client's enqueues left scheduled go now, whether or not
-	// it works queues (an insert-only client is never started).
-	c.flushWakeups(ctx)
+	// Wake-ups the client's enqueues left scheduled go before it returns,
+	// whether or not it works queues (an insert-only client is never
+	// started); for a working client, after its handlers' enqueues.
+	defer c.flushWakeups(ctx)
 	if !c.started || c.stopped {
 		return nil
 	}

@@ -45,12 +45,15 @@ func (c *Client) wakeWindow() time.Duration {
 	return c.cfg.EnqueueWakeCoalesce
 }
 
-// flushWakeups sends, at once, the wake-ups the client's enqueues on its
-// pool left scheduled (Stop), within ctx.
+// flushWakeups sends, at once, the wake-ups the client's enqueues (or any
+// other caller's) left scheduled on its pool (Stop), bounded by ctx and by
+// a second.
 func (c *Client) flushWakeups(ctx context.Context) {
 	ex, err := execerFor(c.pool)
 	if err != nil {
 		return
 	}
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
 	flushWakeups(ctx, c.pool, ex)
 }

@@ -55,12 +55,17 @@ const maxEnqueueWakeCoalesce = time.Second
 
 // wakeups holds the state of every pool that enqueued lately.
 var wakeups = struct {
-	mu sync.Mutex
-	m  map[wakeKey]*wakeState
+	mu     sync.Mutex
+	m      map[wakeKey]*wakeState
+	pruned time.Time // the last prune
 }{m: map[wakeKey]*wakeState{}}
 
-// wakeupsPruneAt is the number of states above which idle ones are dropped.
+// wakeupsPruneAt is the number of states above which idle ones are
+// dropped, at most once per wakeupsPruneEvery (the scan holds the lock
+// every enqueue on a pool takes).
 const wakeupsPruneAt = 256
+
+const wakeupsPruneEvery = 100 * time.Millisecond
 
 // wakeQueues wakes the workers of queues after an enqueue on db committed,
 // coalescing wake-ups sent on a pool over window (enqueueWakeCoalesce, or
@@ -78,7 +83,8 @@ func wakeQueues(ctx context.Context, db DB, ex execer, queues []string, window t
 	now := time.Now()
 	var send []string
 	wakeups.mu.Lock()
-	if len(wakeups.m) > wakeupsPruneAt {
+	if len(wakeups.m) > wakeupsPruneAt && now.Sub(wakeups.pruned) >= wakeupsPruneEvery {
+		wakeups.pruned = now
 		for k, s := range wakeups.m {
 			if !s.pending && now.Sub(s.last) >= s.window {
 				delete(wakeups.m, k)
@@ -131,16 +137,17 @@ func wakeQueues(ctx context.Context, db DB, ex execer, queues []string, window t
 	sendWakeups(ctx, ex, send)
 }
 
-// flushWakeups sends at once every wake-up scheduled for enqueues on db
-// (a Client's Stop: a process that exits within a window would drop them,
-// and their jobs would wait for the workers' next poll).
+// flushWakeups sends at once a wake-up of every queue with one scheduled
+// for enqueues on db (a Client's Stop: a process that exits within a
+// window would drop them, and their jobs would wait for the workers' next
+// poll). The scheduled ones stay scheduled: if this send fails, or the
+// process goes on, they are sent as before (a second wake-up costs a
+// claim, a lost one a poll interval).
 func flushWakeups(ctx context.Context, db DB, ex execer) {
 	var send []string
 	wakeups.mu.Lock()
 	for k, s := range wakeups.m {
-		if k.db == db && s.pending && s.timer.Stop() {
-			s.pending = false
-			s.last = time.Now()
+		if k.db == db && s.pending {
 			send = append(send, k.queue)
 		}
 	}

@@ -123,7 +123,7 @@ func (Relay) Describe(cfg WorkerConfig) string {
 	if w := producerWake(cfg); w > 0 {
 		wake = w.String()
 	}
-	return fmt.Sprintf("MaxWorkers %d, Prefetch %d, ClaimCoalesce %s, NoClaimFloor %v, defaults otherwise (FetchLimit 1000, PollInterval 1s, LISTEN/NOTIFY on); steady producers: a Client with EnqueueWakeCoalesce %s",
+	return fmt.Sprintf("MaxWorkers %d, Prefetch %d, ClaimCoalesce %s, NoClaimFloor %v, defaults otherwise (FetchLimit 1000, PollInterval 1s, LISTEN/NOTIFY on); steady runs' producers (without --keys): a Client with EnqueueWakeCoalesce %s",
 		q.MaxWorkers, q.Prefetch, coalesce, c.NoClaimFloor, wake)
 }
 
