@@ -61,10 +61,10 @@ type Config struct {
 	// negative claims on every notification. A window longer than 1 ms
 	// saves claims but not the producers' wake-ups: give the producers'
 	// clients the same EnqueueWakeCoalesce. Measured at a steady 1,000
-	// jobs/s (docs/benchmarks.md, "Steady load"; two rounds each): 1ms
-	// (the default) spends 1.33× River's PostgreSQL CPU per job for a
-	// pickup p50 of 1.6 ms against River's 14; 10ms on both settings spent
-	// 0.76× River's for a p50 of 6.5 ms.
+	// jobs/s on a 2-vCPU VM (docs/benchmarks.md, "Steady load"): 1ms (the
+	// default) spent 1.33× River's PostgreSQL CPU per job for a pickup p50
+	// of 1.6 ms against River's 14; 3–5ms on both settings spent 0.89–0.98×
+	// River's for a p50 of 2.8–3.8 ms.
 	ClaimCoalesce time.Duration
 	// EnqueueWakeCoalesce is the shortest time between two wake-ups of a
 	// queue's workers that this client's enqueues on a pool send (Enqueue,
