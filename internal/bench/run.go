@@ -313,6 +313,8 @@ func RunSteady(ctx context.Context, env Env, sys System, o Steady) (Result, erro
 // pickup latencies of the whole run then carried (p99 > 1 s for either
 // system). A steady run measures the steady state.
 func warmPool(ctx context.Context, pool *pgxpool.Pool, n int) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
 	n = min(n, int(pool.Config().MaxConns))
 	conns := make([]*pgxpool.Conn, 0, n)
 	defer func() {
