@@ -12,7 +12,7 @@ import (
 	"github.com/relayq/relay/internal/testdb"
 )
 
-func TestMain(m *testing.M) { testdb.Main(m) }
+func TestMain(m *testing.M) { testdb.MainOwnCluster(m) }
 
 // buildRelay compiles this command once for the test.
 func buildRelay(t *testing.T) string {

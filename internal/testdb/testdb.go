@@ -4,13 +4,16 @@
 //
 // The server is, in order: RELAY_TEST_DATABASE_URL when set; a server
 // answering on localhost:5432; or a throwaway cluster started from the local
-// initdb/pg_ctl for the life of the test binary. Call Main from TestMain.
+// initdb/pg_ctl for the life of the test binary. Call Main from TestMain;
+// a package whose tests open many connections (worker processes) calls
+// MainOwnCluster instead, and skips the shared server.
 package testdb
 
 import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"net/url"
@@ -20,6 +23,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/internal/devpg"
@@ -43,6 +47,8 @@ var (
 	once   sync.Once
 	srv    *server
 	srvErr error
+	// ownCluster is set by MainOwnCluster before any test runs.
+	ownCluster bool
 )
 
 // Main runs the tests of a package and stops the throwaway cluster, if one
@@ -55,6 +61,19 @@ func Main(m *testing.M) {
 		}
 	}
 	os.Exit(code)
+}
+
+// MainOwnCluster is Main for a package whose tests open many connections at
+// once (the proofs' worker processes: 60 for the workflow proof alone). Its
+// tests run on a throwaway cluster of their own (max_connections 200)
+// rather than on a server answering on localhost:5432, which the other
+// test binaries share while they run in parallel: there, with a default
+// max_connections of 100, its peak beside theirs made the server refuse
+// connections ("sorry, too many clients already") and tests fail at random.
+// RELAY_TEST_DATABASE_URL, when set, still wins.
+func MainOwnCluster(m *testing.M) {
+	ownCluster = true
+	Main(m)
 }
 
 // URL creates a fresh migrated database for the test and returns its URL; the
@@ -79,7 +98,7 @@ func create(t testing.TB, migrated bool) string {
 	}
 	ctx := context.Background()
 	name := "relay_test_" + randHex(6)
-	admin, err := pgx.Connect(ctx, srv.adminURL)
+	admin, err := connect(ctx, srv.adminURL)
 	if err != nil {
 		t.Fatalf("testdb: connect: %v", err)
 	}
@@ -92,7 +111,7 @@ func create(t testing.TB, migrated bool) string {
 		t.Fatalf("testdb: clone template: %v", err)
 	}
 	t.Cleanup(func() {
-		c, err := pgx.Connect(ctx, srv.adminURL)
+		c, err := connect(ctx, srv.adminURL)
 		if err != nil {
 			t.Errorf("testdb: connect to drop %s: %v", name, err)
 			return
@@ -139,7 +158,7 @@ func setup() (*server, error) {
 	switch {
 	case os.Getenv(EnvURL) != "":
 		s.adminURL = os.Getenv(EnvURL)
-	case answers(ctx, "postgres://postgres@localhost:5432/postgres?sslmode=disable"):
+	case !ownCluster && answers(ctx, "postgres://postgres@localhost:5432/postgres?sslmode=disable"):
 		s.adminURL = "postgres://postgres@localhost:5432/postgres?sslmode=disable"
 	default:
 		c, err := devpg.Start(ctx, devpg.Options{Fast: true})
@@ -174,12 +193,35 @@ func answers(ctx context.Context, u string) bool {
 	return true
 }
 
+// connect opens an admin connection, waiting out a server that is full:
+// test binaries run in parallel on one server, and a moment when their
+// connections together reach max_connections ("sorry, too many clients
+// already", SQLSTATE 53300) passes as their tests end. It waits at most a
+// minute, then returns the server's error.
+func connect(ctx context.Context, u string) (*pgx.Conn, error) {
+	deadline := time.Now().Add(time.Minute)
+	wait := 50 * time.Millisecond
+	for {
+		c, err := pgx.Connect(ctx, u)
+		var pgErr *pgconn.PgError
+		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != "53300" || time.Now().Add(wait).After(deadline) {
+			return c, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
 // ensureTemplate makes relay_tpl_<fingerprint> once per schema version. Test
 // binaries run in parallel, so creation is serialized by an advisory lock, and
 // the template only gets its final name once fully migrated.
 func (s *server) ensureTemplate(ctx context.Context) error {
 	s.template = "relay_tpl_" + migrations.Fingerprint()
-	admin, err := pgx.Connect(ctx, s.adminURL)
+	admin, err := connect(ctx, s.adminURL)
 	if err != nil {
 		return fmt.Errorf("connect to %s: %w", redact(s.adminURL), err)
 	}
