@@ -154,19 +154,31 @@ func closePool(t testing.TB, pool *pgxpool.Pool) {
 func setup() (*server, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	const local = "postgres://postgres@localhost:5432/postgres?sslmode=disable"
 	s := &server{}
 	switch {
 	case os.Getenv(EnvURL) != "":
 		s.adminURL = os.Getenv(EnvURL)
-	case !ownCluster && answers(ctx, "postgres://postgres@localhost:5432/postgres?sslmode=disable"):
-		s.adminURL = "postgres://postgres@localhost:5432/postgres?sslmode=disable"
+	case ownCluster:
+		c, err := devpg.Start(ctx, devpg.Options{Fast: true})
+		if err == nil {
+			s.cluster, s.adminURL = c, c.URL
+			break
+		}
+		if !answers(ctx, local) {
+			return nil, fmt.Errorf("no PostgreSQL for the tests: %s is unset, a throwaway cluster could not start (%w), and nothing answers on localhost:5432", EnvURL, err)
+		}
+		// Without initdb, the shared server is still better than no test.
+		fmt.Fprintf(os.Stderr, "testdb: a throwaway cluster could not start (%v); using localhost:5432, where these tests may exhaust max_connections\n", err)
+		s.adminURL = local
+	case answers(ctx, local):
+		s.adminURL = local
 	default:
 		c, err := devpg.Start(ctx, devpg.Options{Fast: true})
 		if err != nil {
 			return nil, fmt.Errorf("no PostgreSQL for the tests: %s is unset, nothing answers on localhost:5432, and a throwaway cluster could not start: %w", EnvURL, err)
 		}
-		s.cluster = c
-		s.adminURL = c.URL
+		s.cluster, s.adminURL = c, c.URL
 	}
 	if err := s.ensureTemplate(ctx); err != nil {
 		if s.cluster != nil {
