@@ -10,7 +10,7 @@ demo:
 
 # Run every test with the race detector, against real PostgreSQL:
 # $RELAY_TEST_DATABASE_URL, else localhost:5432, else a throwaway cluster
-# (cmd/relay, whose proofs open many connections, skips localhost:5432).
+# (cmd/relay, whose proofs open many connections, prefers a throwaway cluster).
 test:
 	$(GO) test -race -count=1 -timeout 20m ./...
 

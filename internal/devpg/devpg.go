@@ -7,6 +7,7 @@
 package devpg
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -31,6 +32,8 @@ type Options struct {
 	Fast bool
 	// Log receives a line for each step; nil is silent.
 	Log func(format string, args ...any)
+	// MaxConnections is the server's max_connections. Default 200.
+	MaxConnections int
 }
 
 // Cluster is a running throwaway cluster. Stop removes it.
@@ -77,9 +80,14 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
+	reapOrphans(opts.Log)
 	dir, err := os.MkdirTemp("", "relay-pg-")
 	if err != nil {
 		return nil, fmt.Errorf("devpg: temp dir: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("devpg: %w", err)
 	}
 	c := &Cluster{Dir: dir, bin: bin, opts: opts}
 	if os.Geteuid() == 0 {
@@ -122,7 +130,7 @@ func (c *Cluster) Start(ctx context.Context) error {
 		"-p", strconv.Itoa(c.Port),
 		"-k", c.Dir,
 		"-c", "listen_addresses=127.0.0.1",
-		"-c", "max_connections=200",
+		"-c", "max_connections=" + strconv.Itoa(cmp.Or(c.opts.MaxConnections, 200)),
 		"-c", "shared_buffers=256MB",
 	}
 	if c.opts.Fast {
@@ -222,4 +230,64 @@ func freePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// ownerFile, in a cluster's directory, holds the PID of the process that
+// started it.
+const ownerFile = "owner.pid"
+
+// reapOrphans stops and removes the clusters whose starting process has
+// died without stopping them: a test binary killed by go test's timeout, a
+// panic, a SIGKILL. Their servers run in process groups of their own and
+// would otherwise run until the machine stops. A cluster without an owner
+// file (being created, or made by an older version) or whose owner is
+// alive is left alone; so is a server whose command line does not name
+// the cluster's directory (its PID reused by another process). Best
+// effort: errors are logged, never returned.
+func reapOrphans(log func(string, ...any)) {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "relay-pg-*"))
+	for _, dir := range dirs {
+		owner, err := readPID(filepath.Join(dir, ownerFile))
+		if err != nil || alive(owner) {
+			continue
+		}
+		if pid, err := readPID(filepath.Join(dir, "data", "postmaster.pid")); err == nil && alive(pid) {
+			cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+			if err != nil || !strings.Contains(string(cmdline), dir) {
+				continue
+			}
+			syscall.Kill(pid, syscall.SIGQUIT) //nolint:errcheck // immediate shutdown
+			for deadline := time.Now().Add(10 * time.Second); alive(pid) && time.Now().Before(deadline); {
+				time.Sleep(50 * time.Millisecond)
+			}
+			if alive(pid) {
+				continue
+			}
+		}
+		if err := os.RemoveAll(dir); err != nil && log != nil {
+			log("devpg: remove the orphaned cluster %s: %v", dir, err)
+		} else if log != nil {
+			log("devpg: removed the orphaned cluster %s (its process %d is gone)", dir, owner)
+		}
+	}
+}
+
+// readPID reads the PID on the first line of a file.
+func readPID(path string) (int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil || pid <= 0 {
+		return 0, fmt.Errorf("devpg: no PID in %s", path)
+	}
+	return pid, nil
+}
+
+// alive says whether a process exists (EPERM: it does, another user's).
+func alive(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
 }

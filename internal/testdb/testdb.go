@@ -6,7 +6,9 @@
 // answering on localhost:5432; or a throwaway cluster started from the local
 // initdb/pg_ctl for the life of the test binary. Call Main from TestMain;
 // a package whose tests open many connections (worker processes) calls
-// MainOwnCluster instead, and skips the shared server.
+// MainOwnCluster instead, and takes a throwaway cluster over the shared
+// server (which it uses only when no cluster can start for want of
+// initdb).
 package testdb
 
 import (
@@ -18,7 +20,9 @@ import (
 	"hash/fnv"
 	"net/url"
 	"os"
+	"os/signal"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -37,7 +41,6 @@ const EnvURL = "RELAY_TEST_DATABASE_URL"
 type server struct {
 	adminURL string
 	template string
-	cluster  *devpg.Cluster
 }
 
 var (
@@ -49,28 +52,66 @@ var (
 	srvErr error
 	// ownCluster is set by MainOwnCluster before any test runs.
 	ownCluster bool
+	// cluster is the throwaway cluster this binary started, for Main and
+	// its signal handler to stop.
+	clusterMu sync.Mutex
+	cluster   *devpg.Cluster
 )
 
 // Main runs the tests of a package and stops the throwaway cluster, if one
-// was started, before exiting with the tests' code.
+// was started, before exiting with the tests' code; on SIGINT or SIGTERM
+// too. (A binary that dies otherwise, as by go test's -timeout, leaves it
+// to the next throwaway cluster's start, which removes clusters whose
+// process is gone.)
 func Main(m *testing.M) {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		s := <-sigs
+		stopCluster()
+		fmt.Fprintf(os.Stderr, "testdb: %v: stopped the throwaway cluster\n", s)
+		os.Exit(1)
+	}()
 	code := m.Run()
-	if srv != nil && srv.cluster != nil {
-		if err := srv.cluster.Stop(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-		}
-	}
+	signal.Stop(sigs)
+	stopCluster()
 	os.Exit(code)
 }
 
+// stopCluster stops the throwaway cluster, if one was started.
+func stopCluster() {
+	clusterMu.Lock()
+	defer clusterMu.Unlock()
+	if cluster != nil {
+		if err := cluster.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+		}
+		cluster = nil
+	}
+}
+
+// startCluster starts the throwaway cluster and records it for stopCluster.
+func startCluster(ctx context.Context, maxConns int) (*devpg.Cluster, error) {
+	c, err := devpg.Start(ctx, devpg.Options{Fast: true, MaxConnections: maxConns})
+	if err != nil {
+		return nil, err
+	}
+	clusterMu.Lock()
+	defer clusterMu.Unlock()
+	cluster = c
+	return c, nil
+}
+
 // MainOwnCluster is Main for a package whose tests open many connections at
-// once (the proofs' worker processes: 60 for the workflow proof alone). Its
-// tests run on a throwaway cluster of their own (max_connections 200)
-// rather than on a server answering on localhost:5432, which the other
-// test binaries share while they run in parallel: there, with a default
-// max_connections of 100, its peak beside theirs made the server refuse
-// connections ("sorry, too many clients already") and tests fail at random.
-// RELAY_TEST_DATABASE_URL, when set, still wins.
+// once (the proofs' worker processes: up to 60 for the workflow proof
+// alone). Its tests run on a throwaway cluster of their own
+// (max_connections 500) rather than on a server answering on
+// localhost:5432, which the other test binaries share while they run in
+// parallel: there, with a default max_connections of 100, its peak beside
+// theirs made the server refuse connections ("sorry, too many clients
+// already") and tests fail at random. RELAY_TEST_DATABASE_URL, when set,
+// still wins; without PostgreSQL's server binaries it falls back to
+// localhost:5432, with a warning.
 func MainOwnCluster(m *testing.M) {
 	ownCluster = true
 	Main(m)
@@ -160,30 +201,28 @@ func setup() (*server, error) {
 	case os.Getenv(EnvURL) != "":
 		s.adminURL = os.Getenv(EnvURL)
 	case ownCluster:
-		c, err := devpg.Start(ctx, devpg.Options{Fast: true})
+		c, err := startCluster(ctx, 500)
 		if err == nil {
-			s.cluster, s.adminURL = c, c.URL
+			s.adminURL = c.URL
 			break
 		}
-		if !answers(ctx, local) {
-			return nil, fmt.Errorf("no PostgreSQL for the tests: %s is unset, a throwaway cluster could not start (%w), and nothing answers on localhost:5432", EnvURL, err)
+		if !errors.Is(err, devpg.ErrNoPostgres) || !answers(context.Background(), local) {
+			return nil, fmt.Errorf("no PostgreSQL for the tests: %s is unset and a throwaway cluster could not start: %w", EnvURL, err)
 		}
 		// Without initdb, the shared server is still better than no test.
-		fmt.Fprintf(os.Stderr, "testdb: a throwaway cluster could not start (%v); using localhost:5432, where these tests may exhaust max_connections\n", err)
+		fmt.Fprintf(os.Stderr, "testdb: %v; using localhost:5432, where these tests may exhaust max_connections\n", err)
 		s.adminURL = local
 	case answers(ctx, local):
 		s.adminURL = local
 	default:
-		c, err := devpg.Start(ctx, devpg.Options{Fast: true})
+		c, err := startCluster(ctx, 200)
 		if err != nil {
 			return nil, fmt.Errorf("no PostgreSQL for the tests: %s is unset, nothing answers on localhost:5432, and a throwaway cluster could not start: %w", EnvURL, err)
 		}
-		s.cluster, s.adminURL = c, c.URL
+		s.adminURL = c.URL
 	}
 	if err := s.ensureTemplate(ctx); err != nil {
-		if s.cluster != nil {
-			s.cluster.Stop()
-		}
+		stopCluster()
 		return nil, err
 	}
 	return s, nil
@@ -221,7 +260,7 @@ func connect(ctx context.Context, u string) (*pgx.Conn, error) {
 		}
 		select {
 		case <-ctx.Done():
-			return nil, err
+			return nil, errors.Join(ctx.Err(), err)
 		case <-time.After(wait):
 		}
 		wait = min(2*wait, time.Second)
