@@ -61,11 +61,12 @@ type Config struct {
 	// negative claims on every notification. A window longer than 1 ms
 	// saves claims but not the producers' wake-ups: give the producers'
 	// clients the same EnqueueWakeCoalesce. Measured at a steady 1,000
-	// jobs/s on a quiet 2-vCPU VM (docs/benchmarks.md, "Steady load"), both
-	// settings alike: 1ms (the default) spent 1.53× River's PostgreSQL CPU
-	// per job for a pickup p50 / p99 of 1.8 / 3.7 ms against River's 13.5 /
-	// 30; 2ms 1.25× at 2.2 / 4.2 ms; 5ms 1.06× at 3.9 / 7.1 ms. A lone
-	// caller's workflow waits 7–9% longer at 2ms than at 1ms.
+	// jobs/s on a quiet 2-vCPU VM, cluster on tmpfs (docs/benchmarks.md,
+	// "Steady load"), both settings alike: 1ms (the default) spent 1.53×
+	// River's PostgreSQL CPU per job for a pickup p50 / p99 of 1.8 / 3.7 ms
+	// against River's 13.5 / 30; 2ms 1.25× at 2.2 / 4.2 ms; 5ms 1.06× at
+	// 3.9 / 7.1 ms (CPU figures move ±20% a round). A lone caller's
+	// workflow waits 7–9% longer at 2ms than at 1ms.
 	ClaimCoalesce time.Duration
 	// EnqueueWakeCoalesce is the shortest time between two wake-ups of a
 	// queue's workers that this client's enqueues on a pool send (Enqueue,
