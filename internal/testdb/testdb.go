@@ -20,9 +20,7 @@ import (
 	"hash/fnv"
 	"net/url"
 	"os"
-	"os/signal"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -52,28 +50,20 @@ var (
 	srvErr error
 	// ownCluster is set by MainOwnCluster before any test runs.
 	ownCluster bool
-	// cluster is the throwaway cluster this binary started, for Main and
-	// its signal handler to stop.
+	// cluster is the throwaway cluster this binary started, for Main to
+	// stop.
 	clusterMu sync.Mutex
 	cluster   *devpg.Cluster
 )
 
 // Main runs the tests of a package and stops the throwaway cluster, if one
-// was started, before exiting with the tests' code; on SIGINT or SIGTERM
-// too. (A binary that dies otherwise, as by go test's -timeout, leaves it
-// to the next throwaway cluster's start, which removes clusters whose
-// process is gone.)
+// was started, before exiting with the tests' code. (A binary that dies
+// otherwise, by go test's -timeout, a panic or Ctrl-C, leaves it to the
+// next throwaway cluster's start, which removes clusters whose process is
+// gone. Main installs no signal handler: tests re-run their own binary as
+// worker processes that must handle SIGTERM themselves.)
 func Main(m *testing.M) {
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	go func() {
-		s := <-sigs
-		stopCluster()
-		fmt.Fprintf(os.Stderr, "testdb: %v: stopped the throwaway cluster\n", s)
-		os.Exit(1)
-	}()
 	code := m.Run()
-	signal.Stop(sigs)
 	stopCluster()
 	os.Exit(code)
 }
