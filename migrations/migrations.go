@@ -29,7 +29,7 @@ import (
 	"github.com/uptrace/bun/migrate"
 )
 
-//go:embed *.sql
+//go:embed *.up.sql
 var files embed.FS
 
 // lockKey is the advisory lock key held while migrating: the ASCII bytes of
