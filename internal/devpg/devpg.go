@@ -34,6 +34,10 @@ type Options struct {
 	Log func(format string, args ...any)
 	// MaxConnections is the server's max_connections. Default 200.
 	MaxConnections int
+	// SynchronousCommit keeps synchronous_commit on under Fast (fsync stays
+	// off): a commit then waits for a synchronous standby, which Fast alone
+	// would not.
+	SynchronousCommit bool
 }
 
 // Cluster is a running throwaway cluster. Stop removes it.
@@ -51,11 +55,17 @@ type Cluster struct {
 // ErrNoPostgres says no PostgreSQL server binaries were found.
 var ErrNoPostgres = errors.New("devpg: no PostgreSQL server binaries (initdb, pg_ctl) found: install PostgreSQL (e.g. apt-get install postgresql) or set RELAY_TEST_DATABASE_URL / DATABASE_URL to a server")
 
-// BinDir finds the directory holding initdb and pg_ctl: PATH first, then the
+// BinDir finds the directory holding initdb and pg_ctl: PATH first (links
+// followed), then the
 // Debian layout /usr/lib/postgresql/<version>/bin (newest version first).
 func BinDir() (string, error) {
 	if p, err := exec.LookPath("pg_ctl"); err == nil {
 		if _, err := exec.LookPath("initdb"); err == nil {
+			// A symlink on PATH (/usr/local/bin/pg_ctl) stands for its
+			// installation, whose directory also has pg_basebackup.
+			if real, err := filepath.EvalSymlinks(p); err == nil {
+				p = real
+			}
 			return filepath.Dir(p), nil
 		}
 	}
@@ -134,7 +144,10 @@ func (c *Cluster) Start(ctx context.Context) error {
 		"-c", "shared_buffers=256MB",
 	}
 	if c.opts.Fast {
-		settings = append(settings, "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
+		settings = append(settings, "-c", "fsync=off", "-c", "full_page_writes=off")
+		if !c.opts.SynchronousCommit {
+			settings = append(settings, "-c", "synchronous_commit=off")
+		}
 	}
 	c.logf("devpg: starting on 127.0.0.1:%d", c.Port)
 	if out, err := c.run(ctx, "pg_ctl", "-D", c.dataDir(), "-l", filepath.Join(c.Dir, "server.log"), "-w", "-t", "60",
@@ -182,11 +195,16 @@ func (c *Cluster) Crash(ctx context.Context) error {
 	return c.Start(ctx)
 }
 
-// Stop stops the server and removes the cluster's directory.
+// Stop stops the server (if it runs: Kill may have stopped it) and removes
+// the cluster's directory.
 func (c *Cluster) Stop() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	out, err := c.run(ctx, "pg_ctl", "-D", c.dataDir(), "-m", "immediate", "-w", "stop")
+	var out []byte
+	var err error
+	if _, statErr := os.Stat(filepath.Join(c.dataDir(), "postmaster.pid")); statErr == nil {
+		out, err = c.run(ctx, "pg_ctl", "-D", c.dataDir(), "-m", "immediate", "-w", "stop")
+	}
 	rmErr := os.RemoveAll(c.Dir)
 	if err != nil {
 		return fmt.Errorf("devpg: pg_ctl stop: %w\n%s", err, out)
