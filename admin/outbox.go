@@ -24,12 +24,18 @@ type OutboxEvent struct {
 	Headers      json.RawMessage `json:"headers"`
 	PublishedAt  time.Time       `json:"published_at"`
 	DispatchedAt *time.Time      `json:"dispatched_at,omitempty"`
-	State        string          `json:"state" enum:"pending,dispatched"`
+	State        string          `json:"state" enum:"pending,dispatched,failed"`
 	Jobs         int             `json:"jobs" doc:"Jobs the dispatch made (one per subscription)"`
+	// DispatchError is what of the stored event the dispatcher could not
+	// decode: with state failed it was set aside with no jobs (redispatch
+	// it once the row is fixed); with state dispatched it went without
+	// that part (a trace context: it started a new trace).
+	DispatchError string     `json:"dispatch_error,omitempty" doc:"A stored value the dispatcher could not decode"`
+	FailedAt      *time.Time `json:"failed_at,omitempty" doc:"Set aside by the dispatcher: a stored value did not decode"`
 }
 
 type listOutboxInput struct {
-	State  string `query:"state" enum:"pending,dispatched"`
+	State  string `query:"state" enum:"pending,dispatched,failed"`
 	Topic  string `query:"topic" maxLength:"200"`
 	Key    string `query:"key" maxLength:"500"`
 	Limit  int    `query:"limit" minimum:"1" maximum:"500" default:"50"`
@@ -57,6 +63,7 @@ type OutboxSubscription struct {
 	Retired   bool       `json:"retired"`
 	RetiredAt *time.Time `json:"retired_at,omitempty"`
 	CreatedAt time.Time  `json:"created_at"`
+	Error     string     `json:"error,omitempty" doc:"A stored value the dispatchers cannot use: metadata that is not an object (its jobs go without it) or options the core refuses (it gets no jobs)"`
 }
 
 type subscriptionsOutput struct {
@@ -112,11 +119,16 @@ func (s *server) registerOutbox(api huma.API) {
 			items, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (OutboxEvent, error) {
 				var e OutboxEvent
 				var payload, headers string
-				err := r.Scan(&e.ID, &e.Topic, &e.Key, &payload, &headers, &e.PublishedAt, &e.DispatchedAt, &e.Jobs)
+				err := r.Scan(&e.ID, &e.Topic, &e.Key, &payload, &headers, &e.PublishedAt, &e.DispatchedAt, &e.Jobs,
+					&e.FailedAt, &e.DispatchError)
 				e.Payload, e.Headers = json.RawMessage(payload), json.RawMessage(headers)
-				e.State = "pending"
-				if e.DispatchedAt != nil {
+				switch {
+				case e.FailedAt != nil:
+					e.State = "failed"
+				case e.DispatchedAt != nil:
 					e.State = "dispatched"
+				default:
+					e.State = "pending"
 				}
 				return e, err
 			})
@@ -142,7 +154,7 @@ func (s *server) registerOutbox(api huma.API) {
 			for _, sub := range subs {
 				out.Body.Items = append(out.Body.Items, OutboxSubscription{Topic: sub.Topic, Kind: sub.Kind, Endpoint: sub.Endpoint,
 					Queue: sub.Queue, Namespace: sub.Namespace, Priority: sub.Priority, MaxAttempts: sub.MaxAttempts,
-					Retired: sub.RetiredAt != nil, RetiredAt: sub.RetiredAt, CreatedAt: sub.CreatedAt})
+					Retired: sub.RetiredAt != nil, RetiredAt: sub.RetiredAt, CreatedAt: sub.CreatedAt, Error: sub.Error})
 			}
 			return out, nil
 		})
@@ -166,8 +178,8 @@ func (s *server) registerOutbox(api huma.API) {
 			return out, nil
 		})
 	re := op("redispatch-outbox-event", http.MethodPost, "/v1/outbox/events/{id}/redispatch", "Dispatch an event again", "outbox")
-	re.Description = "Marks a dispatched event pending: the dispatcher turns it into jobs again, one per subscription, " +
-		"so subscribers see it once more (they are idempotent by the event id)."
+	re.Description = "Marks a dispatched or failed event pending: the dispatcher turns it into jobs again, one per subscription, " +
+		"so subscribers see it once more (they are idempotent by the event id). A failed event is read again as stored: fix the row first."
 	huma.Register(api, re, func(ctx context.Context, in *outboxIDInput) (*redispatchOutput, error) {
 		_, err := s.change(ctx, "outbox.redispatch", map[string]any{"ids": []int64{in.ID}}, func(tx pgx.Tx) (int64, error) {
 			tag, err := tx.Exec(ctx, sqlRedispatch, in.ID)

@@ -206,18 +206,23 @@ SELECT fire_time, outcome, job_id, recorded_at FROM relay_schedule_fires
 WHERE schedule = $1 ORDER BY fire_time DESC LIMIT $2`
 
 // sqlListOutbox lists outbox events newest first after an id cursor; $1 is
-// 'pending', 'dispatched' or ” (both). Pending events walk
+// pending, dispatched, failed (set aside by the dispatcher: a dispatched_at
+// with a failed_at) or empty (all). Pending events walk
 // relay_outbox_pending_idx.
 const sqlListOutbox = `
-SELECT id, topic, coalesce(key, ''), payload::text, headers::text, published_at, dispatched_at, coalesce(jobs, 0)
+SELECT id, topic, coalesce(key, ''), payload::text, headers::text, published_at, dispatched_at, coalesce(jobs, 0),
+       failed_at, coalesce(dispatch_error, '')
 FROM relay_outbox
-WHERE ($1 = '' OR ($1 = 'pending') = (dispatched_at IS NULL))
+WHERE ($1 = '' OR ($1 = 'pending' AND dispatched_at IS NULL)
+       OR ($1 = 'dispatched' AND dispatched_at IS NOT NULL AND failed_at IS NULL)
+       OR ($1 = 'failed' AND failed_at IS NOT NULL))
   AND ($2 = '' OR topic = $2) AND ($3 = '' OR key = $3) AND id < $4
 ORDER BY id DESC LIMIT $5`
 
-// sqlRedispatch puts a dispatched event back in the dispatcher's way.
+// sqlRedispatch puts a dispatched (or failed) event back in the
+// dispatcher's way.
 const sqlRedispatch = `
-UPDATE relay_outbox SET dispatched_at = NULL, jobs = NULL
+UPDATE relay_outbox SET dispatched_at = NULL, jobs = NULL, failed_at = NULL, dispatch_error = NULL
 WHERE id = $1 AND dispatched_at IS NOT NULL`
 
 const sqlOutboxExists = `SELECT dispatched_at IS NULL FROM relay_outbox WHERE id = $1`

@@ -90,6 +90,9 @@ type Dispatcher struct {
 	declareMu sync.Mutex
 	declared  bool
 
+	warnMu sync.Mutex
+	warned map[string]bool // stored subscription values already logged as unusable
+
 	runner background.Runner // Start and Stop
 }
 
@@ -281,13 +284,19 @@ func (d *Dispatcher) run(ctx context.Context) {
 }
 
 // DispatchOnce moves up to BatchSize events into jobs in one transaction
-// and returns how many it moved (0 also when another dispatcher holds the
-// dispatch lock).
+// and returns how many it handled (0 also when another dispatcher holds the
+// dispatch lock). An event with a stored value that does not decode (headers
+// that are not an object of strings, written behind Publish) is set aside
+// in the same transaction instead: marked failed with its error (the admin
+// API lists it), logged once with its id, and counted as handled; the
+// events around it are dispatched. A stored trace context that does not
+// decode costs its event only its parent span.
 func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 	if err := d.ensureDeclared(ctx); err != nil {
 		return 0, err
 	}
 	moved := 0
+	var marked []pendingNote // logged once their marks committed
 	var spans []trace.Span
 	err := pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
 		var locked bool
@@ -302,31 +311,60 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 			return fmt.Errorf("read pending events: %w", err)
 		}
 		var traces []propagation.MapCarrier
-		events, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Delivery, error) {
+		var events []Delivery
+		var notes []pendingNote // events set aside or dispatched without a part
+		for rows.Next() {
 			var e Delivery
 			var headers, tc []byte
-			err := r.Scan(&e.EventID, &e.Topic, &e.Key, &e.Payload, &headers, &e.PublishedAt, &tc)
-			if err == nil {
-				err = json.Unmarshal(headers, &e.Headers)
+			if err := rows.Scan(&e.EventID, &e.Topic, &e.Key, &e.Payload, &headers, &e.PublishedAt, &tc); err != nil {
+				rows.Close()
+				return fmt.Errorf("read pending events: %w", err)
 			}
-			// A stored trace context Publish did not write (another
-			// publisher's format, a hand edit) costs the event its parent,
-			// never the dispatch: an error here would stop every event
-			// behind this one for good.
+			// A stored value of another shape (written behind Publish, or
+			// by another version) fails its own event, never the dispatch:
+			// an error here would stop every event behind this one for
+			// good. The event is marked in this transaction, so it is read
+			// and logged once.
+			if err := json.Unmarshal(headers, &e.Headers); err != nil {
+				notes = append(notes, pendingNote{id: e.EventID, topic: e.Topic, failed: true,
+					err: fmt.Sprintf("decode headers (want an object of strings): %v", err)})
+				continue
+			}
+			// A trace context Publish did not write costs the event its
+			// parent only: it is dispatched as a new trace.
 			carrier := propagation.MapCarrier{}
-			if json.Unmarshal(tc, &carrier) != nil {
+			if err := json.Unmarshal(tc, &carrier); err != nil {
 				carrier = propagation.MapCarrier{}
+				notes = append(notes, pendingNote{id: e.EventID, topic: e.Topic,
+					err: fmt.Sprintf("decode trace context (want an object of strings; dispatched as a new trace): %v", err)})
 			}
 			traces = append(traces, carrier)
-			return e, err
-		})
-		if err != nil {
+			events = append(events, e)
+		}
+		if err := rows.Err(); err != nil {
 			return fmt.Errorf("read pending events: %w", err)
+		}
+		if len(notes) > 0 {
+			ids := make([]int64, len(notes))
+			failed := make([]bool, len(notes))
+			msgs := make([]string, len(notes))
+			for i, n := range notes {
+				ids[i], failed[i], msgs[i] = n.id, n.failed, n.err
+			}
+			if _, err := tx.Exec(ctx, sqlMarkUndecodable, ids, failed, msgs); err != nil {
+				return fmt.Errorf("mark undecodable events: %w", err)
+			}
+			for _, n := range notes {
+				if n.failed {
+					moved++
+				}
+			}
+			marked = notes
 		}
 		if len(events) == 0 {
 			return nil
 		}
-		byTopic, err := activeSubscriptions(ctx, tx, d.cfg.Logger)
+		byTopic, err := d.activeSubscriptions(ctx, tx)
 		if err != nil {
 			return fmt.Errorf("read subscriptions: %w", err)
 		}
@@ -380,7 +418,7 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 		if _, err := tx.Exec(ctx, sqlMarkDispatched, ids, counts); err != nil {
 			return fmt.Errorf("mark dispatched: %w", err)
 		}
-		moved = len(events)
+		moved += len(events)
 		return nil
 	})
 	for _, span := range spans {
@@ -392,7 +430,25 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("outbox: dispatch: %w", err)
 	}
+	for _, n := range marked {
+		if n.failed {
+			d.cfg.Logger.Error("relay: outbox event set aside: a stored value does not decode; the others go on",
+				"event_id", n.id, "topic", n.topic, "err", n.err)
+		} else {
+			d.cfg.Logger.Warn("relay: outbox event dispatched without a stored value that does not decode",
+				"event_id", n.id, "topic", n.topic, "err", n.err)
+		}
+	}
 	return moved, nil
+}
+
+// pendingNote is a pending event with a stored value that did not decode:
+// failed (set aside, no jobs) or dispatched without it.
+type pendingNote struct {
+	id     int64
+	topic  string
+	failed bool
+	err    string
 }
 
 // instrumentationName names the outbox's tracer.

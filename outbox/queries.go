@@ -33,6 +33,19 @@ UPDATE relay_outbox AS o SET dispatched_at = now(), jobs = d.jobs
 FROM unnest($1::bigint[], $2::int[]) AS d(id, jobs)
 WHERE o.id = d.id AND o.dispatched_at IS NULL`
 
+// sqlMarkUndecodable records, for the events $1, the stored value that did
+// not decode ($3). An event failed ($2) is also marked handled with no jobs,
+// so no dispatcher reads it again; the others are dispatched by
+// sqlMarkDispatched in the same transaction.
+const sqlMarkUndecodable = `
+UPDATE relay_outbox AS o SET
+    dispatch_error = d.err,
+    failed_at      = CASE WHEN d.failed THEN now() END,
+    dispatched_at  = CASE WHEN d.failed THEN now() ELSE o.dispatched_at END,
+    jobs           = CASE WHEN d.failed THEN 0 ELSE o.jobs END
+FROM unnest($1::bigint[], $2::bool[], $3::text[]) AS d(id, failed, err)
+WHERE o.id = d.id AND o.dispatched_at IS NULL`
+
 // sqlUndispatched counts events waiting, for Stats and tests.
 const sqlUndispatched = `SELECT count(*) FROM relay_outbox WHERE dispatched_at IS NULL`
 

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -39,6 +38,10 @@ type SubscriptionInfo struct {
 	// RetiredAt is set when no live dispatcher of the namespace declares
 	// the subscription any more; it gets no more jobs.
 	RetiredAt *time.Time
+	// Error says what of the stored row a dispatcher cannot use (written
+	// behind Declare): metadata that is not an object (its jobs go without
+	// it), or options the core refuses (it gets no jobs). Empty when none.
+	Error string
 }
 
 // ListSubscriptions returns every stored subscription, by topic.
@@ -52,6 +55,11 @@ func ListSubscriptions(ctx context.Context, pool *pgxpool.Pool) ([]SubscriptionI
 		var meta []byte
 		err := r.Scan(&i.Namespace, &i.Topic, &i.Kind, &i.Endpoint, &i.Queue, &i.Priority, &i.MaxAttempts, &meta, &i.CreatedAt, &i.RetiredAt)
 		i.Metadata = meta
+		if err == nil {
+			s := Subscription{Topic: i.Topic, Kind: i.Kind, Endpoint: i.Endpoint,
+				Opts: &core.EnqueueOpts{Queue: i.Queue, Priority: i.Priority, MaxAttempts: i.MaxAttempts}}
+			i.Error = decodeStored(&s, meta).err
+		}
 		return i, err
 	})
 	if err != nil {
@@ -200,38 +208,93 @@ func (d *Dispatcher) heartbeat(ctx context.Context) {
 var errSwept = errors.New("dispatcher swept as dead")
 
 // activeSubscriptions reads the stored fan-out in the dispatch transaction.
-func activeSubscriptions(ctx context.Context, tx pgx.Tx, log *slog.Logger) (map[string][]Subscription, error) {
+// A stored subscription the core would refuse (written behind Declare: a
+// priority out of range, a queue name too long) is left out of the fan-out
+// rather than failing the enqueue of every event; stored metadata that is
+// not an object is dropped from its jobs. Either is logged once per
+// dispatcher and stored value, and ListSubscriptions reports it.
+func (d *Dispatcher) activeSubscriptions(ctx context.Context, tx pgx.Tx) (map[string][]Subscription, error) {
 	rows, err := tx.Query(ctx, sqlActiveSubscriptions)
 	if err != nil {
 		return nil, err
 	}
-	subs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Subscription, error) {
-		var s Subscription
+	type read struct {
+		s     Subscription
+		meta  []byte
+		issue storedIssue
+	}
+	subs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (read, error) {
+		var x read
 		var o core.EnqueueOpts
-		var meta []byte
 		// A NULL priority is nil: the kind's default.
-		if err := r.Scan(&s.Topic, &s.Kind, &s.Endpoint, &o.Queue, &o.Priority, &o.MaxAttempts, &meta); err != nil {
-			return s, err
+		if err := r.Scan(&x.s.Topic, &x.s.Kind, &x.s.Endpoint, &o.Queue, &o.Priority, &o.MaxAttempts, &x.meta); err != nil {
+			return x, err
 		}
-		if len(meta) > 2 {
-			if err := json.Unmarshal(meta, &o.Metadata); err != nil {
-				// Not an object (a hand edit, another version's format):
-				// the jobs go without it rather than the dispatch of every
-				// event stopping on it.
-				o.Metadata = nil
-				log.Warn("relay: outbox subscription's stored metadata is not a JSON object; its jobs get none",
-					"topic", s.Topic, "kind", s.Kind, "err", err)
-			}
-		}
-		s.Opts = &o
-		return s, nil
+		x.s.Opts = &o
+		x.issue = decodeStored(&x.s, x.meta)
+		return x, nil
 	})
 	if err != nil {
 		return nil, err
 	}
 	by := map[string][]Subscription{}
-	for _, s := range subs {
-		by[s.Topic] = append(by[s.Topic], s)
+	for _, x := range subs {
+		if x.issue.err != "" {
+			d.warnOnce(x.s, x.meta, x.issue)
+		}
+		if x.issue.skip {
+			continue
+		}
+		by[x.s.Topic] = append(by[x.s.Topic], x.s)
 	}
 	return by, nil
+}
+
+// storedIssue is what a stored subscription's values cost it: its metadata
+// (err set), or its place in the fan-out (skip).
+type storedIssue struct {
+	err  string
+	skip bool
+}
+
+// decodeStored decodes a stored subscription's metadata into s.Opts and
+// checks its options as the core will.
+func decodeStored(s *Subscription, meta []byte) storedIssue {
+	if len(meta) > 2 {
+		if err := json.Unmarshal(meta, &s.Opts.Metadata); err != nil {
+			// Not an object (a hand edit, another version's format): the
+			// jobs go without it rather than the dispatch of every event
+			// stopping on it.
+			s.Opts.Metadata = nil
+			return storedIssue{err: "decode metadata (want an object; its jobs get none): " + err.Error()}
+		}
+	}
+	if err := validateSubscription(*s); err != nil {
+		return storedIssue{err: err.Error() + " (left out of the fan-out)", skip: true}
+	}
+	return storedIssue{}
+}
+
+// warnOnce logs a stored subscription's issue the first time this
+// dispatcher reads that stored value.
+func (d *Dispatcher) warnOnce(s Subscription, meta []byte, is storedIssue) {
+	o := *s.Opts
+	prio := "default"
+	if o.Priority != nil {
+		prio = fmt.Sprint(*o.Priority)
+	}
+	key := fmt.Sprintf("%q|%q|%q|%q|%s|%d|%s", s.Topic, s.Kind, s.Endpoint, o.Queue, prio, o.MaxAttempts, meta)
+	d.warnMu.Lock()
+	seen := d.warned[key]
+	if !seen {
+		if d.warned == nil {
+			d.warned = map[string]bool{}
+		}
+		d.warned[key] = true
+	}
+	d.warnMu.Unlock()
+	if !seen {
+		d.cfg.Logger.Warn("relay: outbox subscription has a stored value this dispatcher cannot use",
+			"topic", s.Topic, "kind", s.Kind, "endpoint", s.Endpoint, "err", is.err)
+	}
 }

@@ -1,0 +1,69 @@
+package admin
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/relayq/relay/outbox"
+)
+
+// TestUndecodableOutboxRowsShowInTheAPI: an event the dispatcher set aside
+// (stored headers of another shape) is listed as failed with its decode
+// error, apart from the dispatched ones, and can be redispatched once
+// fixed; a stored subscription the dispatchers cannot use says why.
+func TestUndecodableOutboxRowsShowInTheAPI(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	d, err := outbox.NewDispatcher(b.pool, &outbox.Config{Subscriptions: []outbox.Subscription{
+		{Topic: "order.paid", Kind: "receipt"}, {Topic: "order.paid", Kind: "ledger"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	good, err := outbox.Publish(b.ctx, b.pool, outbox.Event{Topic: "order.paid", Payload: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad, err := outbox.Publish(b.ctx, b.pool, outbox.Event{Topic: "order.paid", Payload: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.exec(`UPDATE relay_outbox SET headers = '{"x": 1}' WHERE id = $1`, bad)
+	if err := d.Declare(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.exec(`UPDATE relay_outbox_subscriptions SET metadata = '"text"' WHERE kind = 'ledger'`)
+	if n, err := d.DispatchOnce(b.ctx); err != nil || n != 2 {
+		t.Fatalf("DispatchOnce = %d, %v; want 2", n, err)
+	}
+
+	failed := b.ok(b.do("GET", "/v1/outbox/events?state=failed", b.ro, nil))["items"].([]any)
+	if len(failed) != 1 {
+		t.Fatalf("failed events: %s", mustJSON(failed))
+	}
+	f := failed[0].(map[string]any)
+	if f["id"].(float64) != float64(bad) || f["state"] != "failed" || f["failed_at"] == nil ||
+		!strings.Contains(f["dispatch_error"].(string), "decode headers") {
+		t.Fatalf("failed event: %s", mustJSON(f))
+	}
+	done := b.ok(b.do("GET", "/v1/outbox/events?state=dispatched", b.ro, nil))["items"].([]any)
+	if len(done) != 1 || done[0].(map[string]any)["id"].(float64) != float64(good) || done[0].(map[string]any)["dispatch_error"] != nil {
+		t.Fatalf("dispatched events: %s", mustJSON(done))
+	}
+	for _, s := range b.ok(b.do("GET", "/v1/outbox/subscriptions", b.ro, nil))["items"].([]any) {
+		s := s.(map[string]any)
+		if msg, _ := s["error"].(string); (s["kind"] == "ledger") != strings.Contains(msg, "decode metadata") {
+			t.Errorf("subscription: %s", mustJSON(s))
+		}
+	}
+
+	// Fixed behind the API, then redispatched: it goes out like any other.
+	b.exec(`UPDATE relay_outbox SET headers = '{"x": "1"}' WHERE id = $1`, bad)
+	b.ok(b.do("POST", "/v1/outbox/events/"+itoa(bad)+"/redispatch", b.rw, nil))
+	if n, err := d.DispatchOnce(b.ctx); err != nil || n != 1 {
+		t.Fatalf("DispatchOnce after the fix = %d, %v; want 1", n, err)
+	}
+	if n := b.count(`SELECT count(*) FROM relay_outbox WHERE failed_at IS NULL AND dispatch_error IS NULL AND jobs = 2`); n != 2 {
+		t.Fatalf("%d events dispatched clean with 2 jobs; want 2", n)
+	}
+}
