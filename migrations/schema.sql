@@ -733,6 +733,8 @@ CREATE TABLE public.relay_outbox (
     dispatched_at timestamp with time zone,
     jobs integer,
     trace_context jsonb,
+    failed_at timestamp with time zone,
+    dispatch_error text,
     CONSTRAINT relay_outbox_check CHECK (((dispatched_at IS NULL) = (jobs IS NULL))),
     CONSTRAINT relay_outbox_key_check CHECK (((key IS NULL) OR ((key <> ''::text) AND (length(key) <= 500)))),
     CONSTRAINT relay_outbox_topic_check CHECK (((topic <> ''::text) AND (length(topic) <= 200)))
