@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 )
+
 // StartBouncer runs PgBouncer in transaction pooling in front of a cluster:
 // two transactions of one client connection can land on different server
 // connections, and Stop removes its directory.
