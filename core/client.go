@@ -293,8 +293,7 @@ func (c *Client) loseLease(r *running, why string) {
 	}
 	c.stats.leaseLost.Add(1)
 	c.metrics.leaseLost.Add(context.Background(), 1, c.metrics.with(r.row))
-	c.logger.Warn("relay: lease lost while running; cancelling the handler", "job_id", r.row.ID, "kind", r.row.Kind,
-		"attempt", r.row.Attempt, "reason", why)
+	c.logger.Warn("relay: lease lost while running; cancelling the handler", jobLogAttrs(r.row, "attempt", r.row.Attempt, "reason", why)...)
 	r.cancel(ErrLeaseLost)
 }
 

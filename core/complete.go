@@ -302,7 +302,7 @@ func (p *completer) lost(o outcome) {
 		what = "failure"
 	}
 	c.logger.Warn("relay: "+what+" not recorded: lease lost (the job was rescued or cancelled meanwhile)",
-		"job_id", r.ID, "kind", r.Kind, "attempt", r.Attempt, "job_error", o.msg)
+		jobLogAttrs(r, "attempt", r.Attempt, "job_error", o.msg)...)
 }
 
 // stop writes what is pending and ends the completer, giving up when ctx is

@@ -149,11 +149,12 @@ func (c *Client) rescueBatch(ctx context.Context, limit int) (int, error) {
 		id          int64
 		kind, state string
 		runAt       time.Time
+		runID       string
 	}
 	var done []rescued
 	for res.Next() {
 		var r rescued
-		if err := res.Scan(&r.id, &r.kind, &r.state, &r.runAt); err != nil {
+		if err := res.Scan(&r.id, &r.kind, &r.state, &r.runAt, &r.runID); err != nil {
 			res.Close()
 			return 0, err
 		}
@@ -168,9 +169,9 @@ func (c *Client) rescueBatch(ctx context.Context, limit int) (int, error) {
 	}
 	for _, r := range done {
 		if r.state == string(StateDead) {
-			c.logger.Warn("relay: rescued job whose lease expired; its attempts are used up and it is dead", "job_id", r.id, "kind", r.kind)
+			c.logger.Warn("relay: rescued job whose lease expired; its attempts are used up and it is dead", withRunID(r.runID, "job_id", r.id, "kind", r.kind)...)
 		} else {
-			c.logger.Warn("relay: rescued job whose lease expired; it will run again", "job_id", r.id, "kind", r.kind, "run_at", r.runAt)
+			c.logger.Warn("relay: rescued job whose lease expired; it will run again", withRunID(r.runID, "job_id", r.id, "kind", r.kind, "run_at", r.runAt)...)
 		}
 	}
 	return len(done), nil

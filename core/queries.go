@@ -355,7 +355,8 @@ FOR UPDATE SKIP LOCKED`
 // transaction: back to queued after the job's retry delay ($2, microseconds,
 // per id), or dead when the job has used all its attempts (a job that keeps
 // killing its workers ends here rather than crash-looping). The lost
-// attempt goes into the history like any failed one.
+// attempt goes into the history like any failed one. It returns the
+// workflow run a job executes (metadata relay.run_id), for the rescue's log line.
 const sqlRescue = `
 UPDATE relay_jobs AS j
 SET state            = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'queued' END,
@@ -370,7 +371,7 @@ SET state            = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'q
         'error', 'lease expired', 'worker', j.attempted_by))
 FROM unnest($1::bigint[], $2::bigint[]) AS r(id, delay)
 WHERE j.id = r.id
-RETURNING j.id, j.kind, j.state, j.run_at`
+RETURNING j.id, j.kind, j.state, j.run_at, coalesce(j.metadata->>'relay.run_id', '')`
 
 // sqlCleanup deletes up to $3 jobs in final state $1 finalized more than $2
 // microseconds ago.

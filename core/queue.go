@@ -403,7 +403,7 @@ func (q *queue) executeOne(r *running) error {
 		return nil
 	}
 	cause := context.Cause(ctx)
-	log := c.logger.With("job_id", row.ID, "kind", row.Kind, "queue", row.Queue, "attempt", row.Attempt)
+	log := c.logger.With(jobLogAttrs(row, "queue", row.Queue, "attempt", row.Attempt)...)
 	if sc := span.SpanContext(); sc.IsValid() {
 		log = log.With("trace_id", sc.TraceID().String(), "span_id", sc.SpanID().String())
 	}

@@ -76,11 +76,11 @@ func (c *Client) snooze(row *JobRow, d time.Duration) (due, ok bool) {
 	})
 	switch {
 	case err != nil:
-		c.logger.Error("relay: could not record a snoozed attempt; the lease will expire and the job will be rescued", "job_id", row.ID, "error", err)
+		c.logger.Error("relay: could not record a snoozed attempt; the lease will expire and the job will be rescued", jobLogAttrs(row, "error", err)...)
 	case !ok:
 		c.stats.leaseLost.Add(1)
 		c.metrics.leaseLost.Add(ctx, 1, c.metrics.with(row))
-		c.logger.Warn("relay: snooze not recorded: lease lost", "job_id", row.ID, "kind", row.Kind)
+		c.logger.Warn("relay: snooze not recorded: lease lost", jobLogAttrs(row)...)
 	}
 	return due, ok
 }

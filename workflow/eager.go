@@ -187,13 +187,7 @@ func insertEager(ctx context.Context, c *core.Client, reg *Registry, name string
 	if s, ok := ctx.Value(eagerKey{}).(*eagerSink); ok {
 		s.run = &runInfo{workflow: name, state: string(StatePending), input: string(input), queue: o.Queue, trace: string(traceJSON)}
 	}
-	var meta map[string]any
-	if len(carrier) > 0 {
-		meta = map[string]any{}
-		for k, v := range carrier {
-			meta[k] = v
-		}
-	}
+	meta := runJobMetadata(o.ID, carrier)
 	return c.InsertClaimed(ctx, runArgs{RunID: o.ID}, &core.EnqueueOpts{
 		Queue: o.Queue, Priority: new(o.Priority), MaxAttempts: o.MaxAttempts + failReserve, Metadata: meta,
 	}, &core.WithJob{

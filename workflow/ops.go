@@ -81,8 +81,9 @@ func Retry(ctx context.Context, db core.DB, id string) error {
 		if err != nil {
 			return err
 		}
-		var meta map[string]any
-		json.Unmarshal([]byte(run.traceJSON), &meta) //nolint:errcheck // best effort: a retry without trace context is still a retry
+		var trace map[string]any
+		json.Unmarshal([]byte(run.traceJSON), &trace) //nolint:errcheck // best effort: a retry without trace context is still a retry
+		meta := runJobMetadata(id, trace)
 		// The new job is placed as the run's previous one was (Start's
 		// Priority and MaxAttempts), unless that job is gone.
 		priority, maxAttempts := 0, DefaultMaxAttempts+failReserve
@@ -146,6 +147,19 @@ type StepInfo struct {
 	AttemptLog []StepAttempt
 }
 
+// realAttempts drops the empty entries (null in JSON) that steps written
+// without an attempt (values, children) got in their attempt log before
+// sqlUpsertStep stopped appending them: no attempt is numbered 0.
+func realAttempts(log []StepAttempt) []StepAttempt {
+	out := log[:0]
+	for _, a := range log {
+		if a.Attempt != 0 {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
 func scanRun(r dbx.Scanner) (*Run, error) {
 	run := &Run{}
 	var input, output, state string
@@ -202,6 +216,7 @@ func Get(ctx context.Context, db core.DB, id string) (*Run, error) {
 		if err := json.Unmarshal([]byte(log), &s.AttemptLog); err != nil {
 			return fmt.Errorf("attempt log of step %q: %w", s.Key, err)
 		}
+		s.AttemptLog = realAttempts(s.AttemptLog)
 		if output != "" {
 			s.Output = json.RawMessage(output)
 		}

@@ -42,7 +42,7 @@ const sqlSetRunJob = `UPDATE relay_workflow_runs SET job_id = $2 WHERE id = $1`
 // with it).
 const sqlLoadRun = `
 SELECT workflow, state, input::text, queue, coalesce(parent_id, ''), trace::text,
-       cancel_requested, generation, coalesce(job_id, 0), now()
+       cancel_requested, generation, executions, coalesce(job_id, 0), now()
 FROM relay_workflow_runs
 WHERE id = $1`
 
@@ -77,14 +77,16 @@ const sqlCancelRequested = `SELECT cancel_requested FROM relay_workflow_runs WHE
 // or a wait that ends); attempts accumulate ($8 is this write's share).
 // wake_at is absolute ($9) or database now() plus $10 microseconds. $12,
 // when not NULL, is a step attempt (StepAttempt) appended to the attempt
-// log, which keeps the latest maxAttemptLog (20) entries.
+// log, which keeps the latest maxAttemptLog (20) entries; a write without
+// one (a value, a child, a sleep) leaves the log as it is
+// (jsonb_build_array(NULL) would be [null], not an empty log).
 const sqlUpsertStep = `
 INSERT INTO relay_workflow_steps (run_id, position, key, kind, state, output, error, attempts, wake_at, child_id, finished_at, attempt_log)
 VALUES ($1, $2, $3, $4, $5, $6::jsonb, nullif($7, ''), $8,
         coalesce($9::timestamptz, now() + $10::bigint * interval '1 microsecond'),
         nullif($11, ''),
         CASE WHEN $5 IN ('completed', 'failed') THEN now() END,
-        coalesce(jsonb_build_array($12::jsonb), '[]'))
+        CASE WHEN $12::jsonb IS NULL THEN '[]'::jsonb ELSE jsonb_build_array($12::jsonb) END)
 ON CONFLICT (run_id, position) DO UPDATE
 SET state       = excluded.state,
     output      = excluded.output,

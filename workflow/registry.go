@@ -178,6 +178,22 @@ type runArgs struct {
 
 func (runArgs) Kind() string { return RunKind }
 
+// metaRunID is the metadata key of a run's job that names the run: the
+// core reads it (by this name) to put the run's id in its log lines about
+// the job (a rescue, a lost lease), with no query of its own.
+const metaRunID = "relay.run_id"
+
+// runJobMetadata is the metadata of run id's job: the run's id and the
+// trace context in carrier.
+func runJobMetadata[V any](id string, carrier map[string]V) map[string]any {
+	meta := make(map[string]any, len(carrier)+1)
+	for k, v := range carrier {
+		meta[k] = v
+	}
+	meta[metaRunID] = id
+	return meta
+}
+
 // runWorker executes runs: a core.Worker of RunKind.
 type runWorker struct{ r *Registry }
 

@@ -76,7 +76,10 @@ type runInfo struct {
 	workflow, state, input, queue, parentID, trace string
 	cancelRequested                                bool
 	generation                                     int
-	jobID                                          int64 // the job that executes the run now
+	// executions is how many executions of the run wrote something before
+	// this one: this one is number executions+1.
+	executions int
+	jobID      int64 // the job that executes the run now
 }
 
 // execution is one execution of a run: the function called from the top,
@@ -189,7 +192,7 @@ func (x *execution) load(ctx context.Context) error {
 	br := x.r.pool.SendBatch(ctx, b)
 	defer br.Close()
 	i := &x.run
-	err := br.QueryRow().Scan(&i.workflow, &i.state, &i.input, &i.queue, &i.parentID, &i.trace, &i.cancelRequested, &i.generation, &i.jobID, &x.now)
+	err := br.QueryRow().Scan(&i.workflow, &i.state, &i.input, &i.queue, &i.parentID, &i.trace, &i.cancelRequested, &i.generation, &i.executions, &i.jobID, &x.now)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrRunNotFound
 	}
@@ -246,6 +249,7 @@ func (r *Registry) execute(ctx context.Context, job *core.Job[runArgs]) error {
 		attribute.String("relay.workflow.name", x.run.workflow),
 		attribute.String("relay.workflow.run_id", x.runID),
 		attribute.Int("relay.workflow.generation", x.run.generation),
+		attribute.Int("relay.workflow.execution", x.run.executions+1),
 		attribute.Int("relay.job.attempt", job.Attempt)))
 	x.ctx = ctx
 	err := x.main()
@@ -445,8 +449,24 @@ func (x *execution) finish(state RunState, output []byte, msg string) error {
 		x.r.announcer.announce(x.r.pool, x.runID)
 	}
 	x.r.stats.finished.Add(1)
+	x.logOutcome(state, msg)
 	eagerFinished(x.ctx, x.runID, state, output, msg)
 	return nil
+}
+
+// logOutcome logs, at warn, a run that ended otherwise than completed
+// (failed, compensated or cancelled), once its outcome has committed: the
+// run, its workflow, its job, its parent (a child run's) and its error
+// (bounded as a step attempt's).
+func (x *execution) logOutcome(state RunState, msg string) {
+	if state == StateCompleted {
+		return
+	}
+	attrs := []any{"run_id", x.runID, "workflow", x.run.workflow, "state", string(state), "job_id", x.job.ID}
+	if x.run.parentID != "" {
+		attrs = append(attrs, "parent_run_id", x.run.parentID)
+	}
+	x.r.logger.Warn("relay: workflow run ended "+string(state), append(attrs, "error", boundText(msg, maxAttemptErrorBytes))...)
 }
 
 // stepSpan starts the span of one attempt of a step, under the execution's.

@@ -145,13 +145,7 @@ func startRun(ctx context.Context, db core.DB, tracer trace.Tracer, name string,
 	carrier := propagation.MapCarrier{}
 	traceContext.Inject(ctx, carrier)
 	traceJSON, _ := json.Marshal(carrier)
-	var meta map[string]any
-	if len(carrier) > 0 {
-		meta = map[string]any{}
-		for k, v := range carrier {
-			meta[k] = v
-		}
-	}
+	meta := runJobMetadata(o.ID, carrier)
 	var parentID string
 	var parentPos *int
 	if parent != nil {

@@ -206,7 +206,9 @@ func settleStep[T any](x *execution, p stepPlan, began, ended time.Time, out T, 
 	if !retryIn {
 		delay = p.policy.RetryDelay(p.n, err)
 	}
-	if core.IsPermanent(err) || p.n >= p.maxAttempts {
+	final := core.IsPermanent(err) || p.n >= p.maxAttempts
+	x.logStepFailure(p, err, final, delay)
+	if final {
 		x.record(&stepWrite{row: &stepRow{position: p.pos, key: p.key, kind: p.kind, state: stepFailed, errMsg: msg,
 			attempt: newAttempt(p.n, began, ended, err)}, attempts: 1, delay: -1})
 		return zero, &StepError{RunID: x.runID, Key: p.key, Attempts: p.n, Message: msg, Err: err}
@@ -215,6 +217,20 @@ func settleStep[T any](x *execution, p stepPlan, began, ended time.Time, out T, 
 		attempt: newAttempt(p.n, began, ended, err)}, attempts: 1, delay: delay})
 	x.suspend(delay)
 	return zero, nil // not reached
+}
+
+// logStepFailure logs a failed attempt of step p at warn: the run, its
+// workflow, the step's key and kind, the attempt, its error (bounded as in
+// the attempt log), and what comes next (a retry after delay, or the
+// step's failure for good, returned to the workflow).
+func (x *execution) logStepFailure(p stepPlan, err error, final bool, delay time.Duration) {
+	attrs := []any{"run_id", x.runID, "workflow", x.run.workflow, "step", p.key, "step_kind", p.kind,
+		"attempt", p.n, "max_attempts", p.maxAttempts, "error", boundText(err.Error(), maxAttemptErrorBytes)}
+	if final {
+		x.r.logger.Warn("relay: workflow step attempt failed; the step failed for good and its error goes to the workflow", attrs...)
+		return
+	}
+	x.r.logger.Warn("relay: workflow step attempt failed; it will be retried", append(attrs, "retry_in", delay)...)
 }
 
 // callStep calls fn, turning a panic into an error.
