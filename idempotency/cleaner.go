@@ -22,10 +22,11 @@ type CleanerConfig struct {
 	Logger *slog.Logger
 }
 
-// Cleaner deletes expired keys on a timer, in bounded batches. The helpers
-// already delete expired keys as new keys arrive (so nothing needs to run
-// for the table to stay bounded); a Cleaner also reclaims them when traffic
-// stops, and keeps that work off the request path.
+// Cleaner deletes expired keys on a timer, in bounded batches, each in a
+// transaction of its own. Run one where Once is used: Once deletes nothing
+// in its caller's transaction. External and Middleware already delete
+// expired keys as new keys arrive; a Cleaner also reclaims them when
+// traffic stops, and keeps that work off the request path.
 type Cleaner struct {
 	pool   *pgxpool.Pool
 	cfg    CleanerConfig

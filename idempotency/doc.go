@@ -18,8 +18,10 @@
 //     Idempotency-Key header, replaying the stored response for a repeated
 //     request and refusing (422) the same key with a different request.
 //
-// Keys expire (Options.TTL, never before their lease ends). The helpers
-// delete expired keys themselves, a bounded batch now and then as new keys
-// arrive; DeleteExpired removes them at once.
+// Keys expire (Options.TTL, never before their lease ends). External and
+// Middleware delete expired keys themselves, a bounded batch now and then as
+// new keys arrive, in their own transactions; Once writes only its key in
+// the caller's transaction, so its expired keys need a Cleaner (or
+// DeleteExpired, which removes them at once).
 // docs/idempotency.md says when to use which, and the windows that remain.
 package idempotency

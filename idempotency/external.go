@@ -2,7 +2,6 @@ package idempotency
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -36,15 +35,15 @@ func External[T any](ctx context.Context, pool *pgxpool.Pool, scope, key string,
 	var owned bool
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		var err error
-		st, owned, err = acquire(ctx, tx, scope, key, owner, o.Lease, o.TTL, "")
+		st, owned, err = acquire(ctx, tx, scope, key, owner, o.Lease, o.TTL, "", true)
 		return err
 	})
 	if err != nil {
 		return result, false, err
 	}
 	if !owned {
-		if err := json.Unmarshal(st.result, &result); err != nil {
-			return result, false, fmt.Errorf("idempotency: decode stored result of %s/%s into %T: %w", scope, key, result, err)
+		if err := decodeResult(scope, key, st.result, &result); err != nil {
+			return result, false, err
 		}
 		return result, true, nil
 	}

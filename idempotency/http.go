@@ -115,7 +115,7 @@ func Middleware(pool *pgxpool.Pool, opts *MiddlewareOptions) func(http.Handler) 
 			var owned bool
 			err = pgx.BeginFunc(r.Context(), pool, func(tx pgx.Tx) error {
 				var err error
-				st, owned, err = acquire(r.Context(), tx, o.Scope, key, owner, o.Lease, o.TTL, hash)
+				st, owned, err = acquire(r.Context(), tx, o.Scope, key, owner, o.Lease, o.TTL, hash, true)
 				return err
 			})
 			switch {
@@ -144,7 +144,8 @@ func Middleware(pool *pgxpool.Pool, opts *MiddlewareOptions) func(http.Handler) 
 				}
 				var resp storedResponse
 				if err := json.Unmarshal(st.result, &resp); err != nil {
-					o.Logger.Error("relay: idempotency middleware: stored response unreadable", "err", err)
+					o.Logger.Error("relay: idempotency middleware: stored response unreadable; this key's requests fail until the row is fixed or deleted",
+						"scope", o.Scope, "key", key, "err", err)
 					problem(w, http.StatusInternalServerError, "Stored response unreadable", "the stored response for this key could not be read")
 					return
 				}

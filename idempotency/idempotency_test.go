@@ -3,6 +3,7 @@ package idempotency_test
 import (
 	"context"
 	"errors"
+	"hash/fnv"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -404,8 +405,9 @@ func TestExternalLeaseOutlivesTTL(t *testing.T) {
 	}
 }
 
-// Expired keys go away without anyone calling DeleteExpired: the helpers
-// sweep a bounded batch now and then as new keys arrive.
+// Expired keys go away without anyone calling DeleteExpired: External
+// sweeps a bounded batch now and then as new keys arrive, in its own key
+// transaction.
 func TestExpiredKeysAreSweptByTheHelpers(t *testing.T) {
 	t.Parallel()
 	pool := setup(t)
@@ -415,14 +417,69 @@ func TestExpiredKeysAreSweptByTheHelpers(t *testing.T) {
 		SELECT 'old', 'k' || i, 'succeeded', '1', now() - interval '1 hour' FROM generate_series(1, 300) i`); err != nil {
 		t.Fatal(err)
 	}
-	var ran atomic.Int32
 	for i := range 300 {
-		if _, _, err := credit(ctx, pool, "order-"+strconv.Itoa(i), &ran, nil); err != nil {
+		if _, _, err := idempotency.External(ctx, pool, "mail", "order-"+strconv.Itoa(i), func(context.Context, string) (int, error) {
+			return 1, nil
+		}, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if n := count(t, pool, `SELECT count(*) FROM relay_idempotency_keys WHERE scope = 'old'`); n != 0 {
 		t.Errorf("%d of 300 expired keys left after 300 new keys", n)
+	}
+}
+
+// sweepingKey is a key whose arrival makes the helpers sweep (one in 16, by
+// an FNV-1a hash of the key).
+func sweepingKey(t *testing.T) string {
+	for i := 0; ; i++ {
+		k := "order-" + strconv.Itoa(i)
+		h := fnv.New32a()
+		h.Write([]byte(k))
+		if h.Sum32()%16 == 0 {
+			return k
+		}
+	}
+}
+
+// Once writes only its own key in the caller's transaction: it deletes no
+// expired key there, even for a key that makes the other helpers sweep. A
+// caller at REPEATABLE READ whose snapshot predates another transaction's
+// change to an expired key got a serialization failure from that sweep,
+// over a row it never asked for.
+func TestOnceLeavesOtherKeysAlone(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `
+		INSERT INTO relay_idempotency_keys (scope, key, status, result, expires_at)
+		SELECT 'old', 'k' || i, 'succeeded', '1', now() - interval '1 hour' FROM generate_series(1, 20) i`); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT count(*) FROM ledger`); err != nil { // the caller's snapshot
+		t.Fatal(err)
+	}
+	// Another process touches the expired keys after that snapshot.
+	if _, err := pool.Exec(ctx, `UPDATE relay_idempotency_keys SET updated_at = now() WHERE scope = 'old'`); err != nil {
+		t.Fatal(err)
+	}
+	key := sweepingKey(t)
+	if _, _, err := idempotency.Once(ctx, tx, "ledger", key, func(ctx context.Context) (int, error) {
+		_, err := tx.Exec(ctx, `INSERT INTO ledger VALUES ($1, 42)`, key)
+		return 42, err
+	}, nil); err != nil {
+		t.Fatalf("Once at REPEATABLE READ: %v", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatalf("commit: %v", err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM relay_idempotency_keys WHERE scope = 'old'`); n != 20 {
+		t.Errorf("%d of 20 expired keys left; Once must not delete other keys in its caller's transaction", n)
 	}
 }
 

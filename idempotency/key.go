@@ -48,6 +48,23 @@ func (o *Options) withDefaults() Options {
 // (core.RetryIn), so a job handler can return it as it is.
 var ErrInProgress = errors.New("idempotency: another attempt is in progress for this key")
 
+// ErrStoredResult is returned (wrapped, with the key and the decode error)
+// when a key's stored result does not decode into the caller's type (a row
+// written behind the helpers, or by code with another result type). The
+// effect was made; the call fails, and so does every call with the key
+// until the row is fixed or deleted (the admin API's DELETE
+// /v1/idempotency/{scope}/{key} lets the effect run again). Other keys are
+// unaffected.
+var ErrStoredResult = errors.New("idempotency: stored result does not decode")
+
+// decodeResult decodes a succeeded key's stored result into out.
+func decodeResult[T any](scope, key string, stored []byte, out *T) error {
+	if err := json.Unmarshal(stored, out); err != nil {
+		return fmt.Errorf("%w: key %s/%s into %T: %w", ErrStoredResult, scope, key, *out, err)
+	}
+	return nil
+}
+
 // state is a key as sqlLock reads it.
 type state struct {
 	status       string
@@ -62,7 +79,9 @@ type state struct {
 // acquire makes owner the holder of (scope, key) in tx: by inserting it,
 // or by taking over a key whose lease or life has ended. When the key
 // already succeeded it returns the stored state instead (owned false).
-func acquire(ctx context.Context, tx pgx.Tx, scope, key string, owner uuid.UUID, lease, ttl time.Duration, reqHash string) (st state, owned bool, err error) {
+// With sweepToo, a new key may also delete a batch of expired keys in tx
+// (see sweep): only for a transaction of Relay's own, never a caller's.
+func acquire(ctx context.Context, tx pgx.Tx, scope, key string, owner uuid.UUID, lease, ttl time.Duration, reqHash string, sweepToo bool) (st state, owned bool, err error) {
 	if scope == "" || key == "" {
 		return state{}, false, errors.New("idempotency: scope and key must not be empty")
 	}
@@ -73,8 +92,10 @@ func acquire(ctx context.Context, tx pgx.Tx, scope, key string, owner uuid.UUID,
 	for try := 0; try < 3; try++ {
 		err := tx.QueryRow(ctx, sqlClaim, scope, key, owner, lease.Seconds(), hash, ttl.Seconds()).Scan(&st.token)
 		if err == nil {
-			if err := sweep(ctx, tx, key); err != nil {
-				return state{}, false, err
+			if sweepToo {
+				if err := sweep(ctx, tx, key); err != nil {
+					return state{}, false, err
+				}
 			}
 			return st, true, nil
 		}
@@ -111,13 +132,16 @@ func acquire(ctx context.Context, tx pgx.Tx, scope, key string, owner uuid.UUID,
 	return state{}, false, fmt.Errorf("idempotency: key %s/%s kept disappearing", scope, key)
 }
 
-// Expired keys are cleaned up by the helpers themselves, so nothing needs to
-// be scheduled: one new key in sweepEvery (picked by a hash of the key, so
-// that the work spreads over callers) deletes up to sweepBatch expired keys
-// in the same transaction, skipping rows other transactions hold. That
+// Expired keys are cleaned up by External and Middleware themselves: one
+// new key in sweepEvery (picked by a hash of the key, so that the work
+// spreads over callers) deletes up to sweepBatch expired keys in the
+// helper's own key transaction, skipping rows other transactions hold. That
 // removes sweepBatch/sweepEvery = 4 expired keys per new key on average,
 // more than the one each new key will become, so expired keys never pile up
-// and no call does more than one bounded batch.
+// and no call does more than one bounded batch. Once never sweeps: its
+// transaction is the caller's, which must carry only the caller's work (a
+// delete of other keys there gave a REPEATABLE READ caller serialization
+// failures over rows it never asked for); a Cleaner covers its keys.
 const (
 	sweepEvery = 16
 	sweepBatch = 64

@@ -2,7 +2,6 @@ package idempotency
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 
 	"github.com/google/uuid"
@@ -17,6 +16,10 @@ import (
 // (replayed true). A concurrent call with the key waits for this
 // transaction to end, then replays (or runs, if this one rolled back). If fn
 // fails, Once removes the key from tx and returns fn's error; roll tx back.
+//
+// Once writes nothing in tx but its own key: it deletes no expired keys
+// there (tx may run at any isolation level). Run a Cleaner to remove the
+// expired keys of Once (External and Middleware remove some as they go).
 //
 // Use it inside a job handler's transaction, before core.CompleteTx:
 //
@@ -33,13 +36,13 @@ func Once[T any](ctx context.Context, tx pgx.Tx, scope, key string, fn func(ctx 
 	o := opts.withDefaults()
 	owner := uuid.New()
 	// Savepoint-free: the key row is this transaction's until it ends.
-	st, owned, err := acquire(ctx, tx, scope, key, owner, o.Lease, o.TTL, "")
+	st, owned, err := acquire(ctx, tx, scope, key, owner, o.Lease, o.TTL, "", false)
 	if err != nil {
 		return result, false, err
 	}
 	if !owned {
-		if err := json.Unmarshal(st.result, &result); err != nil {
-			return result, false, fmt.Errorf("idempotency: decode stored result of %s/%s into %T: %w", scope, key, result, err)
+		if err := decodeResult(scope, key, st.result, &result); err != nil {
+			return result, false, err
 		}
 		return result, true, nil
 	}
