@@ -51,14 +51,33 @@ func FormatSecret(key []byte) string {
 	return secretPrefix + base64.StdEncoding.EncodeToString(key)
 }
 
+// MinSecretLen and MaxSecretLen bound a signing key's length in bytes, as
+// the Standard Webhooks specification asks (24 to 64).
+const (
+	MinSecretLen = 24
+	MaxSecretLen = 64
+)
+
 // ParseSecret reads a "whsec_<base64>" secret (the prefix is optional) into
-// the signing key for Endpoint.Secret.
+// the signing key for Endpoint.Secret. A key outside MinSecretLen to
+// MaxSecretLen bytes is an error.
 func ParseSecret(s string) ([]byte, error) {
 	key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(s, secretPrefix))
 	if err != nil {
 		return nil, fmt.Errorf("outbox: webhook secret is not whsec_<base64>: %w", err)
 	}
+	if err := checkSecret(key); err != nil {
+		return nil, fmt.Errorf("outbox: webhook secret: %w", err)
+	}
 	return key, nil
+}
+
+// checkSecret refuses a signing key outside the specification's lengths.
+func checkSecret(key []byte) error {
+	if len(key) < MinSecretLen || len(key) > MaxSecretLen {
+		return fmt.Errorf("a signing key must be %d to %d bytes, not %d", MinSecretLen, MaxSecretLen, len(key))
+	}
+	return nil
 }
 
 // Endpoint is a webhook receiver. Subscriptions name it; the secret never
@@ -66,7 +85,8 @@ func ParseSecret(s string) ([]byte, error) {
 type Endpoint struct {
 	Name string
 	URL  string
-	// Secret is the signing key (at least 16 bytes): give the receiver
+	// Secret is the signing key (MinSecretLen to MaxSecretLen bytes, 24 to
+	// 64, as Standard Webhooks asks): give the receiver
 	// FormatSecret(Secret). ParseSecret reads a whsec_ secret.
 	Secret []byte
 	// PreviousSecrets are also signed with, for key rotation: while they
@@ -119,12 +139,15 @@ type WebhookWorker struct {
 func NewWebhookWorker(endpoints ...Endpoint) (*WebhookWorker, error) {
 	w := &WebhookWorker{Endpoints: map[string]Endpoint{}}
 	for _, e := range endpoints {
-		if e.Name == "" || e.URL == "" || len(e.Secret) < 16 {
-			return nil, fmt.Errorf("outbox: endpoint %q: Name, URL and a Secret of at least 16 bytes are required", e.Name)
+		if e.Name == "" || e.URL == "" || len(e.Secret) == 0 {
+			return nil, fmt.Errorf("outbox: endpoint %q: Name, URL and Secret are required", e.Name)
 		}
-		for _, old := range e.PreviousSecrets {
-			if len(old) < 16 {
-				return nil, fmt.Errorf("outbox: endpoint %q: every previous secret must be at least 16 bytes", e.Name)
+		if err := checkSecret(e.Secret); err != nil {
+			return nil, fmt.Errorf("outbox: endpoint %q: Secret: %w", e.Name, err)
+		}
+		for i, old := range e.PreviousSecrets {
+			if err := checkSecret(old); err != nil {
+				return nil, fmt.Errorf("outbox: endpoint %q: PreviousSecrets[%d]: %w", e.Name, i, err)
 			}
 		}
 		if !strings.HasPrefix(e.URL, "http://") && !strings.HasPrefix(e.URL, "https://") {

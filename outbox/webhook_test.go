@@ -1,6 +1,7 @@
 package outbox_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
@@ -146,8 +147,23 @@ func TestWebhookSignature(t *testing.T) {
 		strings.HasPrefix(err.Error(), "permanent") {
 		t.Errorf("unknown endpoint: %v; want a retryable failure", err)
 	}
-	if _, err := outbox.NewWebhookWorker(outbox.Endpoint{Name: "short", URL: srv.URL, Secret: []byte("short")}); err == nil {
-		t.Error("a short secret was accepted")
+	// Standard Webhooks asks for keys of 24 to 64 bytes.
+	for _, n := range []int{16, 23, 65} {
+		key := bytes.Repeat([]byte("k"), n)
+		if _, err := outbox.NewWebhookWorker(outbox.Endpoint{Name: "e", URL: srv.URL, Secret: key}); err == nil || !strings.Contains(err.Error(), "24 to 64 bytes") {
+			t.Errorf("a %d-byte secret: %v; want refused", n, err)
+		}
+		if _, err := outbox.NewWebhookWorker(outbox.Endpoint{Name: "e", URL: srv.URL, Secret: secret, PreviousSecrets: [][]byte{key}}); err == nil {
+			t.Errorf("a %d-byte previous secret was accepted", n)
+		}
+		if _, err := outbox.ParseSecret(outbox.FormatSecret(key)); err == nil {
+			t.Errorf("ParseSecret accepted a %d-byte key", n)
+		}
+	}
+	for _, n := range []int{24, 64} {
+		if _, err := outbox.NewWebhookWorker(outbox.Endpoint{Name: "e", URL: srv.URL, Secret: bytes.Repeat([]byte("k"), n)}); err != nil {
+			t.Errorf("a %d-byte secret: %v; want accepted", n, err)
+		}
 	}
 }
 
