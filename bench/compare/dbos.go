@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/relayq/relay/internal/bench"
+	"github.com/relayq/relay/bench"
 )
 
 // DBOS is the bench.WorkflowSystem for DBOS Transact Go v1.8.0

@@ -46,7 +46,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/relayq/relay/internal/bench"
+	"github.com/relayq/relay/bench"
 	"github.com/relayq/relay/internal/devpg"
 )
 

@@ -1,6 +1,6 @@
 package main
 
-import "github.com/relayq/relay/internal/bench"
+import "github.com/relayq/relay/bench"
 
 // relayWorkflowSystems is Relay's side of the workflow workloads: the
 // queued start, and (latency workloads only) the eager start.

@@ -14,7 +14,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 
-	"github.com/relayq/relay/internal/bench"
+	"github.com/relayq/relay/bench"
 )
 
 // River is the bench.System for github.com/riverqueue/river with its pgx

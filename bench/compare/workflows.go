@@ -7,7 +7,7 @@ import (
 	"os"
 	"os/exec"
 
-	"github.com/relayq/relay/internal/bench"
+	"github.com/relayq/relay/bench"
 )
 
 // workflowSystems are the workflow engines compared, Relay first.

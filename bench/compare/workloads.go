@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/relayq/relay/internal/bench"
+	"github.com/relayq/relay/bench"
 )
 
 type comparison struct {

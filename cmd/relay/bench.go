@@ -15,7 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/relayq/relay/internal/bench"
+	"github.com/relayq/relay/bench"
 	"github.com/relayq/relay/internal/devpg"
 )
 

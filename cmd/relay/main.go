@@ -13,7 +13,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/relayq/relay/internal/bench"
+	"github.com/relayq/relay/bench"
 )
 
 const usage = `relay — a job queue on PostgreSQL (durable workflows: in progress)

@@ -21,7 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/core"
-	"github.com/relayq/relay/internal/bench"
+	"github.com/relayq/relay/bench"
 	"github.com/relayq/relay/internal/devpg"
 	"github.com/relayq/relay/internal/netfault"
 	"github.com/relayq/relay/migrations"

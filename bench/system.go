@@ -4,6 +4,12 @@
 // PostgreSQL and the workers. A queue under test is a System; Relay's is
 // here, River's lives in the comparison module so that this module does not
 // depend on River.
+//
+// It is a harness, not part of Relay's API: its names change whenever a
+// benchmark needs them to. It lives outside internal/ because two modules
+// run it — cmd/relay and the comparison module in bench/compare — and no
+// internal/ directory is visible to both; internal/ holds only what the
+// library is built on.
 package bench
 
 import (
