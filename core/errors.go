@@ -94,3 +94,18 @@ type PanicError struct {
 func (e *PanicError) Error() string {
 	return fmt.Sprintf("core: worker panicked: %v\n%s", e.Value, e.Stack)
 }
+
+// IsPermanent reports whether err was wrapped by Permanent.
+func IsPermanent(err error) bool {
+	var perm *permanentError
+	return errors.As(err, &perm)
+}
+
+// RetryInDelay returns the delay asked for by a RetryIn error in err's chain.
+func RetryInDelay(err error) (time.Duration, bool) {
+	var rin *retryInError
+	if errors.As(err, &rin) {
+		return rin.delay, true
+	}
+	return 0, false
+}
