@@ -179,7 +179,8 @@ type Stats struct {
 // pool of its own with the same connection settings, of 2 connections plus
 // one per queue, so that handlers holding every connection of the caller's
 // pool (a transaction each, as CompleteTx asks) cannot starve a heartbeat.
-// Its connections wait at most lockTimeout for a row lock.
+// Its connections wait at most a tenth of LeaseDuration (10ms at the
+// least) for a lock.
 type Client struct {
 	pool    *pgxpool.Pool // the caller's: enqueues, rescues, cleanup
 	own     *pgxpool.Pool // the client's bookkeeping (nil before Start)
@@ -212,7 +213,7 @@ type Client struct {
 	hardCancel context.CancelFunc
 	// leaseBudget is how long after a lease was last renewed (counted from
 	// when the renewing statement was sent, on the monotonic clock) the
-	// handler is cancelled: LeaseDuration less leaseMargin.
+	// handler is cancelled: LeaseDuration less its leaseMarginDivisor-th part.
 	leaseBudget time.Duration
 	epoch       time.Time // local lease deadlines count from here (monotonic)
 	// refix asks refixLoop to take the hand-offs now (a 'keys' or 'wakes'
@@ -257,10 +258,10 @@ func (c *Client) leasePassed(r *running) bool {
 	return time.Since(c.epoch) >= time.Duration(r.deadline.Load())
 }
 
-// leaseMargin is the share of a lease kept between the local lease deadline
-// and the lease's expiry in the database: a handler cancelled at the local
-// deadline has this long to return before any other worker can claim its
-// job.
+// leaseMarginDivisor sets the share of a lease (one part in this many)
+// kept between the local lease deadline and the lease's expiry in the
+// database: a handler cancelled at the local deadline has this long to
+// return before any other worker can claim its job.
 const leaseMarginDivisor = 5
 
 type running struct {

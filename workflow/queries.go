@@ -6,7 +6,7 @@ import "github.com/relayq/relay/internal/jobinsert"
 // checkpoint, a consumed signal, a child started, the run's outcome) runs in
 // a transaction that ends with core.HoldLease on the run's job: it commits
 // only while the execution's attempt still holds the run, so a late
-// execution can record nothing (see fence in execution.go).
+// execution can record nothing (see checkpoint.go).
 
 // sqlStartRun creates a run unless its id exists and, with it, the core
 // job that executes it: the job's id is drawn from relay_jobs' sequence
@@ -161,7 +161,7 @@ SELECT id, $2, $3::jsonb FROM relay_workflow_runs
 WHERE id = $1 AND finished_at IS NULL
 RETURNING (SELECT coalesce(job_id, 0) FROM relay_workflow_runs WHERE id = $1)`
 
-// sqlRunExists tells a missing run from a finished one.
+// sqlRunState tells a missing run from a finished one.
 const sqlRunState = `SELECT state FROM relay_workflow_runs WHERE id = $1`
 
 // sqlChildOutcome reads a child run's outcome for its parent.
