@@ -20,8 +20,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/bench"
+	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/internal/devpg"
 	"github.com/relayq/relay/internal/netfault"
 	"github.com/relayq/relay/migrations"

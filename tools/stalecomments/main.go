@@ -270,12 +270,18 @@ func (r *repo) checkLine(dir, line string) []string {
 			}
 			continue
 		}
-		// A test or benchmark named without its prefix (go test -run X).
-		if (mixedRE.MatchString(w) || camelRE.MatchString(w)) && !r.idents[w] && !r.idents["Test"+w] && !r.idents["Benchmark"+w] {
+		if (mixedRE.MatchString(w) || camelRE.MatchString(w)) && !r.known(w) && !r.known(strings.TrimSuffix(w, "s")) {
 			out = append(out, fmt.Sprintf("%s: no such identifier in the repository's Go code", w))
 		}
 	}
 	return out
+}
+
+// known reports whether w is written in the code or allowed, or names a
+// test or benchmark without its prefix (go test -run X). A plural ("Clients")
+// is tried without its s by the caller.
+func (r *repo) known(w string) bool {
+	return r.idents[w] || r.allow[w] || r.idents["Test"+w] || r.idents["Benchmark"+w]
 }
 
 // looksLikeName reports whether the part after "pkg." is a Go name rather
