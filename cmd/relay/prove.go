@@ -50,6 +50,10 @@ type proveConfig struct {
 	partitions   int
 	partitionFor time.Duration
 	lockStorm    bool
+	failover     bool
+	replication  string
+	lag          time.Duration
+	workFirst    bool
 	timeout      time.Duration
 	keep         bool
 }
@@ -122,6 +126,10 @@ func runProve(ctx context.Context, args []string) error {
 	fs.IntVar(&c.partitions, "partition", 0, "cut a worker process off from PostgreSQL (through a TCP proxy of the prover) this many times, each for --partition-for, then restore it")
 	fs.DurationVar(&c.partitionFor, "partition-for", 0, "how long each --partition lasts (default 2.5 × --lease)")
 	fs.BoolVar(&c.lockStorm, "lock-storm", false, "from a side connection, lock a random running job's row for 2 × --lease, again and again (a caller's long transaction)")
+	fs.BoolVar(&c.failover, "failover", false, "run on a primary and a streaming standby (throwaway clusters, one multi-host URL), enqueue over the run, and mid-run stop the primary (-m immediate) and promote the standby")
+	fs.StringVar(&c.replication, "replication", "sync", "with --failover: the standby's replication, sync or async")
+	fs.DurationVar(&c.lag, "replication-lag", 0, "with --failover: stop the standby's WAL receiver this long before the primary is stopped (a standby behind, as over a slow link)")
+	fs.BoolVar(&c.workFirst, "work-before-write", false, "handlers work (seen by the outside sink) before their first database write, as a handler calling an outside service first does")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Minute, "give up after this long")
 	fs.BoolVar(&c.keep, "keep", false, "keep the proof's schema afterwards")
 	if err := parseFlags(fs, args[1:]); err != nil {
@@ -142,17 +150,29 @@ func runProve(ctx context.Context, args []string) error {
 	if c.url != "" && (c.pgRestart || c.pgCrash) {
 		return errors.New("prove: --pg-restart and --pg-crash need the throwaway cluster (omit --database-url)")
 	}
-	db, err := openProofDB(ctx, c.url, c.keep)
+	replication := ""
+	if c.failover {
+		if c.url != "" {
+			return errFailoverNeedsCluster
+		}
+		if c.pgRestart || c.pgCrash || c.partitions > 0 {
+			return errors.New("prove: --failover does not combine with --pg-restart, --pg-crash or --partition")
+		}
+		replication = c.replication
+	}
+	db, err := openProofDBWith(ctx, c.url, c.keep, replication)
 	if err != nil {
 		return fmt.Errorf("prove: %w", err)
 	}
 	defer db.Close()
-	pool, schemaURL, cluster := db.Pool, db.URL, db.Cluster
+	pool, schemaURL := db.Pool, db.URL
 	if _, err := pool.Exec(ctx, proveSchema); err != nil {
 		return fmt.Errorf("prove: create proof tables: %w", err)
 	}
-	if err := enqueueProofJobs(ctx, pool, c); err != nil {
-		return err
+	if !c.failover {
+		if err := enqueueProofJobs(ctx, pool, c); err != nil {
+			return err
+		}
 	}
 	fmt.Printf("prove: %d jobs, %d processes × %d, job time %s, lease %s, kills %d, sigterms %d\n",
 		c.jobs, c.processes, c.concurrency, c.jobTime, c.lease, c.kills, c.sigterms)
@@ -186,7 +206,8 @@ func runProve(ctx context.Context, args []string) error {
 	start := time.Now()
 	fleet := &workerFleet{lease: c.lease, sink: sink, argv: func(id string) []string {
 		return []string{"prove-worker", "--database-url", schemaURL, "--id", id,
-			"--concurrency", fmt.Sprint(c.concurrency), "--lease", c.lease.String(), "--sink", sink.URL(), "--app-name", appName}
+			"--concurrency", fmt.Sprint(c.concurrency), "--lease", c.lease.String(), "--sink", sink.URL(), "--app-name", appName,
+			fmt.Sprint("--work-before-write=", c.workFirst)}
 	}}
 	if proxies != nil {
 		fleet.slotArgs = func(slot int) []string {
@@ -202,13 +223,18 @@ func runProve(ctx context.Context, args []string) error {
 		}
 	}
 	var counts proveCounts
+	var producer *proofProducer
+	if c.failover {
+		producer = produceProofJobs(ctx, pool, c)
+	}
+	clock := &failoverClock{}
 	stormCtx, stopStorm := context.WithCancel(ctx)
 	var storm sync.WaitGroup
 	if c.lockStorm {
 		storm.Add(1)
 		go func() { defer storm.Done(); lockStorm(stormCtx, pool, 2*c.lease, &counts.locks) }()
 	}
-	err = superviseProof(ctx, pool, fleet, cluster, proxies, appName, c, &counts)
+	err = superviseProof(ctx, pool, fleet, db, proxies, appName, c, &counts, producer, clock)
 	stopStorm()
 	storm.Wait()
 	if err != nil {
@@ -222,12 +248,27 @@ func runProve(ctx context.Context, args []string) error {
 		return err
 	}
 	external, windows := sink.overlaps()
-	fmt.Printf("proof: jobs=%d succeeded=%d dead=%d lost=%d duplicate_effects=%d overlapping_executions=%d external_overlaps=%d re_executions=%d fenced_attempts=%d kills=%d sigterms=%d pauses=%d partitions=%d locks=%d backend_kills=%d observed_attempts=%d elapsed=%s\n",
+	failoverFields := ""
+	var lostEnqueues int64
+	if c.failover {
+		if lostEnqueues, err = producer.lostEnqueues(ctx, pool); err != nil {
+			return err
+		}
+		producer.mu.Lock()
+		failoverFields = fmt.Sprintf(" replication=%s lost_enqueues=%d enqueue_retries=%d %s", c.replication, lostEnqueues, producer.retries, clock.summary())
+		producer.mu.Unlock()
+	}
+	fmt.Printf("proof: jobs=%d succeeded=%d dead=%d lost=%d duplicate_effects=%d overlapping_executions=%d external_overlaps=%d re_executions=%d fenced_attempts=%d kills=%d sigterms=%d pauses=%d partitions=%d locks=%d backend_kills=%d observed_attempts=%d%s elapsed=%s\n",
 		res["jobs"], res["succeeded"], res["dead"], res["lost"], res["duplicate_effects"], res["overlapping_executions"], external, res["re_executions"],
 		res["fenced_attempts"], counts.kills, counts.terms, counts.pauses, counts.partitions, counts.locks.Load(), counts.backendKills.Load(), windows,
-		elapsed.Round(time.Millisecond))
+		failoverFields, elapsed.Round(time.Millisecond))
 	if res["lost"] != 0 || res["duplicate_effects"] != 0 || res["overlapping_executions"] != 0 || external != 0 {
 		return errors.New("prove: the audit failed")
+	}
+	// Asynchronous replication does not promise an acknowledged commit
+	// survives a failover: its lost enqueues are reported, not a failure.
+	if c.failover && c.replication == "sync" && lostEnqueues != 0 {
+		return errors.New("prove: the audit failed: acknowledged enqueues lost with synchronous replication")
 	}
 	if counts.pauses < c.pauses {
 		return fmt.Errorf("prove: --pause %d asked for, but only %d pauses saw their job taken over: the fault was not exercised", c.pauses, counts.pauses)
@@ -246,20 +287,35 @@ func runProve(ctx context.Context, args []string) error {
 type proofDB struct {
 	URL     string         // connections on it use the fresh schema
 	Pool    *pgxpool.Pool  // on URL
-	Cluster *devpg.Cluster // the throwaway cluster, if one was started
-	closers []func()
+	Cluster *devpg.Cluster // the throwaway cluster, if one was started (with --failover, the primary)
+	Standby *devpg.Cluster // with --failover, the primary's streaming standby
+	// standbyLink, with --failover, is the proxy the standby streams through.
+	standbyLink *netfault.Proxy
+	closers     []func()
 }
 
 // openProofDB starts a throwaway cluster when url is empty, creates a fresh
 // schema, opens a pool on it and migrates it. Close drops the schema
 // (unless keep) and stops the cluster.
 func openProofDB(ctx context.Context, url string, keep bool) (db *proofDB, err error) {
+	return openProofDBWith(ctx, url, keep, "")
+}
+
+// openProofDBWith is openProofDB, on a primary and a streaming standby
+// (throwaway clusters, "sync" or "async" replication, one multi-host URL)
+// when replication is set.
+func openProofDBWith(ctx context.Context, url string, keep bool, replication string) (db *proofDB, err error) {
 	db = &proofDB{}
 	defer func() {
 		if err != nil {
 			db.Close()
 		}
 	}()
+	if replication != "" {
+		if url, err = startFailoverPair(ctx, db, replication); err != nil {
+			return nil, err
+		}
+	}
 	if url == "" {
 		fmt.Println("prove: starting a throwaway PostgreSQL cluster (default settings, fsync on)")
 		if db.Cluster, err = devpg.Start(ctx, devpg.Options{}); err != nil {
@@ -356,8 +412,9 @@ func enqueueProofJobs(ctx context.Context, pool *pgxpool.Pool, c proveConfig) er
 
 // superviseProof shows progress, fires the faults at evenly spaced points of
 // progress, and returns when every job is final.
-func superviseProof(ctx context.Context, pool *pgxpool.Pool, fleet *workerFleet, cluster *devpg.Cluster, proxies []*netfault.Proxy,
-	appName string, c proveConfig, counts *proveCounts) error {
+func superviseProof(ctx context.Context, pool *pgxpool.Pool, fleet *workerFleet, db *proofDB, proxies []*netfault.Proxy,
+	appName string, c proveConfig, counts *proveCounts, producer *proofProducer, clock *failoverClock) error {
+	cluster := db.Cluster
 	type fault string
 	var faults []fault
 	for i := 0; i < c.kills; i++ {
@@ -375,6 +432,9 @@ func superviseProof(ctx context.Context, pool *pgxpool.Pool, fleet *workerFleet,
 	if c.backendKill > 0 {
 		faults = append(faults, "backend-kill")
 	}
+	if c.failover {
+		faults = append(faults, "failover")
+	}
 	for i := 0; i < c.pauses; i++ {
 		faults = append(faults, "pause")
 	}
@@ -390,16 +450,29 @@ func superviseProof(ctx context.Context, pool *pgxpool.Pool, fleet *workerFleet,
 	defer tick.Stop()
 	lastPrint := time.Time{}
 	for {
-		var done int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM relay_jobs WHERE kind = 'prove.job' AND state IN ('succeeded', 'dead', 'cancelled')`).Scan(&done); err != nil {
-			// The server may be restarting.
+		var done, total int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state IN ('succeeded', 'dead', 'cancelled')), count(*)
+			FROM relay_jobs WHERE kind = 'prove.job'`).Scan(&done, &total); err != nil {
+			// The server may be restarting, or failing over.
 			if ctx.Err() != nil {
 				return fmt.Errorf("prove: %w", ctx.Err())
 			}
 			time.Sleep(200 * time.Millisecond)
 			continue
 		}
-		if time.Since(lastPrint) > time.Second || done == c.jobs {
+		clock.observe(done)
+		// Every job final: all of them, or with a producer, all it enqueued
+		// once it is done (an acknowledged enqueue lost in a failover is
+		// counted by the audit, not waited for).
+		finished := done == c.jobs
+		if producer != nil {
+			ended, err := producer.finished()
+			if err != nil {
+				return err
+			}
+			finished = ended && done == total
+		}
+		if time.Since(lastPrint) > time.Second || finished {
 			line := fmt.Sprintf("prove: done %d/%d  kills %d/%d  sigterms %d/%d  restarts %d", done, c.jobs, counts.kills, c.kills, counts.terms, c.sigterms, fleet.restarts())
 			if tty {
 				fmt.Printf("\r%s ", line)
@@ -408,7 +481,7 @@ func superviseProof(ctx context.Context, pool *pgxpool.Pool, fleet *workerFleet,
 			}
 			lastPrint = time.Now()
 		}
-		if done == c.jobs {
+		if finished {
 			if tty {
 				fmt.Println()
 			}
@@ -471,6 +544,10 @@ func superviseProof(ctx context.Context, pool *pgxpool.Pool, fleet *workerFleet,
 				}()
 			case "backend-kill":
 				go terminateBackends(ctx, pool, appName, c.backendKill, c.backendKillD, &counts.backendKills)
+			case "failover":
+				if err := failover(ctx, db, clock, c.lag); err != nil {
+					return err
+				}
 			}
 			next++
 		}
@@ -541,8 +618,8 @@ func audit(ctx context.Context, pool *pgxpool.Pool) (map[string]int64, error) {
 	for _, block := range strings.Split(proveAudit, "-- name: ")[1:] {
 		name, query, _ := strings.Cut(block, "\n")
 		var n int64
-		if err := pool.QueryRow(ctx, query).Scan(&n); err != nil {
-			return nil, fmt.Errorf("prove: audit %s: %w", name, err)
+		if err := retryDB(ctx, "audit "+name, func(ctx context.Context) error { return pool.QueryRow(ctx, query).Scan(&n) }); err != nil {
+			return nil, err
 		}
 		res[strings.TrimSpace(name)] = n
 	}

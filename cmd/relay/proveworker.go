@@ -32,6 +32,11 @@ type proveWorker struct {
 	pool *pgxpool.Pool
 	id   string
 	sink *sinkClient // nil: no outside observer
+	// workFirst: the work comes before the attempt's record (which then
+	// carries the handler's start time), as in a handler whose first act
+	// is a call to an outside service: nothing the database sees makes the
+	// claim durable before the work.
+	workFirst bool
 }
 
 func (w *proveWorker) Work(ctx context.Context, job *core.Job[proveArgs]) error {
@@ -65,20 +70,39 @@ func (w *proveWorker) Work(ctx context.Context, job *core.Job[proveArgs]) error 
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
+	started := time.Now()
 	var attemptID int64
-	if err := w.pool.QueryRow(ctx, `INSERT INTO prove_attempts (job_id, attempt, worker) VALUES ($1, $2, $3) RETURNING id`,
-		job.ID, job.Attempt, w.id).Scan(&attemptID); err != nil {
-		// The row may have been written even so: a connection lost (a
-		// PostgreSQL crash) after the commit, before its answer. It
-		// would read as an attempt still running, overlapping the next.
-		ended(`job_id = $1 AND attempt = $2 AND worker = $3`, job.ID, job.Attempt, w.id)
-		return fmt.Errorf("record attempt start: %w", err)
+	record := func() error {
+		if err := w.pool.QueryRow(ctx, `INSERT INTO prove_attempts (job_id, attempt, worker, started_at) VALUES ($1, $2, $3, $4) RETURNING id`,
+			job.ID, job.Attempt, w.id, started).Scan(&attemptID); err != nil {
+			// The row may have been written even so: a connection lost (a
+			// PostgreSQL crash) after the commit, before its answer. It
+			// would read as an attempt still running, overlapping the next.
+			ended(`job_id = $1 AND attempt = $2 AND worker = $3`, job.ID, job.Attempt, w.id)
+			return fmt.Errorf("record attempt start: %w", err)
+		}
+		return nil
+	}
+	if !w.workFirst {
+		if err := record(); err != nil {
+			return err
+		}
 	}
 	select {
 	case <-time.After(time.Duration(job.Args.Ms) * time.Millisecond):
 	case <-ctx.Done():
+		if w.workFirst {
+			endReport()
+			w.recordEnded(job, started)
+			return context.Cause(ctx)
+		}
 		ended(`id = $1`, attemptID)
 		return context.Cause(ctx)
+	}
+	if w.workFirst {
+		if err := record(); err != nil {
+			return err
+		}
 	}
 	err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO prove_effects (job_id, attempt_id) VALUES ($1, $2)`, job.ID, attemptID); err != nil {
@@ -95,6 +119,21 @@ func (w *proveWorker) Work(ctx context.Context, job *core.Job[proveArgs]) error 
 	return err
 }
 
+// recordEnded records an attempt that ended before it was recorded (a
+// workFirst handler cancelled during its work), retrying as ended does.
+func (w *proveWorker) recordEnded(job *core.Job[proveArgs], started time.Time) {
+	for try := 0; try < 100; try++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := w.pool.Exec(ctx, `INSERT INTO prove_attempts (job_id, attempt, worker, started_at, ended_at) VALUES ($1, $2, $3, $4, clock_timestamp())`,
+			job.ID, job.Attempt, w.id, started)
+		cancel()
+		if err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // runProveWorker is one worker process of `relay prove queue` (started by it,
 // not by users). It runs until SIGTERM, then drains.
 func runProveWorker(ctx context.Context, args []string) error {
@@ -106,12 +145,13 @@ func runProveWorker(ctx context.Context, args []string) error {
 	drain := fs.Duration("drain", 10*time.Second, "graceful stop timeout")
 	sink := fs.String("sink", "", "URL of the prover's sink, told of each attempt's start and end")
 	appName := fs.String("app-name", "relay-prove-worker", "application_name of the worker's connections")
+	workFirst := fs.Bool("work-before-write", false, "work before the attempt's first database write")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	sc := newSinkClient(*sink, *id)
 	return runProofClientNamed(ctx, *url, *appName, *id, *concurrency, *lease, *drain, func(ws *core.Workers, pool *pgxpool.Pool) {
-		core.MustAddWorker(ws, core.Worker[proveArgs](&proveWorker{pool: pool, id: *id, sink: sc}))
+		core.MustAddWorker(ws, core.Worker[proveArgs](&proveWorker{pool: pool, id: *id, sink: sc, workFirst: *workFirst}))
 	})
 }
 

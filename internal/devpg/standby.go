@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -23,6 +24,10 @@ type StandbyOptions struct {
 	// acknowledged before a crash can be missing from it. A Fast primary
 	// waits only if it was started with SynchronousCommit.
 	Synchronous bool
+	// Via is the host:port the standby copies and streams the primary
+	// from: a proxy in front of the primary, which a test can cut to hold
+	// the standby back. Default: the primary's own address.
+	Via string
 }
 
 // StartStandby makes a streaming standby of primary (pg_basebackup -R into
@@ -56,7 +61,14 @@ func StartStandby(ctx context.Context, primary *Cluster, opts StandbyOptions) (*
 	s.logf("devpg: pg_basebackup of 127.0.0.1:%d into %s (standby %s)", primary.Port, dir, name)
 	// -R writes primary_conninfo (with this connection's application_name)
 	// and standby.signal; -X stream copies the WAL written meanwhile.
-	conninfo := fmt.Sprintf("host=127.0.0.1 port=%d user=postgres application_name=%s", primary.Port, name)
+	host, port := "127.0.0.1", strconv.Itoa(primary.Port)
+	if opts.Via != "" {
+		if host, port, err = net.SplitHostPort(opts.Via); err != nil {
+			os.RemoveAll(dir)
+			return nil, fmt.Errorf("devpg: standby's Via %q: %w", opts.Via, err)
+		}
+	}
+	conninfo := fmt.Sprintf("host=%s port=%s user=postgres application_name=%s", host, port, name)
 	if out, err := s.run(ctx, "pg_basebackup", "-D", s.dataDir(), "-d", conninfo, "-R", "-X", "stream", "-c", "fast", "--no-sync"); err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("devpg: pg_basebackup: %w\n%s", err, out)
