@@ -136,4 +136,3 @@ func TestUndecodableScheduleFailsAlone(t *testing.T) {
 		t.Errorf("%d of the healthy schedule's jobs dead", n)
 	}
 }
-
