@@ -2,10 +2,15 @@ package core_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/internal/testdb"
 )
@@ -60,3 +65,56 @@ func TestRetriesThenSucceeds(t *testing.T) {
 		t.Fatalf("attempt=%d history=%+v", j.Attempt, j.History)
 	}
 }
+
+// NewClient refuses negative settings (which used to panic a library
+// goroutine or fail every statement); nil handles of any kind give one
+// clear error; AddWorker refuses a kind Enqueue would refuse.
+func TestConfigAndHandleValidation(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	ws := core.NewWorkers()
+	core.MustAddWorker(ws, core.WorkFunc[echoArgs](func(context.Context, *core.Job[echoArgs]) error { return nil }))
+	for _, cfg := range []core.Config{
+		{PollInterval: -time.Second},
+		{HeartbeatInterval: -time.Second},
+		{LeaseDuration: -time.Second},
+		{FetchLimit: -1},
+		{Retention: core.Retention{BatchSize: -1}},
+		{Queues: map[string]core.QueueConfig{"q\x00": {}}},
+	} {
+		cfg.Workers = ws
+		if _, err := core.NewClient(pool, &cfg); err == nil {
+			t.Errorf("NewClient accepted %+v", cfg)
+		}
+	}
+	var nilPool *pgxpool.Pool
+	if _, err := core.NewClient(nilPool, nil); err == nil {
+		t.Error("NewClient accepted a nil pool")
+	}
+	sqldb := stdlib.OpenDBFromPool(pool)
+	t.Cleanup(func() { sqldb.Close() })
+	for _, db := range []core.DB{nil, nilPool, (*sql.DB)(nil)} {
+		_, err := core.Enqueue(ctx, db, echoArgs{}, nil)
+		if !errors.Is(err, core.ErrUnsupportedDB) {
+			t.Fatalf("Enqueue on %T: %v", db, err)
+		}
+		if strings.Count(err.Error(), "unsupported database handle") != 1 {
+			t.Fatalf("repeats itself: %q", err)
+		}
+	}
+	if err := core.AddWorker(core.NewWorkers(), core.WorkFunc[kindNul](func(context.Context, *core.Job[kindNul]) error { return nil })); err == nil {
+		t.Fatal("AddWorker accepted a kind with a NUL byte")
+	}
+	if err := core.AddWorker(core.NewWorkers(), core.WorkFunc[kindLong](func(context.Context, *core.Job[kindLong]) error { return nil })); err == nil {
+		t.Fatal("AddWorker accepted a 256-byte kind")
+	}
+}
+
+type kindNul struct{}
+
+func (kindNul) Kind() string { return "k\x00" }
+
+type kindLong struct{}
+
+func (kindLong) Kind() string { return strings.Repeat("k", 256) }

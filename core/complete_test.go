@@ -3,6 +3,7 @@ package core_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -112,4 +113,44 @@ func pgxBeginFunc(ctx context.Context, pool *pgxpool.Pool, f func(tx pgxTx) erro
 		return err
 	}
 	return tx.Commit(ctx)
+}
+
+type bytesArgs struct {
+	Mode string `json:"mode"`
+}
+
+func (bytesArgs) Kind() string { return "fail_with_bytes" }
+
+// Error messages, stacks and panic values holding invalid UTF-8 or NUL
+// bytes are recorded (sanitised), not lost to a failed write.
+func TestFailureWithInvalidBytesIsRecorded(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	ws := core.NewWorkers()
+	core.MustAddWorker(ws, core.WorkFunc[bytesArgs](func(ctx context.Context, j *core.Job[bytesArgs]) error {
+		if j.Args.Mode == "panic" {
+			panic("boom \x00 \xff\xfe")
+		}
+		return errors.New("bad bytes \xff\xfe and a nul \x00 here")
+	}))
+	// A long lease: a lost failure write would show as "lease expired" only
+	// after it, so the wait below would time out instead.
+	startClient(t, pool, &core.Config{Workers: ws, LeaseDuration: time.Hour})
+	for _, mode := range []string{"error", "panic"} {
+		res, err := core.Enqueue(ctx, pool, bytesArgs{Mode: mode}, &core.EnqueueOpts{MaxAttempts: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		j := waitState(t, pool, res.ID, core.StateDead)
+		if strings.Contains(j.LastError, "lease expired") || !strings.Contains(j.LastError, "\uFFFD") || !strings.Contains(j.LastError, `\x00`) {
+			t.Fatalf("%s: last_error = %q", mode, j.LastError)
+		}
+		if len(j.History) != 1 || j.History[0].Error != j.LastError {
+			t.Fatalf("%s: history = %+v", mode, j.History)
+		}
+		if mode == "panic" && !strings.Contains(j.LastError, "panicked") {
+			t.Fatalf("panic not recorded as one: %q", j.LastError)
+		}
+	}
 }

@@ -3,6 +3,8 @@ package core_test
 import (
 	"context"
 	"errors"
+	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -237,5 +239,85 @@ func TestEnqueueManyBatch(t *testing.T) {
 		if prio != i%4 {
 			t.Fatalf("job %d: priority %d, want %d", i, prio, i%4)
 		}
+	}
+}
+
+// Priority 0 overrides a kind's default priority; nil keeps it.
+func TestPriorityZeroOverridesKindDefault(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	zero, _ := core.Enqueue(ctx, pool, withDefaults{}, &core.EnqueueOpts{Priority: new(0)})
+	unset, _ := core.Enqueue(ctx, pool, withDefaults{}, &core.EnqueueOpts{Queue: "other"})
+	if j, _ := core.JobGet(ctx, pool, zero.ID); j == nil || j.Priority != 0 || j.Queue != "reports" {
+		t.Fatalf("priority 0 did not override the kind's 5: %+v", j)
+	}
+	if j, _ := core.JobGet(ctx, pool, unset.ID); j == nil || j.Priority != 5 {
+		t.Fatalf("unset priority lost the kind's default: %+v", j)
+	}
+}
+
+type kindArgs struct{ kind string }
+
+func (k kindArgs) Kind() string { return k.kind }
+
+// Every numeric option is range-checked in Go, on the single, the JSON
+// batch and the COPY batch paths alike; text with NUL bytes and run-at
+// years PostgreSQL cannot store are *ValidationError too. Nothing is
+// written.
+func TestEnqueueValidatesEveryRange(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	cases := []struct {
+		name  string
+		args  core.JobArgs
+		opts  *core.EnqueueOpts
+		field string
+	}{
+		{"max attempts wraps int32", echoArgs{}, &core.EnqueueOpts{MaxAttempts: 1<<32 + 5}, "max attempts"},
+		{"max attempts above int32", echoArgs{}, &core.EnqueueOpts{MaxAttempts: math.MaxInt32 + 1}, "max attempts"},
+		{"negative max attempts", echoArgs{}, &core.EnqueueOpts{MaxAttempts: -1}, "max attempts"},
+		{"priority above smallint", echoArgs{}, &core.EnqueueOpts{Priority: new(1 << 16)}, "priority"},
+		{"negative priority", echoArgs{}, &core.EnqueueOpts{Priority: new(-1)}, "priority"},
+		{"run at year 300000", echoArgs{}, &core.EnqueueOpts{RunAt: time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC)}, "run at"},
+		{"run at year -5000", echoArgs{}, &core.EnqueueOpts{RunAt: time.Date(-5000, 1, 1, 0, 0, 0, 0, time.UTC)}, "run at"},
+		{"NUL in kind", kindArgs{"a\x00b"}, nil, "kind"},
+		{"NUL in queue", echoArgs{}, &core.EnqueueOpts{Queue: "q\x00"}, "queue"},
+		{"NUL in ordering key", echoArgs{}, &core.EnqueueOpts{OrderingKey: "k\x00"}, "ordering key"},
+		{"NUL in unique key", echoArgs{}, &core.EnqueueOpts{Unique: &core.UniqueOpts{Key: "u\x00"}}, "unique key"},
+		{"NUL in args", echoArgs{Msg: "x\x00y"}, nil, "args"},
+		{"NUL in metadata", echoArgs{}, &core.EnqueueOpts{Metadata: map[string]any{"k": "\x00"}}, "metadata"},
+		{"empty tag", echoArgs{}, &core.EnqueueOpts{Tags: []string{""}}, "tags"},
+		{"NUL in tag", echoArgs{}, &core.EnqueueOpts{Tags: []string{"a\x00"}}, "tags"},
+		{"long tag", echoArgs{}, &core.EnqueueOpts{Tags: []string{strings.Repeat("t", 256)}}, "tags"},
+	}
+	for _, tc := range cases {
+		for _, n := range []int{1, 10, 300} { // single, JSON batch, COPY batch
+			params := make([]core.EnqueueParams, n)
+			for i := range params {
+				params[i] = core.EnqueueParams{Args: echoArgs{}, Opts: &core.EnqueueOpts{}}
+			}
+			params[n-1] = core.EnqueueParams{Args: tc.args, Opts: tc.opts}
+			_, err := core.EnqueueMany(ctx, pool, params)
+			var ve *core.ValidationError
+			if !errors.As(err, &ve) || ve.Field != tc.field {
+				t.Errorf("%s (batch of %d): err = %v, want a *ValidationError on %q", tc.name, n, err, tc.field)
+			}
+		}
+	}
+	if n := count(t, pool, `SELECT count(*) FROM relay_jobs`); n != 0 {
+		t.Fatalf("%d jobs written by refused enqueues", n)
+	}
+	// The largest values are accepted and stored as given, in batches too.
+	params := make([]core.EnqueueParams, 300)
+	for i := range params {
+		params[i] = core.EnqueueParams{Args: echoArgs{}, Opts: &core.EnqueueOpts{MaxAttempts: math.MaxInt32, Priority: new(core.MaxPriority)}}
+	}
+	if _, err := core.EnqueueMany(ctx, pool, params); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM relay_jobs WHERE max_attempts = $1 AND priority = $2`, math.MaxInt32, core.MaxPriority); n != 300 {
+		t.Fatalf("%d of 300 stored with the largest values", n)
 	}
 }

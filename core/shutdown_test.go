@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -145,5 +146,123 @@ func TestSIGTERMReleasesUnfinishedJobs(t *testing.T) {
 	}
 	if j.State != core.StateQueued || j.Attempt != 0 || len(j.History) != 1 || !strings.Contains(j.History[0].Error, "interrupted") {
 		t.Fatalf("after interrupted stop: %+v", j)
+	}
+}
+
+// Stop returns by its deadline even when the database is unreachable, and
+// reports the outcomes it could not record.
+func TestStopWithDatabaseUnreachable(t *testing.T) {
+	t.Parallel()
+	pool, direct, proxy := proxied(t, 0)
+	ctx := context.Background()
+	h, ws := newHolder()
+	c, err := core.NewClient(pool, &core.Config{Workers: ws, LeaseDuration: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res, err := core.Enqueue(ctx, direct, heldArgs{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-h.started
+	proxy.Cut()
+	defer proxy.Restore()
+	h.ch(res.ID) <- nil // a success that cannot be written
+	stopCtx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	stopped := make(chan error, 1)
+	go func() { stopped <- c.Stop(stopCtx) }()
+	select {
+	case err = <-stopped:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Stop did not return with the database unreachable")
+	}
+	var se *core.StopError
+	if !errors.As(err, &se) || se.Unrecorded != 1 {
+		t.Fatalf("Stop returned %v, want a StopError with 1 unrecorded outcome", err)
+	}
+}
+
+// A graceful Stop returns prefetched jobs to the queue without starting
+// them.
+func TestStopDoesNotStartPrefetchedJobs(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	h, ws := newHolder()
+	c, err := core.NewClient(pool, &core.Config{Workers: ws,
+		Queues: map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: 1, Prefetch: 2}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var params []core.EnqueueParams
+	for i := range 3 {
+		params = append(params, core.EnqueueParams{Args: heldArgs{N: i}})
+	}
+	if _, err := core.EnqueueMany(ctx, pool, params); err != nil {
+		t.Fatal(err)
+	}
+	first := <-h.started
+	waitFor(t, "all three claimed", func() bool { return c.Stats().Claimed == 3 })
+	stopped := make(chan error, 1)
+	stopCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	go func() { stopped <- c.Stop(stopCtx) }()
+	waitFor(t, "prefetched jobs released", func() bool {
+		return count(t, pool, `SELECT count(*) FROM relay_jobs WHERE state = 'queued' AND attempt = 0`) == 2
+	})
+	h.ch(first) <- nil
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	if s := c.Stats(); s.Succeeded != 1 || s.Released != 2 {
+		t.Fatalf("stats %+v, want 1 success and 2 released", s)
+	}
+	if len(h.started) != 0 {
+		t.Fatal("a prefetched job started during the stop")
+	}
+}
+
+// A clean Stop logs no warning: a rescue cut short by the stop is not a
+// failure.
+func TestCleanStopLogsNoWarning(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	var logs lockedBuffer
+	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	_, ws := newHolder()
+	for range 5 {
+		c, err := core.NewClient(pool, &core.Config{Workers: ws, Logger: logger, RescueInterval: time.Millisecond,
+			Retention: core.Retention{Interval: time.Millisecond}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		// The rescuer and the cleaner start at once: a stop now cuts them
+		// short more often than not.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := c.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+	}
+	// The one warning allowed is about the server's settings: the shared
+	// development server runs with autovacuum off (core/vacuum.go).
+	var out []string
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		if line != "" && !strings.Contains(line, "autovacuum is off") {
+			out = append(out, line)
+		}
+	}
+	if len(out) > 0 {
+		t.Fatalf("a clean stop logged:\n%s", strings.Join(out, "\n"))
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -169,3 +170,30 @@ func TestJobRulesHold(t *testing.T) {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// The row rules refuse infinite timestamps on insert and on update.
+func TestRowRulesRefuseInfiniteTimestamps(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	for _, col := range []string{"run_at", "created_at"} {
+		for _, v := range []string{"infinity", "-infinity"} {
+			_, err := pool.Exec(ctx, `INSERT INTO relay_jobs (kind, `+col+`) VALUES ('x', '`+v+`')`)
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || pgErr.Code != "23514" || !strings.Contains(pgErr.Message, "finite") {
+				t.Fatalf("insert %s = %s: %v", col, v, err)
+			}
+		}
+	}
+	res, err := core.Enqueue(ctx, pool, echoArgs{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, col := range []string{"run_at", "created_at", "attempted_at"} {
+		_, err := pool.Exec(ctx, `UPDATE relay_jobs SET `+col+` = '-infinity' WHERE id = $1`, res.ID)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "23514" {
+			t.Fatalf("update %s: %v", col, err)
+		}
+	}
+}

@@ -186,3 +186,37 @@ func TestUniqueRaceAcrossConnections(t *testing.T) {
 		t.Errorf("%d jobs for 20 keys", n)
 	}
 }
+
+// Enqueueing a duplicate of a running unique job in a transaction takes no
+// lock on the running job's row.
+func TestDuplicateEnqueueLocksNothing(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	opts := &core.EnqueueOpts{Unique: &core.UniqueOpts{Key: "k"}}
+	first, err := core.Enqueue(ctx, pool, heldArgs{}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE relay_jobs SET state = 'claimed', attempt = 1, lease_token = gen_random_uuid(), lease_expires_at = now() + interval '1 minute' WHERE id = $1`, first.ID); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	dup, err := core.EnqueueMany(ctx, tx, []core.EnqueueParams{
+		{Args: heldArgs{N: 1}, Opts: opts},
+		{Args: heldArgs{N: 2}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !dup[0].Duplicate || dup[0].ID != first.ID || dup[1].Duplicate || dup[1].ID == 0 {
+		t.Fatalf("results %+v, want a duplicate of %d and a new job", dup, first.ID)
+	}
+	if _, err := pool.Exec(ctx, `SELECT 1 FROM relay_jobs WHERE id = $1 FOR UPDATE NOWAIT`, first.ID); err != nil {
+		t.Fatalf("the running job's row is locked by the duplicate enqueue: %v", err)
+	}
+}

@@ -245,3 +245,35 @@ func TestNewClientValidates(t *testing.T) {
 		t.Error("duplicate kind accepted")
 	}
 }
+
+type timeoutArgs struct{}
+
+func (timeoutArgs) Kind() string { return "timeout" }
+
+type timeoutWorker struct{}
+
+func (timeoutWorker) Work(ctx context.Context, j *core.Job[timeoutArgs]) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+func (timeoutWorker) Timeout(*core.JobRow) time.Duration { return 50 * time.Millisecond }
+
+// A kind's Timeout ending an attempt is recorded as such, not as a bare
+// "context deadline exceeded".
+func TestKindTimeoutRecordsItsCause(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	ws := core.NewWorkers()
+	core.MustAddWorker(ws, core.Worker[timeoutArgs](timeoutWorker{}))
+	startClient(t, pool, &core.Config{Workers: ws})
+	res, err := core.Enqueue(ctx, pool, timeoutArgs{}, &core.EnqueueOpts{MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := waitState(t, pool, res.ID, core.StateDead)
+	if !strings.Contains(j.LastError, "timed out after 50ms") {
+		t.Fatalf("last_error %q does not name the timeout", j.LastError)
+	}
+}
