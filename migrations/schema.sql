@@ -506,6 +506,17 @@ WHERE r.id = locked.id
 RETURNING coalesce(r.job_id, 0)
 $_$;
 
+-- Name: relay_workflow_runs_cancel_wins(); Type: FUNCTION; Schema: public
+
+CREATE FUNCTION public.relay_workflow_runs_cancel_wins() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RAISE EXCEPTION 'relay: workflow run %: cannot complete while a cancel is requested (it ends cancelled)', NEW.id
+        USING ERRCODE = 'RLY01';
+END;
+$$;
+
 -- Name: relay_workflow_runs_check(); Type: FUNCTION; Schema: public
 
 CREATE FUNCTION public.relay_workflow_runs_check() RETURNS trigger
@@ -1139,6 +1150,10 @@ CREATE TRIGGER relay_outbox_after_insert AFTER INSERT ON public.relay_outbox FOR
 -- Name: relay_jobs relay_workflow_job_ended; Type: TRIGGER; Schema: public
 
 CREATE TRIGGER relay_workflow_job_ended AFTER UPDATE OF state ON public.relay_jobs FOR EACH ROW WHEN (((new.state = ANY (ARRAY['dead'::text, 'cancelled'::text])) AND (old.state IS DISTINCT FROM new.state) AND (new.kind = 'relay.workflow'::text))) EXECUTE FUNCTION public.relay_workflow_job_ended();
+
+-- Name: relay_workflow_runs relay_workflow_runs_cancel_wins; Type: TRIGGER; Schema: public
+
+CREATE TRIGGER relay_workflow_runs_cancel_wins BEFORE UPDATE OF state ON public.relay_workflow_runs FOR EACH ROW WHEN (((new.state = 'completed'::text) AND new.cancel_requested)) EXECUTE FUNCTION public.relay_workflow_runs_cancel_wins();
 
 -- Name: relay_workflow_runs relay_workflow_runs_check; Type: TRIGGER; Schema: public
 

@@ -59,6 +59,7 @@ func (x *execution) writeTx(fn func(ctx context.Context, tx pgx.Tx) error, hold 
 		if err := br.Close(); err != nil {
 			return err
 		}
+		x.cancelRead = cancel
 		if err := fn(wctx, tx); err != nil {
 			return err
 		}
@@ -131,7 +132,9 @@ func (x *execution) batchWrite(fin *outcome, extra ...*stepWrite) error {
 	for _, w := range extra {
 		b.Queue(sqlUpsertStep, w.args(x.runID)...)
 	}
+	finAt := -1
 	if fin != nil {
+		finAt = b.Len()
 		b.Queue(sqlFinishRootRun, x.runID, string(fin.state), fin.output, fin.msg)
 	}
 	// Last, as in writeTx: rows are locked in one order everywhere (the
@@ -139,7 +142,7 @@ func (x *execution) batchWrite(fin *outcome, extra ...*stepWrite) error {
 	// no two writers deadlock.
 	sql, args := core.LeaseCheck(x.job.JobRow)
 	b.Queue(sql, args...)
-	cancel := false
+	cancel, refused := false, false
 	err := x.r.group.do(ctx, x.r.pool, member{
 		job: x.job.ID,
 		queue: func(g *pgx.Batch) {
@@ -149,15 +152,19 @@ func (x *execution) batchWrite(fin *outcome, extra ...*stepWrite) error {
 		},
 		read: func(br pgx.BatchResults) error {
 			var err error
-			cancel = false
+			cancel, refused = false, false
 			first := 0
 			if readCancel {
 				err = br.QueryRow().Scan(&cancel)
 				first = 1
 			}
 			for i := first; i < b.Len(); i++ {
-				if _, e := br.Exec(); err == nil {
+				ct, e := br.Exec()
+				if err == nil {
 					err = e
+				}
+				if i == finAt && e == nil && ct.RowsAffected() == 0 && fin.state == StateCompleted {
+					refused = true // a cancel is requested (sqlFinishRootRun)
 				}
 			}
 			return err
@@ -176,8 +183,11 @@ func (x *execution) batchWrite(fin *outcome, extra ...*stepWrite) error {
 		w.row.attempts += w.attempts
 		x.hist[w.row.position] = w.row
 	}
-	x.cancelling = x.cancelling || cancel
+	x.cancelling = x.cancelling || cancel || refused
 	x.r.stats.checkpoints.Add(1)
+	if refused {
+		return errCancelWins
+	}
 	return nil
 }
 

@@ -45,6 +45,11 @@ type Future[Out any] struct {
 // compensations as for Cancel (Temporal's default ParentClosePolicy,
 // TERMINATE, with the undo a cancel gives). A run meant to outlive its
 // starter is started with Start in a StepTx, with a fixed StartOpts.ID.
+//
+// A child is only ever its parent's own: a run that already holds the
+// child's id is taken as the child only if this parent started it at this
+// position. Any other holder is left alone, and Get returns a *ChildError
+// matching ErrIDInUse (on this execution and every replay).
 func Child[In, Out any](wctx Context, key string, wf *Workflow[In, Out], in In, opts *ChildOpts) *Future[Out] {
 	x := wctx.x
 	x.userKey("child", key)
@@ -76,10 +81,18 @@ func Child[In, Out any](wctx Context, key string, wf *Workflow[In, Out], in In, 
 		defer span.End()
 		ctx = trace.ContextWithSpan(ctx, span)
 		link.wake = nil // a retried transaction starts it again
-		if _, _, err := startRun(ctx, tx, x.r.tracer, wf.name, input, so, link); err != nil {
+		_, _, err := startRun(ctx, tx, x.r.tracer, wf.name, input, so, link)
+		if errors.Is(err, ErrIDInUse) {
+			// Another run holds the id: the step fails, on this execution
+			// and every replay, with an error the workflow can handle.
+			_, err = x.upsert(ctx, tx, &stepRow{position: pos, key: key, kind: "child", state: stepFailed, childID: id,
+				errMsg: encodeChildError(&ChildError{RunID: id, Message: boundError(err.Error())})}, 1, nil, -1)
 			return err
 		}
-		_, err := x.upsert(ctx, tx, &stepRow{position: pos, key: key, kind: "child", state: stepWaiting, childID: id}, 0, nil, -1)
+		if err != nil {
+			return err
+		}
+		_, err = x.upsert(ctx, tx, &stepRow{position: pos, key: key, kind: "child", state: stepWaiting, childID: id}, 0, nil, -1)
 		return err
 	})
 	if link.wake != nil {
@@ -138,14 +151,19 @@ func (f *Future[Out]) Get(wctx Context) (Out, error) {
 	} else {
 		// Failed: Retry of this run starts again here (Retry the child
 		// first to have it run again).
-		b, _ := json.Marshal(ChildError{RunID: f.RunID, State: RunState(state), Message: msg})
-		s.state, s.errMsg = stepFailed, string(b)
+		s.state, s.errMsg = stepFailed, encodeChildError(&ChildError{RunID: f.RunID, State: RunState(state), Message: msg})
 	}
 	// Deferred to the execution's next write, as a completed step's
 	// checkpoint is (later): the outcome is durable in the child's own
 	// run, which a replay reads again if this checkpoint never commits.
 	x.later(s)
 	return decode(s)
+}
+
+// encodeChildError is a child step's stored error (decoded by Get).
+func encodeChildError(ce *ChildError) string {
+	b, _ := json.Marshal(ce) // strings only: cannot fail
+	return string(b)
 }
 
 // openChildren reports whether the run started children whose outcome it

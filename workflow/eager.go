@@ -74,8 +74,9 @@ func Execute[In, Out any](ctx context.Context, c *core.Client, wf *Workflow[In, 
 		}
 		return h.Result(ctx, reg.pool)
 	case errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "relay_workflow_runs_pkey":
-		var holder string
-		if err := reg.pool.QueryRow(ctx, sqlRunIdentity, o.ID).Scan(&holder); err != nil {
+		var holder, parentID string // a run with a parent is no eager caller's
+		var parentPos *int
+		if err := reg.pool.QueryRow(ctx, sqlRunIdentity, o.ID).Scan(&holder, &parentID, &parentPos); err != nil {
 			return zero, fmt.Errorf("workflow: run %s: read existing run %s: %w", wf.name, o.ID, err)
 		}
 		if holder != wf.name {

@@ -14,8 +14,9 @@ var (
 	ErrRunNotFound = errors.New("workflow: run not found")
 	// ErrRunFinished: the run has finished; it takes no signal or cancel.
 	ErrRunFinished = errors.New("workflow: run already finished")
-	// ErrIDInUse: a run with the id asked for exists for another workflow.
-	ErrIDInUse = errors.New("workflow: run id in use by another workflow")
+	// ErrIDInUse: a run with the id asked for exists for another workflow
+	// (Start), or is not the child of the parent starting it (Child).
+	ErrIDInUse = errors.New("workflow: run id in use by another run")
 	// ErrRunFailed, ErrRunCompensated and ErrRunCancelled are matched by a
 	// *RunError (errors.Is) for each way a run can end without an output.
 	ErrRunFailed      = errors.New("workflow: run failed")
@@ -143,7 +144,10 @@ func (e *RunError) Is(target error) bool {
 }
 
 // ChildError is a child run's outcome when it did not complete, returned by
-// its Future's Get.
+// its Future's Get. State is empty when the child never started because
+// another run holds its id (one not started by this parent at this
+// position): the error then matches ErrIDInUse (errors.Is), and Message
+// says who holds the id.
 type ChildError struct {
 	RunID   string
 	State   RunState
@@ -151,5 +155,12 @@ type ChildError struct {
 }
 
 func (e *ChildError) Error() string {
+	if e.State == "" {
+		return fmt.Sprintf("workflow: child run %s not started: %s", e.RunID, e.Message)
+	}
 	return fmt.Sprintf("workflow: child run %s %s: %s", e.RunID, e.State, e.Message)
 }
+
+// Is matches ErrIDInUse for a child that never started because its id is
+// held by another run.
+func (e *ChildError) Is(target error) bool { return target == ErrIDInUse && e.State == "" }

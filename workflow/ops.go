@@ -3,6 +3,7 @@ package workflow
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -12,9 +13,12 @@ import (
 
 // Cancel asks run id, and its unfinished child runs, to cancel, through db
 // (joining its transaction). Each is woken: a sleeping or waiting run
-// stops waiting, a running one stops at its next step; its registered
-// compensations run, newest first, and it ends cancelled. Cancelling a
-// finished run is ErrRunFinished.
+// stops waiting, a running one starts no step after the one running; its
+// registered compensations run, newest first, and it ends cancelled. Once
+// Cancel returned nil (and db's transaction committed) the run never ends
+// completed, even if its function had returned: the database refuses that
+// outcome while a cancel is requested. Cancelling a finished run is
+// ErrRunFinished, naming the state it ended in.
 func Cancel(ctx context.Context, db core.DB, id string) error {
 	err := inTx(ctx, db, func(tx core.DB) error {
 		ex, err := dbx.For(tx)
@@ -273,10 +277,13 @@ func List(ctx context.Context, db core.DB, opts *ListOpts) ([]*Run, error) {
 	return runs, nil
 }
 
-// Delete deletes a finished run with its steps, signals and events, in one
-// statement (retention). Its id may then be used by a new run, which starts
-// with an empty history. An unfinished run is not deleted (an error; cancel
-// it first). DeleteFinished deletes by age.
+// Delete deletes a finished run with its child runs (and theirs), and their
+// steps, signals and events, in one statement (retention). Its id may then
+// be used by a new run, which starts with an empty history and whose
+// children start anew. An unfinished run, or one with a child not yet
+// finished (a child is cancelled when its parent ends, and may still be
+// running its compensations), is not deleted: an error (cancel it first,
+// or try again). DeleteFinished deletes by age.
 func Delete(ctx context.Context, db core.DB, id string) error {
 	ex, err := dbx.For(db)
 	if err != nil {
@@ -287,7 +294,13 @@ func Delete(ctx context.Context, db core.DB, id string) error {
 		return fmt.Errorf("workflow: delete run %s: %w", id, err)
 	}
 	if n == 0 {
-		if err := runMissing(ctx, ex, id); err == ErrRunNotFound {
+		err := runMissing(ctx, ex, id)
+		switch {
+		case err == ErrRunNotFound:
+			return fmt.Errorf("workflow: delete run %s: %w", id, err)
+		case errors.Is(err, ErrRunFinished):
+			return fmt.Errorf("workflow: delete run %s: a child run of it has not finished yet", id)
+		case err != nil:
 			return fmt.Errorf("workflow: delete run %s: %w", id, err)
 		}
 		return fmt.Errorf("workflow: delete run %s: the run has not finished", id)

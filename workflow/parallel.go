@@ -46,6 +46,7 @@ func Go[T any](wctx Context, key string, fn func(ctx context.Context) (T, error)
 		return f
 	}
 	x.flush()
+	x.checkCancel()
 	ctx, span := x.stepSpan("step", key, p.n)
 	ctx, cancel := context.WithCancel(ctx)
 	if p.timeout > 0 {

@@ -32,7 +32,9 @@ WITH run AS (
 SELECT id FROM job`
 }
 
-const sqlRunIdentity = `SELECT workflow FROM relay_workflow_runs WHERE id = $1`
+// sqlRunIdentity reads who holds run id $1: its workflow and its parent's
+// link (” and NULL for none).
+const sqlRunIdentity = `SELECT workflow, coalesce(parent_id, ''), parent_position FROM relay_workflow_runs WHERE id = $1`
 
 // sqlSetRunJob records the job that executes run $1 (Retry).
 const sqlSetRunJob = `UPDATE relay_workflow_runs SET job_id = $2 WHERE id = $1`
@@ -109,19 +111,27 @@ SET state = 'completed', finished_at = coalesce(wake_at, now())
 WHERE run_id = $1 AND position = ANY($2::int[]) AND state = 'waiting'`
 
 // sqlFinishRun records a run's outcome and returns its parent's job (0 for
-// none), which the same transaction wakes.
+// none), which the same transaction wakes. It records no completion while
+// a cancel is requested (no row: the execution compensates and ends the run
+// cancelled instead); the trigger relay_workflow_runs_cancel_wins refuses
+// one from any other writer. Cancel locks the run's row to set the flag, so
+// this statement either commits first or sees the flag.
 const sqlFinishRun = `
 UPDATE relay_workflow_runs AS r
 SET state = $2, output = $3::jsonb, error = nullif($4, ''), finished_at = now()
 WHERE r.id = $1 AND r.state IN ('pending', 'running', 'compensating')
+  AND NOT ($2 = 'completed' AND r.cancel_requested)
 RETURNING coalesce((SELECT p.job_id FROM relay_workflow_runs AS p WHERE p.id = r.parent_id AND p.finished_at IS NULL), 0)`
 
-// sqlFinishRootRun is sqlFinishRun for a run without a parent, in a batch.
-// The Result callers waiting on it are woken after the commit (announcer).
+// sqlFinishRootRun is sqlFinishRun for a run without a parent, in a batch,
+// with the same refusal of a completion while a cancel is requested (no row
+// updated). The Result callers waiting on it are woken after the commit
+// (announcer).
 const sqlFinishRootRun = `
 UPDATE relay_workflow_runs
 SET state = $2, output = $3::jsonb, error = nullif($4, ''), finished_at = now()
-WHERE id = $1 AND state IN ('pending', 'running', 'compensating')`
+WHERE id = $1 AND state IN ('pending', 'running', 'compensating')
+  AND NOT ($2 = 'completed' AND cancel_requested)`
 
 // sqlSetRunState moves a run to $2 (running → compensating).
 const sqlSetRunState = `UPDATE relay_workflow_runs SET state = $2 WHERE id = $1 AND state <> $2`
@@ -248,10 +258,21 @@ FROM relay_workflow_steps
 WHERE run_id = $1
 ORDER BY position`
 
-// sqlDeleteRun deletes a finished run; its steps, signals and events go in
-// the same statement (ON DELETE CASCADE; the steps by trigger
-// relay_workflow_runs_deleted).
-const sqlDeleteRun = `DELETE FROM relay_workflow_runs WHERE id = $1 AND finished_at IS NOT NULL`
+// sqlDeleteRun deletes finished run $1 with its descendants (child runs,
+// theirs), all finished, or nothing when one of them is not: a child left
+// behind would be adopted by nothing (Child adopts only its own parent's
+// child), and would hold its id against the next run's child. Their
+// steps, signals and events go in the same statement (ON DELETE CASCADE;
+// the steps by trigger relay_workflow_runs_deleted).
+const sqlDeleteRun = `
+WITH RECURSIVE tree AS (
+    SELECT id, finished_at FROM relay_workflow_runs WHERE id = $1
+    UNION
+    SELECT c.id, c.finished_at FROM relay_workflow_runs AS c JOIN tree ON c.parent_id = tree.id
+)
+DELETE FROM relay_workflow_runs
+WHERE id IN (SELECT id FROM tree)
+  AND NOT EXISTS (SELECT 1 FROM tree WHERE finished_at IS NULL)`
 
 // sqlDeleteFinished deletes up to $2 runs finished more than $1
 // microseconds ago, with their steps, signals and events. A child whose

@@ -100,6 +100,9 @@ type execution struct {
 	cancelling, compensating bool
 	// touched: this execution's first write has marked the run started.
 	touched bool
+	// cancelRead is the cancel flag as the write in progress read it,
+	// before its fn (writeTx).
+	cancelRead bool
 	// pending holds completed checkpoints not yet written (see later).
 	pending []*stepRow
 	// dueWaits are sleeps found due, marked completed by the next write.
@@ -309,16 +312,35 @@ func (x *execution) main() error {
 	}
 	var fe *fatalError
 	switch {
+	case err == nil && x.cancelling:
+		// A cancel seen by a write after the last step ran: it wins over
+		// the output (the compensations run past the function's end, at
+		// the same positions on every replay).
+		return x.compensate(StateCancelled, cancelledMsg)
 	case err == nil:
 		if nd := x.unreached(); nd != nil {
 			return x.finish(StateFailed, nil, nd.Error())
 		}
-		return x.finish(StateCompleted, out, "")
+		err := x.finish(StateCompleted, out, "")
+		if errors.Is(err, errCancelWins) {
+			x.cancelling = true
+			return x.compensate(StateCancelled, cancelledMsg)
+		}
+		return err
 	case errors.As(err, &fe):
 		return x.finish(StateFailed, nil, err.Error())
+	case x.cancelling:
+		return x.compensate(StateCancelled, cancelledMsg+" (the function returned: "+err.Error()+")")
 	}
 	return x.compensate(StateFailed, err.Error())
 }
+
+// cancelledMsg is the error of a cancelled run.
+const cancelledMsg = "cancelled"
+
+// errCancelWins: the run's completion was not recorded because a cancel is
+// requested (sqlFinishRun); the execution compensates instead.
+var errCancelWins = errors.New("workflow: completion not recorded: a cancel is requested")
 
 // unreached returns the non-determinism of a function that returned while
 // history holds steps past the point it returned at (a step removed from
@@ -353,7 +375,7 @@ func (x *execution) unwound(u *unwind, err error) error {
 	case unwindFatal:
 		return x.finish(StateFailed, nil, u.err.Error())
 	case unwindCancel:
-		return x.compensate(StateCancelled, "cancelled")
+		return x.compensate(StateCancelled, cancelledMsg)
 	}
 	return u.err
 }
@@ -413,15 +435,23 @@ func (x *execution) finish(state RunState, output []byte, msg string) error {
 		err = x.batchWrite(&outcome{state: state, output: out, msg: msg})
 	case x.run.parentID == "":
 		err = x.write(func(ctx context.Context, tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, sqlFinishRootRun, x.runID, string(state), out, msg); err != nil {
+			ct, err := tx.Exec(ctx, sqlFinishRootRun, x.runID, string(state), out, msg)
+			if err != nil {
 				return fmt.Errorf("finish run: %w", err)
+			}
+			if ct.RowsAffected() == 0 && state == StateCompleted {
+				return errCancelWins
 			}
 			return cancelChildren(ctx, tx)
 		})
 	default:
 		err = x.writeTx(func(ctx context.Context, tx pgx.Tx) error {
 			var parentJob int64
-			if err := tx.QueryRow(ctx, sqlFinishRun, x.runID, string(state), out, msg).Scan(&parentJob); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			err := tx.QueryRow(ctx, sqlFinishRun, x.runID, string(state), out, msg).Scan(&parentJob)
+			switch {
+			case errors.Is(err, pgx.ErrNoRows) && state == StateCompleted:
+				return errCancelWins // rolls back: the job is not completed
+			case err != nil && !errors.Is(err, pgx.ErrNoRows):
 				return fmt.Errorf("finish run: %w", err)
 			}
 			if err := cancelChildren(ctx, tx); err != nil {

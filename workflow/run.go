@@ -190,13 +190,21 @@ func startRun(ctx context.Context, db core.DB, tracer trace.Tracer, name string,
 		}
 		job.Done(0, nil) // no job: the run exists
 		// The id is taken (by a run committed before this statement
-		// ended, or it would have waited for it): by which workflow?
-		var holder string
-		if err := ex.Query(ctx, sqlRunIdentity, []any{o.ID}, func(r dbx.Scanner) error { return r.Scan(&holder) }); err != nil {
+		// ended, or it would have waited for it): by which workflow, and
+		// under which parent?
+		var holder, holderParent string
+		var holderPos *int
+		if err := ex.Query(ctx, sqlRunIdentity, []any{o.ID}, func(r dbx.Scanner) error { return r.Scan(&holder, &holderParent, &holderPos) }); err != nil {
 			return err
 		}
 		if holder != name {
 			return fmt.Errorf("%w: run %s is a run of %q", ErrIDInUse, o.ID, holder)
+		}
+		if parent != nil && (holderParent != parent.runID || holderPos == nil || *holderPos != parent.position) {
+			// A child is adopted only by the parent that started it, at
+			// its position: never a run started on its own, nor one left
+			// by a deleted parent of the same id.
+			return fmt.Errorf("%w: run %s is not a child of run %s at position %d (a run of %q started otherwise)", ErrIDInUse, o.ID, parent.runID, parent.position, holder)
 		}
 		existing = true
 		return nil

@@ -55,14 +55,16 @@ func Signal(ctx context.Context, db core.DB, id, name string, payload any) error
 	return nil
 }
 
-// runMissing says why a write found no unfinished run id.
+// runMissing says why a write found no unfinished run id: ErrRunNotFound,
+// or ErrRunFinished naming the state the run ended in.
 func runMissing(ctx context.Context, ex dbx.Execer, id string) error {
 	found := false
-	if err := ex.Query(ctx, sqlRunState, []any{id}, func(dbx.Scanner) error { found = true; return nil }); err != nil {
+	var state string
+	if err := ex.Query(ctx, sqlRunState, []any{id}, func(r dbx.Scanner) error { found = true; return r.Scan(&state) }); err != nil {
 		return err
 	}
 	if found {
-		return ErrRunFinished
+		return fmt.Errorf("%w: it ended %s", ErrRunFinished, state)
 	}
 	return ErrRunNotFound
 }

@@ -84,7 +84,11 @@ func StepTx[T any](wctx Context, key string, fn func(ctx context.Context, tx pgx
 		if h := x.hist[pos]; h != nil {
 			n = h.attempts + 1
 		}
-		err := x.write(func(_ context.Context, tx pgx.Tx) error {
+		late := false
+		err := x.write(func(txCtx context.Context, tx pgx.Tx) error {
+			if x.cancelRead && !x.compensating {
+				return errCancelSeen // this transaction saw a cancel: the step does not start
+			}
 			began := time.Now()
 			var err error
 			out, err = callStep(ctx, func(ctx context.Context) (T, error) { return fn(ctx, tx) })
@@ -97,13 +101,23 @@ func StepTx[T any](wctx Context, key string, fn func(ctx context.Context, tx pgx
 				userErr = core.Permanent(err)
 				return userErr
 			}
-			_, err = x.upsert(ctx, tx, &stepRow{position: pos, key: key, kind: "tx", state: stepCompleted, output: string(enc),
-				attempt: newAttempt(n, began, time.Now(), nil)}, 1, nil, 0)
-			return err
+			if _, err = x.upsert(ctx, tx, &stepRow{position: pos, key: key, kind: "tx", state: stepCompleted, output: string(enc),
+				attempt: newAttempt(n, began, time.Now(), nil)}, 1, nil, 0); err != nil {
+				return err
+			}
+			// A cancel asked for while fn ran stops the next step.
+			if err := tx.QueryRow(txCtx, sqlCancelRequested, x.runID).Scan(&late); err != nil {
+				return fmt.Errorf("read cancel flag: %w", err)
+			}
+			return nil
 		})
 		switch {
 		case err == nil:
+			x.cancelling = x.cancelling || late
 			return out, nil, nil, true
+		case errors.Is(err, errCancelSeen):
+			x.cancelling = true
+			x.checkCancel()
 		case userErr != nil:
 			return out, nil, userErr, false
 		case errors.Is(err, core.ErrLeaseLost):
@@ -113,6 +127,10 @@ func StepTx[T any](wctx Context, key string, fn func(ctx context.Context, tx pgx
 		return out, nil, nil, false
 	})
 }
+
+// errCancelSeen: a StepTx's transaction read a requested cancel before
+// calling the step's function, and rolled back.
+var errCancelSeen = errors.New("workflow: a cancel is requested")
 
 // runStep is the replay and retry logic shared by Step and StepTx. attempt
 // runs the step once and returns its output, its encoding (to checkpoint)
@@ -124,7 +142,8 @@ func runStep[T any](wctx Context, kind, key string, opts *StepOpts, attempt func
 		return out, err
 	}
 	if kind != "tx" {
-		x.flush() // StepTx writes the deferred checkpoints in its own transaction
+		x.flush()       // StepTx writes the deferred checkpoints in its own transaction
+		x.checkCancel() // the flush read the cancel flag: none starts after one
 	}
 	ctx, span := x.stepSpan(kind, key, p.n)
 	if p.timeout > 0 {
