@@ -421,3 +421,22 @@ func mustJSON(v any) []byte {
 	b, _ := json.Marshal(v)
 	return b
 }
+
+// TestBodyOnAnOperationWithoutOne: an operation that takes no body refuses
+// one rather than ignoring it — `curl -X POST …/requeue -d
+// '{"dry_run":true}'` must not requeue for real.
+func TestBodyOnAnOperationWithoutOne(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	dead := b.job("receipt.send", "mail", core.StateDead, "boom")
+	b.problem(b.do("POST", "/v1/jobs/"+itoa(dead)+"/requeue", b.rw, `{"dry_run":true}`), http.StatusBadRequest)
+	b.problem(b.do("DELETE", "/v1/jobs/"+itoa(dead), b.rw, `{"dry_run":true}`), http.StatusBadRequest)
+	if s := b.state(dead); s != "dead" {
+		t.Fatalf("job is %s after a refused requeue", s)
+	}
+	if n := b.count(`SELECT count(*) FROM relay_admin_audit`); n != 0 {
+		t.Fatalf("%d audit rows", n)
+	}
+	// An empty body is no body.
+	b.ok(b.do("POST", "/v1/jobs/"+itoa(dead)+"/requeue", b.rw, ""))
+}

@@ -499,3 +499,86 @@ func TestBulkTimeBudget(t *testing.T) {
 		t.Fatalf("second run: %v", r)
 	}
 }
+
+// TestStoredSubscriptionsAndBrokenSchedules: /v1/outbox/subscriptions lists
+// the subscriptions the dispatchers stored (any process's, with their
+// namespace and whether retired), not only those the serving process was
+// configured with; a schedule no process can evaluate shows why, and since
+// when.
+func TestStoredSubscriptionsAndBrokenSchedules(t *testing.T) {
+	t.Parallel()
+	b := setup(t) // configured without Subscriptions, as relay serve is
+	d, err := outbox.NewDispatcher(b.pool, &outbox.Config{Namespace: "billing", Subscriptions: []outbox.Subscription{
+		{Topic: "invoice.paid", Kind: "ledger.post", Opts: &core.EnqueueOpts{Queue: "ledger", MaxAttempts: 7}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Declare(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	subs := b.ok(b.do("GET", "/v1/outbox/subscriptions", b.ro, nil))["items"].([]any)
+	if len(subs) != 1 {
+		t.Fatalf("subscriptions: %s", mustJSON(subs))
+	}
+	s0 := subs[0].(map[string]any)
+	if s0["topic"] != "invoice.paid" || s0["kind"] != "ledger.post" || s0["queue"] != "ledger" || s0["namespace"] != "billing" ||
+		s0["max_attempts"].(float64) != 7 || s0["retired"] != false {
+		t.Fatalf("subscription: %s", mustJSON(s0))
+	}
+
+	sch, err := scheduler.New(b.pool, &scheduler.Config{Schedules: []scheduler.Schedule{
+		{Name: "nightly", Spec: "0 3 * * *", Args: tickArgs{}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sch.Declare(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.exec(`UPDATE relay_schedules SET timezone = 'Mars/Olympus', broken_error = 'unknown time zone Mars/Olympus', broken_at = now() WHERE name = 'nightly'`)
+	got := b.ok(b.do("GET", "/v1/schedules/nightly", b.ro, nil))
+	if got["broken_error"] != "unknown time zone Mars/Olympus" || got["broken_at"] == nil || got["broken"] != true {
+		t.Fatalf("broken schedule: %s", mustJSON(got))
+	}
+}
+
+// TestScheduleChangesNeedOneConnection: a schedule change (made through the
+// scheduler package, on the pool) does not hold a second connection open
+// for its audit row meanwhile, so it works on a pool of one connection — and
+// concurrent changes cannot starve each other (or a service's workers on a
+// shared pool) of connections.
+func TestScheduleChangesNeedOneConnection(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := b.pool.Config()
+	cfg.MaxConns = 1
+	one, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer one.Close()
+	h, err := Handler(one, &Config{Auth: &Auth{Issuer: testIssuer, Audience: testAudience, HS256Secret: testSecret},
+		RequestTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.h = h
+	sch, err := scheduler.New(b.pool, &scheduler.Config{Schedules: []scheduler.Schedule{{Name: "nightly", Spec: "0 3 * * *", Args: tickArgs{}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sch.Declare(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []string{"pause", "resume", "trigger"} {
+		b.ok(b.do("POST", "/v1/schedules/nightly/"+a, b.rw, nil))
+	}
+	if n := b.count(`SELECT count(*) FROM relay_admin_audit WHERE action LIKE 'schedules.%' AND subject = $1`, b.subject); n != 3 {
+		t.Fatalf("%d schedule audit rows, want 3", n)
+	}
+	b.problem(b.do("POST", "/v1/schedules/nope/pause", b.rw, nil), 404)
+	if n := b.count(`SELECT count(*) FROM relay_admin_audit`); n != 3 {
+		t.Fatalf("a refused schedule change was audited (%d rows)", n)
+	}
+}
