@@ -322,8 +322,8 @@ func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	}
 	cf.HeartbeatInterval = cmp.Or(cf.HeartbeatInterval, cf.LeaseDuration/3)
 	c.leaseBudget = cf.LeaseDuration - cf.LeaseDuration/leaseMarginDivisor
-	if cf.HeartbeatInterval < 0 || 2*cf.HeartbeatInterval > c.leaseBudget {
-		return nil, fmt.Errorf("core: new client: HeartbeatInterval %s must be positive and at most 40%% of LeaseDuration %s (two renewals before the local lease deadline)",
+	if 2*cf.HeartbeatInterval > c.leaseBudget {
+		return nil, fmt.Errorf("core: new client: HeartbeatInterval %s must be at most 40%% of LeaseDuration %s (two renewals before the local lease deadline)",
 			cf.HeartbeatInterval, cf.LeaseDuration)
 	}
 	cf.PollInterval = cmp.Or(cf.PollInterval, time.Second)
@@ -352,16 +352,7 @@ func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 			cf.Queues = map[string]QueueConfig{DefaultQueue: {}}
 		}
 	}
-	for name, qc := range cf.Queues {
-		if name == "" || len(name) > 128 {
-			return nil, fmt.Errorf("core: new client: queue name %q must be 1 to 128 bytes", name)
-		}
-		if qc.MaxWorkers < 0 {
-			return nil, fmt.Errorf("core: new client: queue %q: MaxWorkers %d is negative", name, qc.MaxWorkers)
-		}
-		if qc.Prefetch < 0 {
-			return nil, fmt.Errorf("core: queue %q: Prefetch %d is negative", name, qc.Prefetch)
-		}
+	for name, qc := range cf.Queues { // validated above
 		max := cmp.Or(qc.MaxWorkers, 10)
 		c.queues[name] = &queue{client: c, name: name, max: max, prefetch: qc.Prefetch, wake: make(chan struct{}, 1)}
 	}
