@@ -29,18 +29,38 @@ func (x *execution) write(fn func(ctx context.Context, tx pgx.Tx) error) error {
 // the run's touch or cancel check, due sleeps, a state change, and the
 // deferred checkpoints (see later).
 func (x *execution) writeTx(fn func(ctx context.Context, tx pgx.Tx) error, hold bool) error {
-	cancel := false
+	cancel, err := x.runWrite(x.bookkeeping(), func(ctx context.Context, tx pgx.Tx, cancel bool) error {
+		x.cancelRead = cancel
+		return fn(ctx, tx)
+	}, hold)
+	return x.wrote(cancel, err)
+}
+
+// bookkeeping is the first batch of a write's transaction: the server's
+// bound on the transaction and the execution's own writes
+// (queueBookkeeping). It reads the execution's state, so it is built on
+// the execution's goroutine.
+func (x *execution) bookkeeping() *pgx.Batch {
+	b := &pgx.Batch{}
+	// The server's bound on this transaction, as the write's context is
+	// the client's: a worker cut off after HoldLease (before its COMMIT
+	// arrives) would otherwise keep the run's job row locked, and its
+	// rescue waiting, until the server noticed the dead connection (hours,
+	// with default TCP keepalives).
+	b.Queue(sqlBoundIdleTx, strconv.FormatInt(writeTimeout.Milliseconds(), 10))
+	x.queueBookkeeping(b, true)
+	return b
+}
+
+// runWrite runs a write's transaction: the bookkeeping batch b, then fn
+// (given the cancel flag as b read it), then (given hold) core.HoldLease,
+// and returns the run's cancel flag. It changes nothing of the
+// execution's state (wrote does, after it), so a step attempt with a
+// timeout runs it on a goroutine of its own.
+func (x *execution) runWrite(b *pgx.Batch, fn func(ctx context.Context, tx pgx.Tx, cancel bool) error, hold bool) (cancel bool, err error) {
 	wctx, cancelWrite := context.WithTimeout(context.WithoutCancel(x.ctx), writeTimeout)
 	defer cancelWrite()
-	err := pgx.BeginFunc(wctx, x.r.pool, func(tx pgx.Tx) error {
-		b := &pgx.Batch{}
-		// The server's bound on this transaction, as wctx is the client's:
-		// a worker cut off after HoldLease (before its COMMIT arrives)
-		// would otherwise keep the run's job row locked, and its rescue
-		// waiting, until the server noticed the dead connection (hours,
-		// with default TCP keepalives).
-		b.Queue(sqlBoundIdleTx, strconv.FormatInt(writeTimeout.Milliseconds(), 10))
-		x.queueBookkeeping(b, true)
+	err = pgx.BeginFunc(wctx, x.r.pool, func(tx pgx.Tx) error {
 		br := tx.SendBatch(wctx, b)
 		if _, err := br.Exec(); err != nil {
 			br.Close()
@@ -59,8 +79,7 @@ func (x *execution) writeTx(fn func(ctx context.Context, tx pgx.Tx) error, hold 
 		if err := br.Close(); err != nil {
 			return err
 		}
-		x.cancelRead = cancel
-		if err := fn(wctx, tx); err != nil {
+		if err := fn(wctx, tx, cancel); err != nil {
 			return err
 		}
 		if !hold {
@@ -69,11 +88,17 @@ func (x *execution) writeTx(fn func(ctx context.Context, tx pgx.Tx) error, hold 
 		// Last, so the job row is locked only for the commit.
 		return core.HoldLease(wctx, tx, x.job.JobRow)
 	})
+	if err != nil && errors.Is(err, core.ErrLeaseLost) {
+		x.r.stats.refused.Add(1)
+		x.r.logger.Warn("relay: workflow checkpoint refused: the execution lost the run's lease", "run_id", x.runID, "job_id", x.job.ID)
+	}
+	return cancel, err
+}
+
+// wrote applies a committed write (runWrite) to the execution's state:
+// its bookkeeping is written, and a cancel it read is seen.
+func (x *execution) wrote(cancel bool, err error) error {
 	if err != nil {
-		if errors.Is(err, core.ErrLeaseLost) {
-			x.r.stats.refused.Add(1)
-			x.r.logger.Warn("relay: workflow checkpoint refused: the execution lost the run's lease", "run_id", x.runID, "job_id", x.job.ID)
-		}
 		return err
 	}
 	x.touched, x.dueWaits, x.setState, x.pending = true, nil, "", nil
@@ -113,6 +138,8 @@ type outcome struct {
 	state  RunState
 	output any // the encoded output (string) or nil
 	msg    string
+	// retryFrom is the run's retry_from (an int, or nil).
+	retryFrom any
 }
 
 // batchWrite is write without a function of the caller's, in one round
@@ -135,7 +162,7 @@ func (x *execution) batchWrite(fin *outcome, extra ...*stepWrite) error {
 	finAt := -1
 	if fin != nil {
 		finAt = b.Len()
-		b.Queue(sqlFinishRootRun, x.runID, string(fin.state), fin.output, fin.msg)
+		b.Queue(sqlFinishRootRun, x.runID, string(fin.state), fin.output, fin.msg, fin.retryFrom)
 	}
 	// Last, as in writeTx: rows are locked in one order everywhere (the
 	// run's row, then its job's), which Cancel and Signal follow too, so
@@ -212,7 +239,7 @@ func (w *stepWrite) args(runID string) []any {
 		us := w.delay.Microseconds()
 		delayUS = &us
 	}
-	return []any{runID, s.position, s.key, s.kind, s.state, out, s.errMsg, w.attempts, w.wakeAt, delayUS, s.childID, s.attempt.encode()}
+	return []any{runID, s.position, s.key, s.kind, s.state, out, s.errMsg, w.attempts, w.wakeAt, delayUS, s.childID, s.attempt.encode(), s.errInfo}
 }
 
 // record is batchWrite of checkpoints for the execution's own bookkeeping:
@@ -258,6 +285,18 @@ func (x *execution) flush() {
 	}
 }
 
+// settleBookkeeping writes the execution's own bookkeeping (the run's
+// touch, due sleeps, a state change, deferred checkpoints) now, if it has
+// any, so that the next transaction carries none of it.
+func (x *execution) settleBookkeeping() {
+	if x.touched && len(x.pending) == 0 && len(x.dueWaits) == 0 && x.setState == "" {
+		return
+	}
+	if err := x.batchWrite(nil); err != nil {
+		x.writeFailed(err)
+	}
+}
+
 // fenced is write for the execution's own bookkeeping: any failure ends
 // the execution (a lost lease records nothing more).
 func (x *execution) fenced(fn func(ctx context.Context, tx pgx.Tx) error) {
@@ -279,7 +318,7 @@ func (x *execution) upsert(ctx context.Context, tx pgx.Tx, s *stepRow, attempts 
 		delayUS = &us
 	}
 	err := tx.QueryRow(ctx, sqlUpsertStep, x.runID, s.position, s.key, s.kind, s.state, out, s.errMsg,
-		attempts, wakeAt, delayUS, s.childID, s.attempt.encode()).Scan(&at)
+		attempts, wakeAt, delayUS, s.childID, s.attempt.encode(), s.errInfo).Scan(&at)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint %s %q at %d: %w", s.kind, s.key, s.position, err)
 	}

@@ -102,9 +102,13 @@ func (e *NonDeterminismError) Error() string {
 }
 
 // StepError is the error of a step that failed for good: permanently
-// (core.Permanent) or with its attempts used up. Replays return it from the
-// stored message; Err (the original error) is set only in the execution
-// that ran the step, so branch on StepError's fields, not on Err.
+// (core.Permanent, an *Error marked NonRetryable) or with its attempts
+// used up. It is rebuilt from what the step's checkpoint stores, on the
+// execution that ran the step as on every replay, so the workflow sees the
+// same error on each: Err carries the message, the *Error the step's
+// error held, and the sentinels and types declared with DeclareError and
+// DeclareErrorType that it matched (errors.Is and errors.As see through
+// it); nothing else of the original error.
 type StepError struct {
 	RunID    string
 	Key      string

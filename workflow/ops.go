@@ -47,14 +47,19 @@ func requestCancel(ctx context.Context, ex dbx.Execer, id string) (int, error) {
 	return n, nil
 }
 
-// Retry runs a failed run again from its failed step (the last that
-// failed): the checkpoints before it are kept (their steps are not
-// repeated), the failed step and any after it are dropped, and a new
-// execution job is queued. A run that failed in its compensations runs
-// again only the compensations that failed: the step that failed the run
-// and the compensations that completed are kept; if it was cancelled, it
-// stays cancelled (its function does not go on) and ends cancelled. A run
-// that is not failed is ErrNotRetryable.
+// Retry runs a failed run again, with a new execution job, from the point
+// that failed it. Completed steps are kept and not repeated, with one
+// exception: when the run failed because its function returned a failed
+// step's *StepError (or a child's *ChildError), that step and the plain
+// steps after it are dropped and run again. A completed StepTx or consumed
+// signal wait is never dropped, nor anything before one: if one completed
+// after the failed step, the run replays to the same error unless its code
+// changed. A run failed by its function's own error, a non-determinism, a
+// crash loop or a dead job keeps its whole history. A run that failed in
+// its compensations runs again only the compensations that failed: the
+// step that failed the run and the compensations that completed are kept;
+// if it was cancelled, it stays cancelled (its function does not go on)
+// and ends cancelled. A run that is not failed is ErrNotRetryable.
 func Retry(ctx context.Context, db core.DB, id string) error {
 	err := inTx(ctx, db, func(tx core.DB) error {
 		ex, err := dbx.For(tx)
@@ -62,8 +67,9 @@ func Retry(ctx context.Context, db core.DB, id string) error {
 			return err
 		}
 		var job int64
+		var from *int
 		found := false
-		if err := ex.Query(ctx, sqlRetryRun, []any{id}, func(r dbx.Scanner) error { found = true; return r.Scan(&job) }); err != nil {
+		if err := ex.Query(ctx, sqlRetryRun, []any{id}, func(r dbx.Scanner) error { found = true; return r.Scan(&job, &from) }); err != nil {
 			return err
 		}
 		if !found {
@@ -72,14 +78,11 @@ func Retry(ctx context.Context, db core.DB, id string) error {
 			}
 			return ErrNotRetryable
 		}
-		dropped, err := ex.Exec(ctx, sqlRetryDropFailedCompensations, id)
-		if err != nil {
-			return err
+		if _, err := ex.Exec(ctx, sqlRetryDropFailedCompensations, id); err != nil {
+			return fmt.Errorf("drop failed compensations: %w", err)
 		}
-		if dropped == 0 {
-			if _, err := ex.Exec(ctx, sqlRetryDropSteps, id); err != nil {
-				return err
-			}
+		if _, err := ex.Exec(ctx, sqlRetryDropSteps, id, from); err != nil {
+			return fmt.Errorf("drop steps from position %v: %w", from, err)
 		}
 		run, err := getRun(ctx, ex, id)
 		if err != nil {

@@ -2,6 +2,7 @@ package workflow
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime/debug"
 	"time"
@@ -11,16 +12,22 @@ import (
 type StepFuture[T any] struct {
 	x      *execution
 	plan   stepPlan
-	done   chan struct{}
-	out    T
-	enc    []byte
-	err    error
-	stored *T     // the output history holds (replay)
-	failed error  // the failure history holds (replay)
-	ended  bool   // Get has settled it
-	cancel func() // ends the attempt's context
+	res    chan goResult[T] // the attempt's outcome, sent once
+	ctx    context.Context  // the attempt's (its deadline: StepOpts.Timeout)
+	gate   *gate            // who ends the attempt: its goroutine, or Get at the timeout
+	stored *T               // the output history holds (replay)
+	failed error            // the failure history holds (replay)
+	ended  bool             // Get has settled it
+	cancel func()           // ends the attempt's context
 	began  time.Time
-	fnEnd  time.Time // when fn returned
+}
+
+// goResult is what a Go step's attempt returned.
+type goResult[T any] struct {
+	out   T
+	enc   []byte
+	err   error
+	fnEnd time.Time // when fn returned
 }
 
 // Go starts fn as the step key in a goroutine of its own, at once, and
@@ -28,21 +35,21 @@ type StepFuture[T any] struct {
 // of outside calls within one execution, cheaper than child runs); Get
 // collects each. The step is checkpointed when Get is called, with Step's
 // semantics (at-least-once, retries by suspending the run, a *StepError when
-// it fails for good). fn must not call this package's primitives. Call Get
-// on every future, in an order that does not depend on which finished
-// first.
+// it fails for good, StepOpts.Timeout enforced: Get returns at the timeout
+// and discards a later result). fn must not call this package's
+// primitives. Call Get on every future, in an order that does not depend
+// on which finished first.
 func Go[T any](wctx Context, key string, fn func(ctx context.Context) (T, error), opts *StepOpts) *StepFuture[T] {
 	x := wctx.x
 	x.userKey("step", key)
 	p, out, err, done := planStep[T](x, "step", key, opts)
-	f := &StepFuture[T]{x: x, plan: p, done: make(chan struct{})}
+	f := &StepFuture[T]{x: x, plan: p}
 	if done {
 		if err != nil {
 			f.failed = err
 		} else {
 			f.stored = &out
 		}
-		close(f.done)
 		return f
 	}
 	x.flush()
@@ -54,27 +61,32 @@ func Go[T any](wctx Context, key string, fn func(ctx context.Context) (T, error)
 		ctx, c2 = context.WithTimeout(ctx, p.timeout)
 		prev := cancel
 		cancel = func() { c2(); prev() }
+		f.gate = &gate{}
 	}
-	f.cancel = cancel
+	f.ctx, f.cancel = ctx, cancel
+	f.res = make(chan goResult[T], 1) // an abandoned attempt's send never blocks
 	f.began = time.Now()
 	x.goroutines.Add(1)
 	x.cancels = append(x.cancels, cancel)
 	go func() {
-		defer x.goroutines.Done()
-		defer close(f.done)
+		var r goResult[T]
 		defer func() {
-			if r := recover(); r != nil {
-				f.err = fmt.Errorf("step panicked: %v\n%s", r, debug.Stack())
-				f.fnEnd = time.Now()
+			if p := recover(); p != nil {
+				r.err = fmt.Errorf("step panicked: %v\n%s", p, debug.Stack())
+				r.fnEnd = time.Now()
 			}
-			endSpan(span, f.err)
+			endSpan(span, r.err)
+			f.res <- r
+			if f.gate.commit() {
+				x.goroutines.Done() // else Get abandoned it, and did
+			}
 		}()
-		f.out, f.err = fn(ctx)
-		f.fnEnd = time.Now()
-		if f.err == nil {
+		r.out, r.err = fn(ctx)
+		r.fnEnd = time.Now()
+		if r.err == nil {
 			var err error
-			if f.enc, err = encode("output of step "+key, f.out); err != nil {
-				f.err = permanent(err)
+			if r.enc, err = encode("output of step "+key, r.out); err != nil {
+				r.err = permanent(err)
 			}
 		}
 	}()
@@ -83,7 +95,9 @@ func Go[T any](wctx Context, key string, fn func(ctx context.Context) (T, error)
 
 // Get waits for the step started by Go and returns its output, checkpointing
 // it (or, for a failed attempt with attempts left, suspending the run until
-// its retry, when Go runs it again).
+// its retry, when Go runs it again). With StepOpts.Timeout, Get waits no
+// longer than the attempt's timeout: the attempt then fails with
+// ErrStepTimeout.
 func (f *StepFuture[T]) Get(wctx Context) (T, error) {
 	switch {
 	case f.stored != nil:
@@ -92,12 +106,32 @@ func (f *StepFuture[T]) Get(wctx Context) (T, error) {
 		var zero T
 		return zero, f.failed
 	}
-	<-f.done
-	f.cancel()
 	if f.ended {
 		var zero T
 		return zero, fmt.Errorf("workflow: run %s: Get called twice on step %q", f.x.runID, f.plan.key)
 	}
 	f.ended = true
-	return settleStep(f.x, f.plan, f.began, f.fnEnd, f.out, f.enc, f.err, false)
+	var r goResult[T]
+	if f.gate == nil {
+		r = <-f.res
+	} else {
+		select {
+		case r = <-f.res:
+			if r.err != nil && f.x.ctx.Err() == nil && errors.Is(f.ctx.Err(), context.DeadlineExceeded) {
+				r.err = timeoutError(f.plan.timeout, r.err) // failed at its deadline: a timeout
+			}
+		case <-f.ctx.Done():
+			if !f.gate.expire() {
+				r = <-f.res // it ended just now
+				break
+			}
+			f.x.goroutines.Done() // abandoned: the execution does not wait for it
+			r = goResult[T]{err: timeoutError(f.plan.timeout, nil), fnEnd: time.Now()}
+			if f.x.ctx.Err() != nil {
+				r.err = context.Cause(f.x.ctx)
+			}
+		}
+	}
+	f.cancel()
+	return settleStep(f.x, f.plan, f.began, r.fnEnd, r.out, r.enc, r.err, false)
 }

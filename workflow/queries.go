@@ -52,7 +52,7 @@ WHERE id = $1`
 // length: a replay costs one query however many steps it passes.
 const sqlLoadSteps = `
 SELECT position, key, kind, state, coalesce(output::text, ''), coalesce(error, ''), attempts,
-       wake_at, coalesce(child_id, '')
+       wake_at, coalesce(child_id, ''), coalesce(error_info::text, '')
 FROM relay_workflow_steps
 WHERE run_id = $1
 ORDER BY position`
@@ -81,18 +81,21 @@ const sqlCancelRequested = `SELECT cancel_requested FROM relay_workflow_runs WHE
 // when not NULL, is a step attempt (StepAttempt) appended to the attempt
 // log, which keeps the latest maxAttemptLog (20) entries; a write without
 // one (a value, a child, a sleep) leaves the log as it is
-// (jsonb_build_array(NULL) would be [null], not an empty log).
+// (jsonb_build_array(NULL) would be [null], not an empty log). $13 is a
+// failed step's error description (describeError), empty for none.
 const sqlUpsertStep = `
-INSERT INTO relay_workflow_steps (run_id, position, key, kind, state, output, error, attempts, wake_at, child_id, finished_at, attempt_log)
+INSERT INTO relay_workflow_steps (run_id, position, key, kind, state, output, error, attempts, wake_at, child_id, finished_at, attempt_log, error_info)
 VALUES ($1, $2, $3, $4, $5, $6::jsonb, nullif($7, ''), $8,
         coalesce($9::timestamptz, now() + $10::bigint * interval '1 microsecond'),
         nullif($11, ''),
         CASE WHEN $5 IN ('completed', 'failed') THEN now() END,
-        CASE WHEN $12::jsonb IS NULL THEN '[]'::jsonb ELSE jsonb_build_array($12::jsonb) END)
+        CASE WHEN $12::jsonb IS NULL THEN '[]'::jsonb ELSE jsonb_build_array($12::jsonb) END,
+        nullif($13, '')::jsonb)
 ON CONFLICT (run_id, position) DO UPDATE
 SET state       = excluded.state,
     output      = excluded.output,
     error       = excluded.error,
+    error_info  = excluded.error_info,
     attempts    = relay_workflow_steps.attempts + excluded.attempts,
     wake_at     = excluded.wake_at,
     child_id    = coalesce(excluded.child_id, relay_workflow_steps.child_id),
@@ -115,10 +118,11 @@ WHERE run_id = $1 AND position = ANY($2::int[]) AND state = 'waiting'`
 // a cancel is requested (no row: the execution compensates and ends the run
 // cancelled instead); the trigger relay_workflow_runs_cancel_wins refuses
 // one from any other writer. Cancel locks the run's row to set the flag, so
-// this statement either commits first or sees the flag.
+// this statement either commits first or sees the flag. $5 is the position
+// Retry resumes a failed run from (NULL: none; see sqlRetryDropSteps).
 const sqlFinishRun = `
 UPDATE relay_workflow_runs AS r
-SET state = $2, output = $3::jsonb, error = nullif($4, ''), finished_at = now()
+SET state = $2, output = $3::jsonb, error = nullif($4, ''), finished_at = now(), retry_from = $5
 WHERE r.id = $1 AND r.state IN ('pending', 'running', 'compensating')
   AND NOT ($2 = 'completed' AND r.cancel_requested)
 RETURNING coalesce((SELECT p.job_id FROM relay_workflow_runs AS p WHERE p.id = r.parent_id AND p.finished_at IS NULL), 0)`
@@ -129,7 +133,7 @@ RETURNING coalesce((SELECT p.job_id FROM relay_workflow_runs AS p WHERE p.id = r
 // (announcer).
 const sqlFinishRootRun = `
 UPDATE relay_workflow_runs
-SET state = $2, output = $3::jsonb, error = nullif($4, ''), finished_at = now()
+SET state = $2, output = $3::jsonb, error = nullif($4, ''), finished_at = now(), retry_from = $5
 WHERE id = $1 AND state IN ('pending', 'running', 'compensating')
   AND NOT ($2 = 'completed' AND cancel_requested)`
 
@@ -187,34 +191,41 @@ FROM relay_workflow_runs WHERE id = $1`
 // relay_workflow_job_ended.
 const sqlRequestCancel = `SELECT relay_workflow_cancel_tree($1, true)`
 
-// sqlRetryRun puts failed run $1 back to pending, keeping the checkpoints
-// before its failed step: the failed step and everything after it go. The
-// failed step is the last one that failed: a run that failed in its
-// compensations resumes them (the step that failed the run, and the
-// compensations that ran, are not done again), and a step failure the
-// function handled before is kept. A cancel asked for before the run
-// failed is kept if the run had begun compensating (whatever failed it
-// then: a compensation, or its job ending dead): the run resumes its
-// compensations and ends cancelled, instead of going on with its function
-// past the point where the cancel stopped it. A cancel the run never acted
-// on (one asked of a child by its parent's end, say) is forgotten.
+// sqlRetryRun puts failed run $1 back to pending and returns its job and
+// the position to resume it from (retry_from, recorded with its failure;
+// cleared). A cancel asked for before the run failed is kept if the run had
+// begun compensating (whatever failed it then: a compensation, or its job
+// ending dead): the run resumes its compensations and ends cancelled,
+// instead of going on with its function past the point where the cancel
+// stopped it. A cancel the run never acted on (one asked of a child by its
+// parent's end, say) is forgotten. The old retry_from is read from the
+// row locked by the subquery, as RETURNING sees only the new one.
 const sqlRetryRun = `
 UPDATE relay_workflow_runs AS r
-SET state = 'pending', finished_at = NULL, error = NULL, output = NULL,
+SET state = 'pending', finished_at = NULL, error = NULL, output = NULL, retry_from = NULL,
     cancel_requested = r.cancel_requested AND EXISTS (
         SELECT 1 FROM relay_workflow_steps AS l
         WHERE l.run_id = r.id AND l.kind = 'step' AND starts_with(l.key, 'compensate:'))
-WHERE r.id = $1 AND r.state = 'failed'
-RETURNING coalesce(r.job_id, 0)`
+FROM (SELECT id, retry_from FROM relay_workflow_runs WHERE id = $1 FOR UPDATE) AS old
+WHERE r.id = old.id AND r.state = 'failed'
+RETURNING coalesce(r.job_id, 0), old.retry_from`
 
 // sqlJobPlacement reads the priority and max attempts of a run's job $1.
 const sqlJobPlacement = `SELECT priority, max_attempts FROM relay_jobs WHERE id = $1`
 
+// sqlRetryDropSteps is Retry's drop for run $1 failed by the step at
+// position $2 (retry_from): that step and those after it go, so the
+// replay runs it again, except that nothing at or before a completed
+// StepTx or a consumed signal wait is ever dropped (running a StepTx again
+// would repeat its writes; dropping a wait would lose its signal, consumed
+// with it). Such a step after the failed one moves the resume point past
+// it: the failed step is then kept, and the run replays to the same error
+// unless its code changed. NULL drops nothing.
 const sqlRetryDropSteps = `
 DELETE FROM relay_workflow_steps
-WHERE run_id = $1 AND position >= coalesce(
-    (SELECT max(position) FROM relay_workflow_steps WHERE run_id = $1 AND state = 'failed'),
-    (SELECT coalesce(max(position), -1) + 1 FROM relay_workflow_steps WHERE run_id = $1))`
+WHERE run_id = $1 AND $2::int IS NOT NULL AND position >= greatest($2::int,
+    (SELECT coalesce(max(position), -1) + 1 FROM relay_workflow_steps
+     WHERE run_id = $1 AND state = 'completed' AND kind IN ('tx', 'signal')))`
 
 // sqlContinueAsNew restarts run $1 with input $2 and an empty history.
 const sqlContinueAsNew = `
@@ -291,20 +302,18 @@ WHERE id IN (
 // than $1 milliseconds (see execution.writeTx).
 const sqlBoundIdleTx = `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`
 
-// sqlRetryDropFailedCompensations is Retry's drop for a run that failed in
-// its compensations (its last failed step is one): only the failed
-// compensations' checkpoints go. Every compensation ran (one failing does
-// not stop the older ones), so those that completed, before or after a
-// failed one, are kept and not repeated; the compensations' positions do
-// not move, as the replay registers the same ones in the same order. Keys
-// starting with "compensate:" are the package's alone (ErrReservedKey).
+// sqlRetryDropFailedCompensations is Retry's drop of the compensations
+// that failed: a run fails in its compensations after running every one
+// (one failing does not stop the older ones), so those that completed,
+// before or after a failed one, are kept and not repeated, and the step
+// that failed the function is kept too (its run records no retry_from):
+// the replay fails the same way and resumes the compensations. The
+// compensations' positions do not move, as the replay registers the same
+// ones in the same order. Keys starting with "compensate:" are the
+// package's alone (ErrReservedKey).
 const sqlRetryDropFailedCompensations = `
 DELETE FROM relay_workflow_steps
-WHERE run_id = $1 AND state = 'failed' AND kind = 'step' AND starts_with(key, 'compensate:')
-  AND EXISTS (
-    SELECT 1 FROM relay_workflow_steps AS l
-    WHERE l.run_id = $1 AND l.state = 'failed' AND l.kind = 'step' AND starts_with(l.key, 'compensate:')
-      AND l.position = (SELECT max(position) FROM relay_workflow_steps WHERE run_id = $1 AND state = 'failed'))`
+WHERE run_id = $1 AND state = 'failed' AND kind = 'step' AND starts_with(key, 'compensate:')`
 
 // sqlWakeParent wakes job $1, the parent's, when a child run ends: as
 // core.Wake, but never waiting for the job's row (relay_workflow_wake,

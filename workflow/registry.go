@@ -44,6 +44,10 @@ type Registry struct {
 	announcer announcer
 	// group sends the checkpoints of concurrent executions together.
 	group grouper
+	// errs and types are the errors declared with DeclareError and
+	// DeclareErrorType, in declaration order.
+	errs  []declaredError
+	types []declaredType
 }
 
 // Stats counts what a registry's executions did since it was made.
@@ -92,7 +96,7 @@ func (r *Registry) Close() {
 // NewRegistry returns an empty registry whose executions write through pool
 // (which must not be nil to execute runs).
 func NewRegistry(pool *pgxpool.Pool, cfg *Config) *Registry {
-	r := &Registry{pool: pool, byName: map[string]*definition{}}
+	r := &Registry{pool: pool, byName: map[string]*definition{}, errs: builtinErrors()}
 	r.waiter.r = r
 	if cfg != nil {
 		r.cfg = *cfg

@@ -55,6 +55,8 @@ type stepRow struct {
 	state    string
 	output   string
 	errMsg   string
+	// errInfo is a failed step's error description (describeError).
+	errInfo  string
 	attempts int
 	wakeAt   *time.Time
 	childID  string
@@ -103,6 +105,9 @@ type execution struct {
 	// cancelRead is the cancel flag as the write in progress read it,
 	// before its fn (writeTx).
 	cancelRead bool
+	// retryFrom is the position of the step whose error the function
+	// returned, recorded with the run's failure (sqlRetryDropSteps).
+	retryFrom *int
 	// pending holds completed checkpoints not yet written (see later).
 	pending []*stepRow
 	// dueWaits are sleeps found due, marked completed by the next write.
@@ -210,7 +215,7 @@ func (x *execution) load(ctx context.Context) error {
 	x.hist = map[int]*stepRow{}
 	for rows.Next() {
 		s := &stepRow{}
-		if err := rows.Scan(&s.position, &s.key, &s.kind, &s.state, &s.output, &s.errMsg, &s.attempts, &s.wakeAt, &s.childID); err != nil {
+		if err := rows.Scan(&s.position, &s.key, &s.kind, &s.state, &s.output, &s.errMsg, &s.attempts, &s.wakeAt, &s.childID, &s.errInfo); err != nil {
 			return fmt.Errorf("workflow: load steps of run %s: %w", x.runID, err)
 		}
 		x.hist[s.position] = s
@@ -332,6 +337,7 @@ func (x *execution) main() error {
 	case x.cancelling:
 		return x.compensate(StateCancelled, cancelledMsg+" (the function returned: "+err.Error()+")")
 	}
+	x.retryFrom = x.failurePoint(err)
 	return x.compensate(StateFailed, err.Error())
 }
 
@@ -341,6 +347,29 @@ const cancelledMsg = "cancelled"
 // errCancelWins: the run's completion was not recorded because a cancel is
 // requested (sqlFinishRun); the execution compensates instead.
 var errCancelWins = errors.New("workflow: completion not recorded: a cancel is requested")
+
+// failurePoint is the position of the failed step whose error err is (or
+// wraps): a step's *StepError, or a child's *ChildError. nil when err is
+// the function's own: Retry then runs no step again.
+func (x *execution) failurePoint(err error) *int {
+	var se *StepError
+	if errors.As(err, &se) && se.RunID == x.runID {
+		if pos, ok := x.keys[se.Key]; ok {
+			if h := x.hist[pos]; h != nil && h.key == se.Key && h.state == stepFailed {
+				return &pos
+			}
+		}
+	}
+	var ce *ChildError
+	if errors.As(err, &ce) {
+		for pos, h := range x.hist {
+			if h.kind == "child" && h.childID == ce.RunID && h.state == stepFailed {
+				return &pos
+			}
+		}
+	}
+	return nil
+}
 
 // unreached returns the non-determinism of a function that returned while
 // history holds steps past the point it returned at (a step removed from
@@ -411,6 +440,10 @@ func (x *execution) finish(state RunState, output []byte, msg string) error {
 	if output != nil {
 		out = string(output)
 	}
+	var from any // where Retry resumes: only a run failed by a step's error has one
+	if state == StateFailed && x.retryFrom != nil {
+		from = *x.retryFrom
+	}
 	// A run cancels its unfinished children in the transaction that
 	// records its end, whatever the end (docs/workflow.md, child runs): a
 	// child started and never collected does not outlive its parent. A
@@ -432,10 +465,10 @@ func (x *execution) finish(state RunState, output []byte, msg string) error {
 		// lease; the job's success is then recorded by the core, as any
 		// job's (a crash in between re-executes the run, which finds it
 		// finished and ends).
-		err = x.batchWrite(&outcome{state: state, output: out, msg: msg})
+		err = x.batchWrite(&outcome{state: state, output: out, msg: msg, retryFrom: from})
 	case x.run.parentID == "":
 		err = x.write(func(ctx context.Context, tx pgx.Tx) error {
-			ct, err := tx.Exec(ctx, sqlFinishRootRun, x.runID, string(state), out, msg)
+			ct, err := tx.Exec(ctx, sqlFinishRootRun, x.runID, string(state), out, msg, from)
 			if err != nil {
 				return fmt.Errorf("finish run: %w", err)
 			}
@@ -447,7 +480,7 @@ func (x *execution) finish(state RunState, output []byte, msg string) error {
 	default:
 		err = x.writeTx(func(ctx context.Context, tx pgx.Tx) error {
 			var parentJob int64
-			err := tx.QueryRow(ctx, sqlFinishRun, x.runID, string(state), out, msg).Scan(&parentJob)
+			err := tx.QueryRow(ctx, sqlFinishRun, x.runID, string(state), out, msg, from).Scan(&parentJob)
 			switch {
 			case errors.Is(err, pgx.ErrNoRows) && state == StateCompleted:
 				return errCancelWins // rolls back: the job is not completed

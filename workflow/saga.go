@@ -41,6 +41,9 @@ func (x *execution) compensate(final RunState, cause string) (err error) {
 	if len(x.comps) == 0 {
 		return x.finish(final, nil, cause)
 	}
+	// A run that fails in its compensations runs again only those that
+	// failed (sqlRetryDropFailedCompensations): none of its function's steps.
+	x.retryFrom = nil
 	x.compensating = true
 	x.setState = StateCompensating
 	wctx := Context{Context: x.ctx, x: x}

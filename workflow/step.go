@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -24,7 +25,11 @@ type StepOpts struct {
 	// core.Backoff{Base: time.Second, Max: 5 * time.Minute}. An error
 	// wrapped by core.Permanent is not retried; core.RetryIn picks its delay.
 	Retry core.RetryPolicy
-	// Timeout bounds each attempt (its context's deadline). 0 is none.
+	// Timeout bounds each attempt. Past it the attempt fails with
+	// ErrStepTimeout (and is retried per Retry and MaxAttempts) even if
+	// the step's function ignores its context, whose deadline it is; what
+	// the function returns later is discarded, never checkpointed. 0 is
+	// none.
 	Timeout time.Duration
 }
 
@@ -42,8 +47,9 @@ var defaultStepRetry = core.Backoff{Base: time.Second, Max: 5 * time.Minute}
 // A failed attempt with attempts left ends the execution and the run comes
 // back after the retry delay (no attempt of the run is spent); the step's
 // attempts and last error are kept in its row. When the attempts are used
-// up, or for core.Permanent, Step returns a *StepError, on this execution
-// and every replay.
+// up, or for core.Permanent or an *Error marked NonRetryable, Step returns
+// a *StepError, on this execution and every replay, the same error on
+// each (see StepError).
 //
 // key identifies the step in the run's history: unique within the run and
 // the same on every replay (see docs/workflow.md, determinism).
@@ -55,8 +61,9 @@ func Step[T any](wctx Context, key string, fn func(ctx context.Context) (T, erro
 // step is Step without the check of a user's key: compensations run
 // through it under their generated keys.
 func step[T any](wctx Context, key string, fn func(ctx context.Context) (T, error), opts *StepOpts) (T, error) {
-	return runStep(wctx, "step", key, opts, func(ctx context.Context) (T, []byte, error, bool) {
-		out, err := callStep(ctx, fn)
+	x := wctx.x
+	return runStep(wctx, "step", key, opts, func(ctx context.Context, p stepPlan) (T, []byte, error, bool) {
+		out, err := timed(x, ctx, p.timeout, func(ctx context.Context, _ *gate) (T, error) { return callStep(ctx, fn) })
 		if err != nil {
 			return out, nil, err, false
 		}
@@ -72,59 +79,87 @@ func step[T any](wctx Context, key string, fn func(ctx context.Context) (T, erro
 // step's checkpoint, fenced by the run's lease: fn's database writes in tx
 // happen exactly once, even across crashes, pauses and rescues (the twin of
 // core.CompleteTx). If fn fails, tx rolls back and the step is retried as
-// Step's. fn must not commit or roll back tx.
+// Step's. fn must not commit or roll back tx. An attempt past
+// StepOpts.Timeout fails at the timeout; its transaction, still fn's, is
+// rolled back when fn returns, never committed.
 func StepTx[T any](wctx Context, key string, fn func(ctx context.Context, tx pgx.Tx) (T, error), opts *StepOpts) (T, error) {
 	x := wctx.x
 	x.userKey("tx", key)
-	return runStep(wctx, "tx", key, opts, func(ctx context.Context) (T, []byte, error, bool) {
-		var out T
-		var userErr error
-		pos := x.pos - 1
-		n := 1
-		if h := x.hist[pos]; h != nil {
-			n = h.attempts + 1
+	return runStep(wctx, "tx", key, opts, func(ctx context.Context, p stepPlan) (T, []byte, error, bool) {
+		if p.timeout > 0 {
+			// An attempt past its timeout leaves its transaction open
+			// until fn returns: it must hold no lock of the execution's
+			// own (the run's row, deferred checkpoints), which the
+			// execution's next writes take. Those go first, alone.
+			x.settleBookkeeping()
+			x.checkCancel() // that write read the cancel flag
 		}
-		late := false
-		err := x.write(func(txCtx context.Context, tx pgx.Tx) error {
-			if x.cancelRead && !x.compensating {
-				return errCancelSeen // this transaction saw a cancel: the step does not start
-			}
-			began := time.Now()
-			var err error
-			out, err = callStep(ctx, func(ctx context.Context) (T, error) { return fn(ctx, tx) })
-			if err != nil {
-				userErr = err
-				return err
-			}
-			enc, err := encode("output of step "+key, out)
-			if err != nil {
-				userErr = core.Permanent(err)
-				return userErr
-			}
-			if _, err = x.upsert(ctx, tx, &stepRow{position: pos, key: key, kind: "tx", state: stepCompleted, output: string(enc),
-				attempt: newAttempt(n, began, time.Now(), nil)}, 1, nil, 0); err != nil {
-				return err
-			}
-			// A cancel asked for while fn ran stops the next step.
-			if err := tx.QueryRow(txCtx, sqlCancelRequested, x.runID).Scan(&late); err != nil {
-				return fmt.Errorf("read cancel flag: %w", err)
-			}
-			return nil
+		// The write's bookkeeping, and what the transaction needs of the
+		// execution's state, are read here, on the execution's goroutine,
+		// whatever runs the transaction.
+		b := x.bookkeeping()
+		compensating := x.compensating
+		type txResult struct {
+			out     T
+			userErr error
+			cancel  bool // the cancel flag as the transaction began
+			late    bool // a cancel asked for while fn ran
+			err     error
+		}
+		res, err := timed(x, ctx, p.timeout, func(ctx context.Context, g *gate) (txResult, error) {
+			var r txResult
+			r.cancel, r.err = x.runWrite(b, func(txCtx context.Context, tx pgx.Tx, cancel bool) error {
+				if cancel && !compensating {
+					return errCancelSeen // this transaction saw a cancel: the step does not start
+				}
+				began := time.Now()
+				out, err := callStep(ctx, func(ctx context.Context) (T, error) { return fn(ctx, tx) })
+				if err != nil {
+					r.userErr = err
+					return err
+				}
+				enc, err := encode("output of step "+key, out)
+				if err != nil {
+					r.userErr = core.Permanent(err)
+					return r.userErr
+				}
+				if !g.commit() {
+					return errAttemptAbandoned // past its timeout: rolled back
+				}
+				// From here the execution waits for this transaction's
+				// outcome (the gate), so the checkpoint may update its
+				// history.
+				r.out = out
+				if _, err = x.upsert(ctx, tx, &stepRow{position: p.pos, key: key, kind: "tx", state: stepCompleted, output: string(enc),
+					attempt: newAttempt(p.n, began, time.Now(), nil)}, 1, nil, 0); err != nil {
+					return err
+				}
+				// A cancel asked for while fn ran stops the next step.
+				if err := tx.QueryRow(txCtx, sqlCancelRequested, x.runID).Scan(&r.late); err != nil {
+					return fmt.Errorf("read cancel flag: %w", err)
+				}
+				return nil
+			}, true)
+			return r, nil
 		})
+		if err != nil {
+			return res.out, nil, err, false // timed out
+		}
+		err = x.wrote(res.cancel, res.err)
 		switch {
 		case err == nil:
-			x.cancelling = x.cancelling || late
-			return out, nil, nil, true
+			x.cancelling = x.cancelling || res.late
+			return res.out, nil, nil, true
 		case errors.Is(err, errCancelSeen):
 			x.cancelling = true
 			x.checkCancel()
-		case userErr != nil:
-			return out, nil, userErr, false
+		case res.userErr != nil:
+			return res.out, nil, res.userErr, false
 		case errors.Is(err, core.ErrLeaseLost):
 			x.stop(&unwind{kind: unwindLost, err: err})
 		}
 		x.stop(&unwind{kind: unwindAbort, err: fmt.Errorf("workflow: run %s: step %q: %w", x.runID, key, err)})
-		return out, nil, nil, false
+		return res.out, nil, nil, false
 	})
 }
 
@@ -135,7 +170,7 @@ var errCancelSeen = errors.New("workflow: a cancel is requested")
 // runStep is the replay and retry logic shared by Step and StepTx. attempt
 // runs the step once and returns its output, its encoding (to checkpoint)
 // or its error, and whether it checkpointed itself.
-func runStep[T any](wctx Context, kind, key string, opts *StepOpts, attempt func(ctx context.Context) (T, []byte, error, bool)) (T, error) {
+func runStep[T any](wctx Context, kind, key string, opts *StepOpts, attempt func(ctx context.Context, p stepPlan) (T, []byte, error, bool)) (T, error) {
 	x := wctx.x
 	p, out, err, done := planStep[T](x, kind, key, opts)
 	if done {
@@ -146,13 +181,8 @@ func runStep[T any](wctx Context, kind, key string, opts *StepOpts, attempt func
 		x.checkCancel() // the flush read the cancel flag: none starts after one
 	}
 	ctx, span := x.stepSpan(kind, key, p.n)
-	if p.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, p.timeout)
-		defer cancel()
-	}
 	began := time.Now()
-	out, enc, err, recorded := attempt(ctx)
+	out, enc, err, recorded := attempt(ctx, p)
 	endSpan(span, err)
 	return settleStep(x, p, began, time.Now(), out, enc, err, recorded)
 }
@@ -180,7 +210,7 @@ func planStep[T any](x *execution, kind, key string, opts *StepOpts) (p stepPlan
 			}
 			return p, out, nil, true
 		case stepFailed:
-			return p, out, &StepError{RunID: x.runID, Key: key, Attempts: h.attempts, Message: h.errMsg}, true
+			return p, out, x.stepError(key, h.attempts, h.errMsg, h.errInfo), true
 		case stepRetrying:
 			if h.wakeAt != nil && h.wakeAt.After(x.now) {
 				x.checkCancel()
@@ -200,6 +230,13 @@ func planStep[T any](x *execution, kind, key string, opts *StepOpts) (p stepPlan
 		p.timeout = opts.Timeout
 	}
 	return p, out, nil, false
+}
+
+// stepError is the *StepError of a step that failed for good, rebuilt from
+// what its checkpoint stores: the execution that ran the step returns the
+// same one as every replay.
+func (x *execution) stepError(key string, attempts int, msg, info string) *StepError {
+	return &StepError{RunID: x.runID, Key: key, Attempts: attempts, Message: msg, Err: x.r.rebuildError(msg, info)}
 }
 
 // settleStep records an attempt's outcome: the output (deferred, see
@@ -225,12 +262,15 @@ func settleStep[T any](x *execution, p stepPlan, began, ended time.Time, out T, 
 	if !retryIn {
 		delay = p.policy.RetryDelay(p.n, err)
 	}
-	final := core.IsPermanent(err) || p.n >= p.maxAttempts
+	final := core.IsPermanent(err) || nonRetryable(err) || p.n >= p.maxAttempts
 	x.logStepFailure(p, err, final, delay)
 	if final {
-		x.record(&stepWrite{row: &stepRow{position: p.pos, key: p.key, kind: p.kind, state: stepFailed, errMsg: msg,
+		info := x.r.describeError(err)
+		x.record(&stepWrite{row: &stepRow{position: p.pos, key: p.key, kind: p.kind, state: stepFailed, errMsg: msg, errInfo: info,
 			attempt: newAttempt(p.n, began, ended, err)}, attempts: 1, delay: -1})
-		return zero, &StepError{RunID: x.runID, Key: p.key, Attempts: p.n, Message: msg, Err: err}
+		// The error as stored, not err itself: a replay can rebuild only
+		// that, and the workflow must see the same error on both.
+		return zero, x.stepError(p.key, p.n, msg, info)
 	}
 	x.record(&stepWrite{row: &stepRow{position: p.pos, key: p.key, kind: p.kind, state: stepRetrying, errMsg: msg,
 		attempt: newAttempt(p.n, began, ended, err)}, attempts: 1, delay: delay})
@@ -250,6 +290,106 @@ func (x *execution) logStepFailure(p stepPlan, err error, final bool, delay time
 		return
 	}
 	x.r.logger.Warn("relay: workflow step attempt failed; it will be retried", append(attrs, "retry_in", delay)...)
+}
+
+// gate settles, once, how an attempt with a timeout ends: by its own
+// result (commit, before the timeout) or by the timeout (expire, before the
+// attempt committed to its result). The nil gate (no timeout) always
+// commits.
+type gate struct {
+	mu    sync.Mutex
+	state int // 0: running, 1: committed to its result, 2: expired
+}
+
+func (g *gate) commit() bool {
+	if g == nil {
+		return true
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.state == 2 {
+		return false
+	}
+	g.state = 1
+	return true
+}
+
+func (g *gate) expire() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.state == 1 {
+		return false
+	}
+	g.state = 2
+	return true
+}
+
+// errAttemptAbandoned rolls back the transaction of a StepTx attempt that
+// returned after its timeout.
+var errAttemptAbandoned = errors.New("workflow: step attempt returned after its timeout")
+
+// timed runs fn, one attempt of a step, bounded by timeout (none when 0:
+// fn runs on the caller's goroutine). With a timeout, fn runs on a
+// goroutine of its own with a context ending at the timeout, and the
+// attempt ends at the timeout even if fn ignores that context: its error
+// is then ErrStepTimeout, and whatever fn returns later is discarded. fn
+// calls g.commit() before it makes its result durable (a StepTx's
+// checkpoint): once it has, its result stands, and timed waits for it.
+func timed[R any](x *execution, ctx context.Context, timeout time.Duration, fn func(ctx context.Context, g *gate) (R, error)) (R, error) {
+	if timeout <= 0 {
+		return fn(ctx, nil)
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	type result struct {
+		r        R
+		err      error
+		panicked any
+	}
+	g := &gate{}
+	done := make(chan result, 1) // the abandoned goroutine's send never blocks
+	go func() {
+		var res result
+		defer func() {
+			res.panicked = recover()
+			done <- res
+		}()
+		res.r, res.err = fn(ctx, g)
+	}()
+	settle := func(res result) (R, error) {
+		if res.panicked != nil {
+			panic(res.panicked) // a primitive's unwind, called inside the step
+		}
+		return res.r, res.err
+	}
+	select {
+	case res := <-done:
+		if res.err != nil && x.ctx.Err() == nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			// Failed at its deadline (most likely of it): a timeout, as
+			// for a step that ignores its context.
+			res.err = timeoutError(timeout, res.err)
+		}
+		return settle(res)
+	case <-ctx.Done():
+	}
+	if !g.expire() {
+		return settle(<-done) // committed to its result just in time
+	}
+	var zero R
+	if x.ctx.Err() != nil {
+		return zero, context.Cause(x.ctx) // the execution stopped: not the step's timeout
+	}
+	return zero, timeoutError(timeout, nil)
+}
+
+// timeoutError is the error of an attempt that ran past its timeout:
+// ErrStepTimeout and context.DeadlineExceeded, and err, what the step
+// returned at its deadline (nil: it had not returned).
+func timeoutError(timeout time.Duration, err error) error {
+	if err != nil {
+		return fmt.Errorf("%w after %s (%w): %w", ErrStepTimeout, timeout, context.DeadlineExceeded, err)
+	}
+	return fmt.Errorf("%w after %s (%w); its result, if it ever returns, is discarded", ErrStepTimeout, timeout, context.DeadlineExceeded)
 }
 
 // callStep calls fn, turning a panic into an error.

@@ -1,0 +1,23 @@
+-- Retry resumes a failed run from the point that failed it, and a step's
+-- error keeps its identity on every execution (docs/workflow.md, Retry and
+-- "Errors a workflow branches on").
+--
+-- relay_workflow_runs.retry_from is the position of the step whose error
+-- failed the run (the function returned that step's *StepError or a
+-- child's *ChildError), recorded with the run's failure; NULL when no step
+-- is to run again (the function returned an error of its own, a
+-- non-determinism, a crash loop, a dead job, a failed compensation).
+-- workflow.Retry drops the steps from there on, never a completed StepTx
+-- or consumed signal wait nor anything before one, and clears it.
+--
+-- relay_workflow_steps.error_info is a failed step's error as the workflow
+-- sees it, on the first execution as on replays: its *workflow.Error (type,
+-- message, details, retryable), the codes of the declared sentinel errors
+-- it matched (errors.Is) and the declared error types it held (errors.As),
+-- as JSON. NULL for a step that did not fail, or failed before this
+-- column existed (its error is then its message alone).
+--
+-- Both columns are nullable without a default: adding them rewrites
+-- nothing, and no index holds them, so the updates that set them stay HOT.
+ALTER TABLE relay_workflow_runs ADD COLUMN IF NOT EXISTS retry_from integer;
+ALTER TABLE relay_workflow_steps ADD COLUMN IF NOT EXISTS error_info jsonb;

@@ -1,0 +1,365 @@
+package workflow_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/workflow"
+)
+
+// retryCase is a run that handles a step's failure, commits a row with a
+// StepTx, and then fails; Retry must not commit the row again.
+type retryCase struct {
+	b *bundle
+	// check fails the run after the StepTx while true.
+	check atomic.Bool
+	// handled counts the calls of the step whose failure the run handles.
+	handled atomic.Int32
+}
+
+func newRetryCase(t *testing.T) *retryCase {
+	t.Helper()
+	c := &retryCase{b: setup(t)}
+	if _, err := c.b.pool.Exec(context.Background(), `CREATE TABLE bookings (run_id text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	c.check.Store(true)
+	return c
+}
+
+// handledFailure is a step that fails for good, its failure handled by a
+// fallback step.
+func (c *retryCase) handledFailure(wctx workflow.Context) error {
+	_, err := workflow.Step(wctx, "gateway", func(ctx context.Context) (int, error) {
+		c.handled.Add(1)
+		return 0, core.Permanent(errors.New("gateway down"))
+	}, nil)
+	if err == nil {
+		return errors.New("want the gateway step to fail")
+	}
+	_, err = workflow.Step(wctx, "fallback", func(ctx context.Context) (int, error) { return 1, nil }, nil)
+	return err
+}
+
+// book is the StepTx whose row must exist once.
+func (c *retryCase) book(wctx workflow.Context) error {
+	_, err := workflow.StepTx(wctx, "book", func(ctx context.Context, tx pgx.Tx) (int, error) {
+		_, err := tx.Exec(ctx, `INSERT INTO bookings (run_id) VALUES ($1)`, wctx.RunID())
+		return 1, err
+	}, nil)
+	return err
+}
+
+// later is the check after the StepTx that fails the run while c.check.
+func (c *retryCase) later() error {
+	if c.check.Load() {
+		return errors.New("a later check failed")
+	}
+	return nil
+}
+
+// run starts wf, waits for it to fail, then fixes the check and retries
+// it (retries times, the check fixed before the last), and wants it
+// completed with the row booked once and the handled step (if the run has
+// one) not run again.
+func (c *retryCase) run(t *testing.T, wf *workflow.Workflow[int, int], retries int) {
+	t.Helper()
+	ctx := context.Background()
+	h, err := workflow.Start(ctx, c.b.pool, wf, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := result[int](t, c.b.pool, h.ID); !errors.Is(err, workflow.ErrRunFailed) {
+		t.Fatalf("want the run failed, got %v", err)
+	}
+	for i := 1; i <= retries; i++ {
+		if i == retries {
+			c.check.Store(false)
+		}
+		if err := workflow.Retry(ctx, c.b.pool, h.ID); err != nil {
+			t.Fatal(err)
+		}
+		_, err := result[int](t, c.b.pool, h.ID)
+		if i < retries && !errors.Is(err, workflow.ErrRunFailed) {
+			t.Fatalf("retry %d: want the run failed again, got %v", i, err)
+		}
+		if i == retries && err != nil {
+			t.Fatalf("retry %d: want the run completed, got %v", i, err)
+		}
+	}
+	if n := c.b.count(`SELECT count(*) FROM bookings WHERE run_id = $1`, h.ID); n != 1 {
+		t.Fatalf("the StepTx's row exists %d times, want once", n)
+	}
+	if n := c.handled.Load(); n > 1 {
+		t.Fatalf("the handled step ran %d times, want once", n)
+	}
+}
+
+// Retry resumes from the point that failed the run, not from a failure
+// the run handled before: a StepTx committed between the two is not run
+// again.
+func TestRetryAfterHandledFailureKeepsStepTx(t *testing.T) {
+	t.Parallel()
+	c := newRetryCase(t)
+	wf := workflow.MustRegister(c.b.reg, "handled-then-tx", func(wctx workflow.Context, _ int) (int, error) {
+		if err := c.handledFailure(wctx); err != nil {
+			return 0, err
+		}
+		if err := c.book(wctx); err != nil {
+			return 0, err
+		}
+		return 1, c.later()
+	})
+	c.b.start()
+	c.run(t, wf, 1)
+}
+
+// Retried twice in a row (the run fails again after the first Retry), the
+// StepTx still commits once.
+func TestRetryTwiceKeepsStepTx(t *testing.T) {
+	t.Parallel()
+	c := newRetryCase(t)
+	wf := workflow.MustRegister(c.b.reg, "retried-twice", func(wctx workflow.Context, _ int) (int, error) {
+		if err := c.handledFailure(wctx); err != nil {
+			return 0, err
+		}
+		if err := c.book(wctx); err != nil {
+			return 0, err
+		}
+		return 1, c.later()
+	})
+	c.b.start()
+	c.run(t, wf, 2)
+}
+
+// The handled failure is a child's: its *ChildError, handled, is not where
+// Retry resumes.
+func TestRetryAfterHandledChildFailureKeepsStepTx(t *testing.T) {
+	t.Parallel()
+	c := newRetryCase(t)
+	var childCalls atomic.Int32
+	child := workflow.MustRegister(c.b.reg, "failing-child", func(wctx workflow.Context, _ int) (int, error) {
+		return workflow.Step(wctx, "boom", func(ctx context.Context) (int, error) {
+			childCalls.Add(1)
+			return 0, core.Permanent(errors.New("child broke"))
+		}, nil)
+	})
+	wf := workflow.MustRegister(c.b.reg, "child-then-tx", func(wctx workflow.Context, _ int) (int, error) {
+		_, err := workflow.Child(wctx, "c", child, 0, nil).Get(wctx)
+		var ce *workflow.ChildError
+		if !errors.As(err, &ce) {
+			return 0, errors.New("want the child failed")
+		}
+		if err := c.book(wctx); err != nil {
+			return 0, err
+		}
+		return 1, c.later()
+	})
+	c.b.start()
+	c.run(t, wf, 1)
+	if n := childCalls.Load(); n != 1 {
+		t.Fatalf("the child's step ran %d times, want once", n)
+	}
+}
+
+// A sleep between the handled failure and the StepTx (the run suspends and
+// replays) changes nothing.
+func TestRetryAfterSleepKeepsStepTx(t *testing.T) {
+	t.Parallel()
+	c := newRetryCase(t)
+	wf := workflow.MustRegister(c.b.reg, "sleep-then-tx", func(wctx workflow.Context, _ int) (int, error) {
+		if err := c.handledFailure(wctx); err != nil {
+			return 0, err
+		}
+		if err := workflow.Sleep(wctx, "nap", time.Millisecond); err != nil {
+			return 0, err
+		}
+		if err := c.book(wctx); err != nil {
+			return 0, err
+		}
+		return 1, c.later()
+	})
+	c.b.start()
+	c.run(t, wf, 1)
+}
+
+// A run whose executions crash-loop (every execution dies in a step, its
+// attempts used up) fails; Retry keeps every completed step, a StepTx
+// after a handled failure included, and the crashing step runs again.
+func TestRetryAfterCrashLoopKeepsStepTx(t *testing.T) {
+	t.Parallel()
+	c := newRetryCase(t)
+	c.check.Store(false) // the crash fails this run, not the check
+	var explode atomic.Bool
+	explode.Store(true)
+	var crashes atomic.Int32
+	wf := workflow.MustRegister(c.b.reg, "crash-after-tx", func(wctx workflow.Context, _ int) (int, error) {
+		if err := c.handledFailure(wctx); err != nil {
+			return 0, err
+		}
+		if err := c.book(wctx); err != nil {
+			return 0, err
+		}
+		return workflow.Step(wctx, "explode", func(ctx context.Context) (int, error) {
+			if explode.Load() {
+				crashes.Add(1)
+				c.b.rescueNow(wctx.RunID()) // the execution dies here
+				return 0, errors.New("killed")
+			}
+			return 1, nil
+		}, nil)
+	})
+	c.b.startWith(&core.Config{RescueInterval: 50 * time.Millisecond})
+	ctx := context.Background()
+	h, err := workflow.Start(ctx, c.b.pool, wf, 0, &workflow.StartOpts{MaxAttempts: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := result[int](t, c.b.pool, h.ID); !errors.Is(err, workflow.ErrRunFailed) {
+		t.Fatalf("want the run failed by its crashes, got %v", err)
+	}
+	explode.Store(false)
+	if err := workflow.Retry(ctx, c.b.pool, h.ID); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := result[int](t, c.b.pool, h.ID); err != nil || out != 1 {
+		t.Fatalf("after retry: %v %v", out, err)
+	}
+	if n := c.b.count(`SELECT count(*) FROM bookings WHERE run_id = $1`, h.ID); n != 1 {
+		t.Fatalf("the StepTx's row exists %d times, want once", n)
+	}
+	if n := c.handled.Load(); n != 1 {
+		t.Fatalf("the handled step ran %d times, want once", n)
+	}
+}
+
+// A run whose executions crash-loop in a compensation (the run failed
+// after a handled failure and a StepTx, and was undoing) fails; Retry
+// resumes the compensation: the StepTx is not run again, and the run ends
+// compensated.
+func TestRetryAfterCrashInCompensationKeepsStepTx(t *testing.T) {
+	t.Parallel()
+	c := newRetryCase(t)
+	var crashing atomic.Bool
+	crashing.Store(true)
+	var undone atomic.Int32
+	wf := workflow.MustRegister(c.b.reg, "compensation-crash", func(wctx workflow.Context, _ int) (int, error) {
+		if err := c.handledFailure(wctx); err != nil {
+			return 0, err
+		}
+		if err := c.book(wctx); err != nil {
+			return 0, err
+		}
+		workflow.Compensate(wctx, "unbook", func(ctx context.Context) error {
+			if crashing.Load() {
+				c.b.rescueNow(wctx.RunID()) // the execution dies here
+				return errors.New("killed")
+			}
+			undone.Add(1)
+			return nil
+		})
+		return 1, c.later()
+	})
+	c.b.startWith(&core.Config{RescueInterval: 50 * time.Millisecond})
+	ctx := context.Background()
+	h, err := workflow.Start(ctx, c.b.pool, wf, 0, &workflow.StartOpts{MaxAttempts: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := result[int](t, c.b.pool, h.ID); !errors.Is(err, workflow.ErrRunFailed) {
+		t.Fatalf("want the run failed by its crashes, got %v", err)
+	}
+	crashing.Store(false)
+	if err := workflow.Retry(ctx, c.b.pool, h.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := result[int](t, c.b.pool, h.ID); !errors.Is(err, workflow.ErrRunCompensated) {
+		t.Fatalf("after retry: want compensated, got %v", err)
+	}
+	if n := c.b.count(`SELECT count(*) FROM bookings WHERE run_id = $1`, h.ID); n != 1 {
+		t.Fatalf("the StepTx's row exists %d times, want once", n)
+	}
+	if c.handled.Load() != 1 || undone.Load() != 1 {
+		t.Fatalf("the handled step ran %d times, the compensation completed %d times; want 1 and 1", c.handled.Load(), undone.Load())
+	}
+}
+
+// A run failed by a step's error (the function returned its *StepError)
+// resumes from that step: it runs again, the steps before it do not.
+func TestRetryResumesFromTheStepThatFailedTheRun(t *testing.T) {
+	t.Parallel()
+	c := newRetryCase(t)
+	var verify atomic.Int32
+	wf := workflow.MustRegister(c.b.reg, "failed-by-step", func(wctx workflow.Context, _ int) (int, error) {
+		if err := c.handledFailure(wctx); err != nil {
+			return 0, err
+		}
+		if err := c.book(wctx); err != nil {
+			return 0, err
+		}
+		return workflow.Step(wctx, "verify", func(ctx context.Context) (int, error) {
+			if verify.Add(1) == 1 {
+				return 0, core.Permanent(errors.New("not yet"))
+			}
+			return 1, nil
+		}, nil)
+	})
+	c.b.start()
+	c.check.Store(false)
+	c.run(t, wf, 1)
+	if n := verify.Load(); n != 2 {
+		t.Fatalf("the step that failed the run ran %d times, want twice", n)
+	}
+}
+
+// A StepTx that completed after the step that failed the run is never
+// dropped, nor is anything before it: Retry keeps the failed step, and the
+// run replays to the same error (its code unchanged), with the StepTx's
+// row still once.
+func TestRetryNeverDropsAStepTxAfterTheFailedStep(t *testing.T) {
+	t.Parallel()
+	c := newRetryCase(t)
+	var verify atomic.Int32
+	wf := workflow.MustRegister(c.b.reg, "tx-after-failure", func(wctx workflow.Context, _ int) (int, error) {
+		_, err := workflow.Step(wctx, "verify", func(ctx context.Context) (int, error) {
+			verify.Add(1)
+			return 0, core.Permanent(errors.New("not valid"))
+		}, nil)
+		if err != nil {
+			// Book (an audit row, say) and fail with the step's error.
+			if err := c.book(wctx); err != nil {
+				return 0, err
+			}
+			return 0, err
+		}
+		return 1, nil
+	})
+	c.b.start()
+	ctx := context.Background()
+	h, err := workflow.Start(ctx, c.b.pool, wf, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		if _, err := result[int](t, c.b.pool, h.ID); !errors.Is(err, workflow.ErrRunFailed) {
+			t.Fatalf("want the run failed, got %v", err)
+		}
+		if i == 0 {
+			if err := workflow.Retry(ctx, c.b.pool, h.ID); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if n := c.b.count(`SELECT count(*) FROM bookings WHERE run_id = $1`, h.ID); n != 1 {
+		t.Fatalf("the StepTx's row exists %d times, want once", n)
+	}
+	if n := verify.Load(); n != 1 {
+		t.Fatalf("the failed step ran %d times, want once (kept before the StepTx)", n)
+	}
+}

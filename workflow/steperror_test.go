@@ -1,0 +1,187 @@
+package workflow_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/workflow"
+)
+
+// errDeclined is a sentinel the workflows of these tests branch on.
+var errDeclined = errors.New("gateway: declined")
+
+// gatewayError is an error type the workflows of these tests read.
+type gatewayError struct {
+	Code int `json:"code"`
+}
+
+func (e *gatewayError) Error() string { return fmt.Sprintf("gateway error %d", e.Code) }
+
+// notDeclared is an error type no registry declares.
+type notDeclared struct{}
+
+func (notDeclared) Error() string { return "not declared" }
+
+// sights records what each execution of a run saw of a step's error.
+type sights struct {
+	mu   sync.Mutex
+	seen []string
+}
+
+func (s *sights) add(v string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.seen = append(s.seen, v)
+}
+
+func (s *sights) get() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.seen...)
+}
+
+// replayBy forces the run to replay after the failed step: by a sleep (the
+// run suspends) or by a rescue (the first execution's worker dies: its
+// lease expires and the rescuer gives the run to another execution).
+type replayBy func(b *bundle, wctx workflow.Context, died *atomic.Int32)
+
+var replays = map[string]replayBy{
+	"sleep": func(b *bundle, wctx workflow.Context, _ *atomic.Int32) {
+		if err := workflow.Sleep(wctx, "nap", time.Millisecond); err != nil {
+			panic(err)
+		}
+	},
+	"rescue": func(b *bundle, wctx workflow.Context, died *atomic.Int32) {
+		workflow.Step(wctx, "die", func(ctx context.Context) (int, error) {
+			if died.Add(1) == 1 {
+				b.rescueNow(wctx.RunID()) // the worker dies here
+				return 0, errors.New("killed")
+			}
+			return 0, nil
+		}, nil)
+	},
+}
+
+// A step's error is rebuilt from what its checkpoint stores, on the
+// execution that ran the step as on every replay: errors.Is on a declared
+// sentinel, errors.As on an *Error, on a declared error type, and on an
+// undeclared type (never found) answer the same on each execution.
+func TestStepErrorIsTheSameOnEveryExecution(t *testing.T) {
+	t.Parallel()
+	for name, replay := range replays {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			if err := b.reg.DeclareError("card_declined", errDeclined); err != nil {
+				t.Fatal(err)
+			}
+			if err := workflow.DeclareErrorType[*gatewayError](b.reg, "gateway"); err != nil {
+				t.Fatal(err)
+			}
+			var seen sights
+			var died atomic.Int32
+			wf := workflow.MustRegister(b.reg, "typed-errors", func(wctx workflow.Context, _ int) (string, error) {
+				_, err := workflow.Step(wctx, "charge", func(ctx context.Context) (int, error) {
+					app := &workflow.Error{Type: "card_declined", Message: "insufficient funds", Details: json.RawMessage(`{"limit":50}`)}
+					return 0, core.Permanent(fmt.Errorf("gateway: %w", errors.Join(errDeclined, app, &gatewayError{Code: 51}, notDeclared{})))
+				}, nil)
+				var app *workflow.Error
+				var ge *gatewayError
+				var nd notDeclared
+				var se *workflow.StepError
+				sight := fmt.Sprintf("is=%v app=%v gateway=%v undeclared=%v step=%v isApp=%v",
+					errors.Is(err, errDeclined),
+					errors.As(err, &app) && app.Type == "card_declined" && app.Message == "insufficient funds" && string(app.Details) == `{"limit":50}`,
+					errors.As(err, &ge) && ge.Code == 51,
+					errors.As(err, &nd),
+					errors.As(err, &se) && se.Key == "charge" && strings.Contains(se.Message, "insufficient funds"),
+					errors.Is(err, &workflow.Error{Type: "card_declined"}))
+				seen.add(sight)
+				replay(b, wctx, &died)
+				if !errors.Is(err, errDeclined) {
+					return "", fmt.Errorf("a handled error was not recognised: %w", err)
+				}
+				return sight, nil
+			})
+			b.startWith(&core.Config{RescueInterval: 50 * time.Millisecond})
+			h, err := workflow.Start(context.Background(), b.pool, wf, 0, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, err := result[string](t, b.pool, h.ID)
+			if err != nil {
+				t.Fatalf("run: %v (seen %q)", err, seen.get())
+			}
+			want := "is=true app=true gateway=true undeclared=false step=true isApp=true"
+			got := seen.get()
+			if len(got) < 2 {
+				t.Fatalf("the run executed %d times, want a replay", len(got))
+			}
+			for i, g := range got {
+				if g != want {
+					t.Fatalf("execution %d saw %q, want %q (all: %q)", i+1, g, want, got)
+				}
+			}
+			if out != want {
+				t.Fatalf("output %q", out)
+			}
+		})
+	}
+}
+
+// A declared sentinel is matched by an *Error of its code, and an *Error
+// marked NonRetryable ends its step at the first attempt.
+func TestStepErrorTypeMatchesItsSentinelAndIsNotRetried(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if err := b.reg.DeclareError("card_declined", errDeclined); err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int32
+	wf := workflow.MustRegister(b.reg, "non-retryable", func(wctx workflow.Context, _ int) (bool, error) {
+		_, err := workflow.Step(wctx, "charge", func(ctx context.Context) (int, error) {
+			calls.Add(1)
+			return 0, &workflow.Error{Type: "card_declined", NonRetryable: true}
+		}, &workflow.StepOpts{MaxAttempts: 5})
+		return errors.Is(err, errDeclined), nil
+	})
+	b.start()
+	h, _ := workflow.Start(context.Background(), b.pool, wf, 0, nil)
+	if out, err := result[bool](t, b.pool, h.ID); err != nil || !out {
+		t.Fatalf("want errors.Is the declared sentinel, got %v %v", out, err)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("the step ran %d times, want once", n)
+	}
+}
+
+// Declarations are checked: an empty code, a nil sentinel, a code or
+// sentinel declared twice and a built-in code are refused.
+func TestDeclareErrorRefusesBadDeclarations(t *testing.T) {
+	t.Parallel()
+	reg := workflow.NewRegistry(nil, nil)
+	if err := reg.DeclareError("declined", errDeclined); err != nil {
+		t.Fatal(err)
+	}
+	for name, err := range map[string]error{
+		"empty code":     reg.DeclareError("", errors.New("x")),
+		"nil sentinel":   reg.DeclareError("x", nil),
+		"code twice":     reg.DeclareError("declined", errors.New("other")),
+		"sentinel twice": reg.DeclareError("other", errDeclined),
+		"built-in code":  reg.DeclareError("relay.step_timeout", errors.New("x")),
+		"type code used": workflow.DeclareErrorType[*gatewayError](reg, "declined"),
+		"type no code":   workflow.DeclareErrorType[*gatewayError](reg, ""),
+	} {
+		if err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}

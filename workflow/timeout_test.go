@@ -1,0 +1,154 @@
+package workflow_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/workflow"
+)
+
+// noDelay retries a step at once.
+var noDelay = core.RetryPolicyFunc(func(int, error) time.Duration { return 0 })
+
+// blockedUntil returns a channel closed when the test ends (the steps
+// that ignore their context return then), and bounded waits for results.
+func blockedUntil(t *testing.T) chan struct{} {
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	return release
+}
+
+// A step that ignores its context fails at StepOpts.Timeout, each attempt
+// (retried per its policy), with ErrStepTimeout on every execution; its
+// late result is never checkpointed.
+func TestStepTimeoutFailsAStepThatIgnoresItsContext(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	release := blockedUntil(t)
+	var calls atomic.Int32
+	wf := workflow.MustRegister(b.reg, "ignores-ctx", func(wctx workflow.Context, _ int) (int, error) {
+		_, err := workflow.Step(wctx, "slow", func(ctx context.Context) (int, error) {
+			calls.Add(1)
+			<-release // ignores ctx
+			return 7, nil
+		}, &workflow.StepOpts{MaxAttempts: 2, Retry: noDelay, Timeout: 100 * time.Millisecond})
+		if !errors.Is(err, workflow.ErrStepTimeout) || !errors.Is(err, context.DeadlineExceeded) {
+			return 0, errors.New("want a timeout, got " + errString(err))
+		}
+		// Replayed after a suspension: the stored error is still a timeout.
+		if err := workflow.Sleep(wctx, "nap", time.Millisecond); err != nil {
+			return 0, err
+		}
+		return 1, nil
+	})
+	b.start()
+	h, _ := workflow.Start(context.Background(), b.pool, wf, 0, nil)
+	if out, err := result[int](t, b.pool, h.ID); err != nil || out != 1 {
+		t.Fatalf("%v %v", out, err)
+	}
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("the step ran %d times, want 2 attempts", n)
+	}
+	run, err := workflow.Get(context.Background(), b.pool, h.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := run.Steps[0]; s.State != "failed" || s.Attempts != 2 || s.Output != nil {
+		t.Fatalf("step: state %s, %d attempts, output %s; want failed, 2, none", s.State, s.Attempts, s.Output)
+	}
+}
+
+// A timed-out attempt's late result is discarded: the retry's output is
+// the step's, and a StepTx's timed-out transaction never commits, even
+// once its function returns.
+func TestStepTimeoutDiscardsTheLateResult(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	if _, err := b.pool.Exec(ctx, `CREATE TABLE effects (k text PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	var stepCalls, txCalls atomic.Int32
+	opts := &workflow.StepOpts{MaxAttempts: 2, Retry: noDelay, Timeout: 100 * time.Millisecond}
+	wf := workflow.MustRegister(b.reg, "late-results", func(wctx workflow.Context, _ int) (int, error) {
+		a, err := workflow.Step(wctx, "step", func(ctx context.Context) (int, error) {
+			if stepCalls.Add(1) == 1 {
+				<-release // ignores ctx, returns after the retry
+				return 99, nil
+			}
+			return 1, nil
+		}, opts)
+		if err != nil {
+			return 0, err
+		}
+		c, err := workflow.StepTx(wctx, "tx", func(ctx context.Context, tx pgx.Tx) (int, error) {
+			n := txCalls.Add(1)
+			if _, err := tx.Exec(context.Background(), `INSERT INTO effects (k) VALUES ($1)`, map[int32]string{1: "late", 2: "retry"}[n]); err != nil {
+				return 0, err
+			}
+			if n == 1 {
+				<-release // ignores ctx, its transaction open
+				return 99, nil
+			}
+			return 10, nil
+		}, opts)
+		return a + c, err
+	})
+	b.start()
+	h, _ := workflow.Start(ctx, b.pool, wf, 0, nil)
+	out, err := result[int](t, b.pool, h.ID)
+	close(release) // the timed-out attempts return now
+	if err != nil || out != 11 {
+		t.Fatalf("want the retries' outputs (11), got %v %v", out, err)
+	}
+	// The late transaction ends once its function returns: this insert
+	// waits for it, and succeeds only if it rolled back.
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := b.pool.Exec(wctx, `INSERT INTO effects (k) VALUES ('late')`); err != nil {
+		t.Fatalf("the timed-out StepTx's write committed (or never ended): %v", err)
+	}
+	if n := b.count(`SELECT count(*) FROM effects WHERE k = 'retry'`); n != 1 {
+		t.Fatalf("the retried StepTx's row exists %d times", n)
+	}
+	run, err := workflow.Get(ctx, b.pool, h.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range run.Steps {
+		if s.State != "completed" || s.Attempts != 2 {
+			t.Fatalf("step %s: %s after %d attempts, want completed after 2", s.Key, s.State, s.Attempts)
+		}
+	}
+	if string(run.Steps[0].Output) != "1" || string(run.Steps[1].Output) != "10" {
+		t.Fatalf("outputs %s and %s, want the retries' 1 and 10", run.Steps[0].Output, run.Steps[1].Output)
+	}
+}
+
+// A step started by Go that ignores its context: Get returns at the
+// timeout.
+func TestStepTimeoutOfGo(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	release := blockedUntil(t)
+	wf := workflow.MustRegister(b.reg, "go-timeout", func(wctx workflow.Context, _ int) (bool, error) {
+		f := workflow.Go(wctx, "slow", func(ctx context.Context) (int, error) {
+			<-release
+			return 7, nil
+		}, &workflow.StepOpts{MaxAttempts: 1, Timeout: 100 * time.Millisecond})
+		_, err := f.Get(wctx)
+		return errors.Is(err, workflow.ErrStepTimeout), nil
+	})
+	b.start()
+	h, _ := workflow.Start(context.Background(), b.pool, wf, 0, nil)
+	if out, err := result[bool](t, b.pool, h.ID); err != nil || !out {
+		t.Fatalf("want ErrStepTimeout, got %v %v", out, err)
+	}
+}
