@@ -882,7 +882,8 @@ CREATE TABLE public.relay_workflow_runs (
     executions integer DEFAULT 0 NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     started_at timestamp with time zone,
-    finished_at timestamp with time zone
+    finished_at timestamp with time zone,
+    retry_from integer
 )
 WITH (fillfactor='70');
 
@@ -924,7 +925,8 @@ CREATE TABLE public.relay_workflow_steps (
     child_id text,
     started_at timestamp with time zone DEFAULT now() NOT NULL,
     finished_at timestamp with time zone,
-    attempt_log jsonb DEFAULT '[]'::jsonb NOT NULL
+    attempt_log jsonb DEFAULT '[]'::jsonb NOT NULL,
+    error_info jsonb
 );
 
 -- Name: relay_migration_locks id; Type: DEFAULT; Schema: public
