@@ -1,6 +1,7 @@
 package core
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -126,6 +127,9 @@ func (cf *Config) validate() error {
 		return fmt.Errorf("core: new client: FetchLimit %d or Retention.BatchSize %d is above %d", cf.FetchLimit, cf.Retention.BatchSize, math.MaxInt32)
 	}
 	for name, qc := range cf.Queues {
+		if name == "" {
+			return errors.New("core: new client: a queue name is empty")
+		}
 		if err := validateName("queue", name, 128); err != nil {
 			return fmt.Errorf("core: new client: queue %q: %w", name, err)
 		}
