@@ -2,6 +2,7 @@ package workflow_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -61,4 +62,33 @@ func ExampleRegister() {
 	workflow.Signal(ctx, pool, h.ID, "confirmed", true)
 	receipt, err := h.Result(ctx, pool)
 	fmt.Println(receipt, err)
+}
+
+// ErrCardDeclined is a sentinel a payment workflow branches on.
+var ErrCardDeclined = errors.New("payments: card declined")
+
+// A workflow that branches on a step's error: the error is declared, so
+// errors.Is answers the same on the execution that ran the step and on
+// every replay of it.
+func ExampleRegistry_DeclareError() {
+	reg := workflow.NewRegistry(nil, nil)
+	if err := reg.DeclareError("card_declined", ErrCardDeclined); err != nil {
+		panic(err) // a code or sentinel declared twice
+	}
+	workflow.MustRegister(reg, "checkout", func(wctx workflow.Context, o Order) (string, error) {
+		_, err := workflow.Step(wctx, "charge", func(ctx context.Context) (int, error) {
+			return 0, core.Permanent(fmt.Errorf("gateway: %w", ErrCardDeclined)) // as a payment API client would
+		}, nil)
+		if errors.Is(err, ErrCardDeclined) {
+			return "ask for another card", nil
+		}
+		// A *workflow.Error carries a type and details the workflow reads.
+		var app *workflow.Error
+		if errors.As(err, &app) && app.Type == "fraud_suspected" {
+			return "review " + string(app.Details), nil
+		}
+		return "paid", err
+	})
+	fmt.Println(reg.Registered("checkout"))
+	// Output: true
 }
