@@ -4,7 +4,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/relayq/relay/outbox"
+	"github.com/relayq/relay/workflow"
 )
 
 // TestUndecodableOutboxRowsShowInTheAPI: an event the dispatcher set aside
@@ -66,4 +69,28 @@ func TestUndecodableOutboxRowsShowInTheAPI(t *testing.T) {
 	if n := b.count(`SELECT count(*) FROM relay_outbox WHERE failed_at IS NULL AND dispatch_error IS NULL AND jobs = 2`); n != 2 {
 		t.Fatalf("%d events dispatched clean with 2 jobs; want 2", n)
 	}
+}
+
+// TestUndecodableRunInputShowsInTheAPI: a run whose stored input does not
+// decode into its workflow's input type (written behind Start) is failed
+// alone, and the API shows the decode error on the run; a run started
+// beside it completes.
+func TestUndecodableRunInputShowsInTheAPI(t *testing.T) {
+	t.Parallel()
+	b := setupWorkflows(t)
+	if err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+		if _, err := workflow.Start(b.ctx, tx, b.greet, "ada", &workflow.StartOpts{ID: "bad-input"}); err != nil {
+			return err
+		}
+		_, err := tx.Exec(b.ctx, `UPDATE relay_workflow_runs SET input = '{"x": 1}' WHERE id = 'bad-input'`)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	start(b, b.greet, "good", "bob")
+	run := b.waitRun("bad-input", "failed")
+	if msg, _ := run["error"].(string); !strings.Contains(msg, "decode input") || !strings.Contains(msg, "bad-input") {
+		t.Fatalf("run: %s", mustJSON(run))
+	}
+	b.waitRun("good", "completed")
 }
