@@ -248,4 +248,30 @@ func (p *proofProducer) lostEnqueues(ctx context.Context, pool *pgxpool.Pool) (i
 	return lost, err
 }
 
+// sinkCalls is the workflow proof's sink record under --failover: in the
+// prover's memory, where no failover can lose it.
+type sinkCalls struct {
+	mu                sync.Mutex
+	runs, kinds, toks []string
+	ats               []time.Time
+}
+
+func (s *sinkCalls) add(run, kind, token string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.runs, s.kinds, s.toks, s.ats = append(s.runs, run), append(s.kinds, kind), append(s.toks, token), append(s.ats, time.Now())
+}
+
+// store replaces the sink's table with the record, for the audit.
+func (s *sinkCalls) store(ctx context.Context, pool *pgxpool.Pool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return retryDB(ctx, "store the sink's record", func(ctx context.Context) error {
+		_, err := pool.Exec(ctx, `WITH gone AS (DELETE FROM prove_wf_sink)
+			INSERT INTO prove_wf_sink (run_id, kind, token, at) SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[])`,
+			s.runs, s.kinds, s.toks, s.ats)
+		return err
+	})
+}
+
 var errFailoverNeedsCluster = errors.New("prove: --failover needs the throwaway clusters (omit --database-url)")

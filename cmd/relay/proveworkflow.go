@@ -37,6 +37,9 @@ type proveWFConfig struct {
 	failEvery   int
 	earlyEvery  int
 	stallBound  time.Duration
+	failover    bool
+	replication string
+	lag         time.Duration
 	timeout     time.Duration
 	keep        bool
 }
@@ -61,6 +64,9 @@ func runProveWorkflow(ctx context.Context, args []string) error {
 	fs.IntVar(&c.failEvery, "fail-every", 10, "one run in this many fails in report and is compensated (0: none)")
 	fs.IntVar(&c.earlyEvery, "early-signal-every", 4, "one run in this many gets its signal before it waits (0: none)")
 	fs.DurationVar(&c.stallBound, "stall-bound", 90*time.Second, "runs not finished this long after the last fault count as stalled")
+	fs.BoolVar(&c.failover, "failover", false, "run on a primary and a streaming standby (throwaway clusters, one multi-host URL), and mid-run stop the primary (-m immediate) and promote the standby")
+	fs.StringVar(&c.replication, "replication", "sync", "with --failover: the standby's replication, sync or async")
+	fs.DurationVar(&c.lag, "replication-lag", 0, "with --failover: cut the standby's link to the primary this long before the primary is stopped (a standby behind)")
 	fs.DurationVar(&c.timeout, "timeout", 15*time.Minute, "give up after this long")
 	fs.BoolVar(&c.keep, "keep", false, "keep the proof's schema afterwards")
 	if err := parseFlags(fs, args); err != nil {
@@ -71,7 +77,14 @@ func runProveWorkflow(ctx context.Context, args []string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
-	db, err := openProofDB(ctx, c.url, c.keep)
+	replication := ""
+	if c.failover {
+		if c.url != "" {
+			return errFailoverNeedsCluster
+		}
+		replication = c.replication
+	}
+	db, err := openProofDBWith(ctx, c.url, c.keep, replication)
 	if err != nil {
 		return fmt.Errorf("prove workflow: %w", err)
 	}
@@ -88,10 +101,19 @@ func runProveWorkflow(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	// With --failover the sink's record is kept in memory (a failover
+	// with asynchronous replication could lose rows of it) and written to
+	// its table for the audit.
+	var calls sinkCalls
 	sink := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		run, kind, token := r.URL.Query().Get("run"), r.URL.Query().Get("kind"), r.Header.Get("Idempotency-Key")
 		if run == "" || kind == "" || token == "" {
 			http.Error(w, "run, kind and Idempotency-Key required", http.StatusBadRequest)
+			return
+		}
+		if c.failover {
+			calls.add(run, kind, token)
+			fmt.Fprint(w, "accepted")
 			return
 		}
 		if _, err := pool.Exec(r.Context(), `INSERT INTO prove_wf_sink (run_id, kind, token) VALUES ($1, $2, $3)`, run, kind, token); err != nil {
@@ -149,19 +171,25 @@ func runProveWorkflow(ctx context.Context, args []string) error {
 			return err
 		}
 	}
-	kills, pauses, err := superviseWorkflowProof(ctx, pool, fleet, c)
+	clock := &failoverClock{}
+	kills, pauses, err := superviseWorkflowProof(ctx, pool, fleet, c, db, clock)
 	if err != nil {
 		return err
 	}
 	fleet.stopAll()
 	elapsed := time.Since(start)
+	if c.failover {
+		if err := calls.store(ctx, pool); err != nil {
+			return err
+		}
+	}
 
 	res := map[string]int64{}
 	for _, name := range []string{"runs", "completed", "compensated", "lost", "stalled", "duplicate_tx_effects", "forked_runs",
 		"late_checkpoints_refused", "order_violations", "sends_with_two_tokens", "sink_calls", "executions", "early_signals"} {
 		var n int64
-		if err := pool.QueryRow(ctx, queries[name]).Scan(&n); err != nil {
-			return fmt.Errorf("prove workflow: audit %s: %w", name, err)
+		if err := retryDB(ctx, "workflow audit "+name, func(ctx context.Context) error { return pool.QueryRow(ctx, queries[name]).Scan(&n) }); err != nil {
+			return err
 		}
 		res[name] = n
 	}
@@ -170,11 +198,21 @@ func runProveWorkflow(ctx context.Context, args []string) error {
 	}
 	fmt.Printf("prove: %d executions; %d sink calls (%d sends reached the sink with two tokens); %d signals sent before their run waited\n",
 		res["executions"], res["sink_calls"], res["sends_with_two_tokens"], res["early_signals"])
-	fmt.Printf("proof: workflow runs=%d completed=%d compensated=%d lost=%d stalled=%d duplicate_tx_effects=%d forked_runs=%d late_checkpoints_refused=%d order_violations=%d kills=%d pauses=%d elapsed=%s\n",
+	failoverFields := ""
+	if c.failover {
+		failoverFields = fmt.Sprintf(" replication=%s sends_with_two_tokens=%d %s", c.replication, res["sends_with_two_tokens"], clock.summary())
+	}
+	fmt.Printf("proof: workflow runs=%d completed=%d compensated=%d lost=%d stalled=%d duplicate_tx_effects=%d forked_runs=%d late_checkpoints_refused=%d order_violations=%d kills=%d pauses=%d%s elapsed=%s\n",
 		res["runs"], res["completed"], res["compensated"], res["lost"], res["stalled"], res["duplicate_tx_effects"], res["forked_runs"],
-		res["late_checkpoints_refused"], res["order_violations"], kills, pauses, elapsed.Round(time.Millisecond))
+		res["late_checkpoints_refused"], res["order_violations"], kills, pauses, failoverFields, elapsed.Round(time.Millisecond))
+	// Asynchronous replication can lose an outside call's stored token (the
+	// call is made again with a new one): reported, not a failure.
+	twoTokens := res["sends_with_two_tokens"]
+	if c.failover && c.replication == "async" {
+		twoTokens = 0
+	}
 	if res["runs"] != int64(c.runs) || res["lost"] != 0 || res["stalled"] != 0 || res["duplicate_tx_effects"] != 0 || res["forked_runs"] != 0 ||
-		res["order_violations"] != 0 || res["sends_with_two_tokens"] != 0 {
+		res["order_violations"] != 0 || twoTokens != 0 {
 		return errors.New("prove workflow: the audit failed")
 	}
 	return nil
@@ -220,8 +258,11 @@ func proveWFQueries() map[string]string {
 // progress, fires the faults at evenly spaced points of the first 60% of
 // the effects, and returns once every run is final, or stallBound after the
 // last fault.
-func superviseWorkflowProof(ctx context.Context, pool *pgxpool.Pool, fleet *workerFleet, c proveWFConfig) (kills, pauses int, err error) {
+func superviseWorkflowProof(ctx context.Context, pool *pgxpool.Pool, fleet *workerFleet, c proveWFConfig, db *proofDB, clock *failoverClock) (kills, pauses int, err error) {
 	var faults []string
+	if c.failover {
+		faults = append(faults, "failover")
+	}
 	for range c.kills {
 		faults = append(faults, "kill")
 	}
@@ -236,27 +277,48 @@ func superviseWorkflowProof(ctx context.Context, pool *pgxpool.Pool, fleet *work
 		faultsDone = time.Now()
 	}
 	lastPrint := time.Time{}
+	// dbErr gives up on a failed read or write of the loop, unless a
+	// failover may be under way: then the loop tries again.
+	dbErr := func(err error) error {
+		if !c.failover || ctx.Err() != nil {
+			return err
+		}
+		time.Sleep(200 * time.Millisecond)
+		return nil
+	}
 	for {
 		// Answer the runs that asked for their approval.
 		rows, err := pool.Query(ctx, `SELECT DISTINCT a.run_id FROM prove_wf_asks a
 			WHERE NOT EXISTS (SELECT 1 FROM prove_wf_signals s WHERE s.run_id = a.run_id)`)
 		if err != nil {
-			return kills, pauses, fmt.Errorf("prove workflow: %w", err)
+			if err := dbErr(err); err != nil {
+				return kills, pauses, fmt.Errorf("prove workflow: %w", err)
+			}
+			continue
 		}
 		asks, err := pgx.CollectRows(rows, pgx.RowTo[string])
 		if err != nil {
-			return kills, pauses, fmt.Errorf("prove workflow: %w", err)
+			if err := dbErr(err); err != nil {
+				return kills, pauses, fmt.Errorf("prove workflow: %w", err)
+			}
+			continue
 		}
 		for _, run := range asks {
 			if err := proveSignal(ctx, pool, run, false); err != nil {
-				return kills, pauses, err
+				if err := dbErr(err); err != nil {
+					return kills, pauses, err
+				}
 			}
 		}
 		var done int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM relay_workflow_runs WHERE workflow = 'prove.payment'
 			AND state IN ('completed', 'failed', 'compensated', 'cancelled')`).Scan(&done); err != nil {
-			return kills, pauses, fmt.Errorf("prove workflow: %w", err)
+			if err := dbErr(err); err != nil {
+				return kills, pauses, fmt.Errorf("prove workflow: %w", err)
+			}
+			continue
 		}
+		clock.observe(done)
 		if time.Since(lastPrint) > time.Second || done == c.runs {
 			fmt.Printf("prove: done %d/%d  kills %d/%d  pauses %d/%d  restarts %d\n", done, c.runs, kills, c.kills, pauses, c.pauses, fleet.restarts())
 			lastPrint = time.Now()
@@ -281,7 +343,10 @@ func superviseWorkflowProof(ctx context.Context, pool *pgxpool.Pool, fleet *work
 		// of the first 60% of all the effects expected.
 		var effects int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM prove_wf_effects`).Scan(&effects); err != nil {
-			return kills, pauses, fmt.Errorf("prove workflow: %w", err)
+			if err := dbErr(err); err != nil {
+				return kills, pauses, fmt.Errorf("prove workflow: %w", err)
+			}
+			continue
 		}
 		expected := (c.runs-failing(c))*4 + failing(c)*3
 		if next < len(faults) && effects >= (next+1)*expected*6/10/(len(faults)+1) {
@@ -291,6 +356,10 @@ func superviseWorkflowProof(ctx context.Context, pool *pgxpool.Pool, fleet *work
 					return kills, pauses, err
 				}
 				kills++
+			case "failover":
+				if err := failover(ctx, db, clock, c.lag); err != nil {
+					return kills, pauses, err
+				}
 			case "pause":
 				pauses++
 				pausing.Add(1)
