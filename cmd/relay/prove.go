@@ -492,8 +492,14 @@ func superviseProof(ctx context.Context, pool *pgxpool.Pool, fleet *workerFleet,
 			return nil
 		}
 		// Fault i fires when progress passes (i+1)/(faults+1) of the first
-		// 60% of the jobs, leaving the rest of the run to recover.
-		if next < len(faults) && done >= (next+1)*c.jobs*6/10/(len(faults)+1) {
+		// 60% of the jobs, leaving the rest of the run to recover. With a
+		// producer, progress is the jobs enqueued: a failover must come
+		// while enqueues are committing, however far behind the workers are.
+		progress := done
+		if producer != nil {
+			progress = producer.ackedCount()
+		}
+		if next < len(faults) && progress >= (next+1)*c.jobs*6/10/(len(faults)+1) {
 			switch faults[next] {
 			case "kill":
 				if err := fleet.kill(func(id string) error { return recordKill(ctx, pool, id) }); err != nil {

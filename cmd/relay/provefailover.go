@@ -222,6 +222,13 @@ func produceProofJobs(ctx context.Context, pool *pgxpool.Pool, c proveConfig) *p
 	return p
 }
 
+// ackedCount is how many enqueues were acknowledged so far.
+func (p *proofProducer) ackedCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.acked)
+}
+
 // finished says whether every job was enqueued; it returns the producer's
 // error if it gave up.
 func (p *proofProducer) finished() (bool, error) {
