@@ -72,6 +72,16 @@ type Config struct {
 	// DashboardLogin, when set, lets the dashboard exchange one-time login
 	// codes for tokens (relay serve's login link on loopback).
 	DashboardLogin *ui.OneTimeLogin
+	// ReadPool, when set, serves the reads that may lag behind the primary:
+	// lists, counts and charts (jobs, workflows and their children,
+	// queues, schedules and their fires, the outbox and its blocked keys,
+	// the audit log). It is meant for a streaming replica of the primary.
+	// Every change, everything a change reads, and every read of one
+	// object by its id or name (a job, a run, an idempotency key: what a
+	// page shows again after a change) stay on the pool given to Handler,
+	// so they see the changes just made. GET /v1/replica reports how far
+	// the replica is behind. Default: every read on the primary's pool.
+	ReadPool *pgxpool.Pool
 }
 
 // Version is the API's version in its OpenAPI document.
@@ -83,6 +93,7 @@ const maxBodyBytes = 64 << 10
 // server holds what every handler needs.
 type server struct {
 	pool     *pgxpool.Pool
+	read     *pgxpool.Pool // ReadPool, or pool
 	cfg      Config
 	log      *slog.Logger
 	verifier *verifier
@@ -114,7 +125,7 @@ func newAPI(pool *pgxpool.Pool, cfg *Config) (http.Handler, huma.API, error) {
 	c.BulkTimeBudget = cmp.Or(c.BulkTimeBudget, 20*time.Second)
 	c.RequestTimeout = cmp.Or(c.RequestTimeout, 60*time.Second)
 	c.LockTimeout = cmp.Or(c.LockTimeout, 2*time.Second)
-	s := &server{pool: pool, cfg: c, log: cmp.Or(c.Logger, slog.Default())}
+	s := &server{pool: pool, read: cmp.Or(c.ReadPool, pool), cfg: c, log: cmp.Or(c.Logger, slog.Default())}
 	switch {
 	case c.Auth != nil && c.NoAuth:
 		return nil, nil, errors.New("admin: both Auth and NoAuth set")
@@ -155,6 +166,7 @@ func newAPI(pool *pgxpool.Pool, cfg *Config) (http.Handler, huma.API, error) {
 	s.registerAudit(api)
 	s.registerWhoami(api)
 	s.registerWorkflows(api)
+	s.registerReplica(api)
 	mountUI(mux, &ui.Options{Login: c.DashboardLogin})
 	return problemRouter{mux: mux}, api, nil
 }

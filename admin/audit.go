@@ -85,7 +85,7 @@ func (s *server) registerAudit(api huma.API) {
 			}
 			out := &listAuditOutput{}
 			out.Body.Items = []AuditEntry{}
-			rows, err := s.pool.Query(ctx, sqlListAudit, in.Subject, in.Action, idBelow(c), in.Limit+1)
+			rows, err := s.read.Query(ctx, sqlListAudit, in.Subject, in.Action, idBelow(c), in.Limit+1)
 			if err != nil {
 				return nil, s.internalError("list audit", err)
 			}

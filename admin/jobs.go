@@ -293,7 +293,7 @@ func (s *server) listJobs(ctx context.Context, in *listJobsInput) (*listJobsOutp
 	} else {
 		sql, args = sqlListJobsByID(f, c, in.Limit+1)
 	}
-	rows, err := s.pool.Query(ctx, sql, args...)
+	rows, err := s.read.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, s.internalError("list jobs", err)
 	}

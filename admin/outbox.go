@@ -112,7 +112,7 @@ func (s *server) registerOutbox(api huma.API) {
 			if err != nil {
 				return nil, err
 			}
-			rows, err := s.pool.Query(ctx, sqlListOutbox, in.State, in.Topic, in.Key, idBelow(c), in.Limit+1)
+			rows, err := s.read.Query(ctx, sqlListOutbox, in.State, in.Topic, in.Key, idBelow(c), in.Limit+1)
 			if err != nil {
 				return nil, s.internalError("list outbox events", err)
 			}
@@ -145,7 +145,7 @@ func (s *server) registerOutbox(api huma.API) {
 		})
 	huma.Register(api, op("list-outbox-subscriptions", http.MethodGet, "/v1/outbox/subscriptions", "List outbox subscriptions", "outbox"),
 		func(ctx context.Context, _ *struct{}) (*subscriptionsOutput, error) {
-			subs, err := outbox.ListSubscriptions(ctx, s.pool)
+			subs, err := outbox.ListSubscriptions(ctx, s.read)
 			if err != nil {
 				return nil, s.internalError("list outbox subscriptions", err)
 			}
@@ -160,7 +160,7 @@ func (s *server) registerOutbox(api huma.API) {
 		})
 	huma.Register(api, op("list-blocked-keys", http.MethodGet, "/v1/outbox/blocked-keys", "List ordering keys blocked by a dead head job", "outbox"),
 		func(ctx context.Context, in *blockedKeysInput) (*blockedKeysOutput, error) {
-			keys, err := core.BlockedKeys(ctx, s.pool, in.Queue, in.Limit)
+			keys, err := core.BlockedKeys(ctx, s.read, in.Queue, in.Limit)
 			if err != nil {
 				return nil, s.internalError("list blocked keys", err)
 			}
@@ -168,7 +168,7 @@ func (s *server) registerOutbox(api huma.API) {
 			out.Body.Items = []BlockedKey{}
 			for _, k := range keys {
 				bk := BlockedKey{Queue: k.Queue, Key: k.Key, Waiting: k.Waiting, Head: Job{ID: k.JobID}}
-				if row, err := core.JobGet(ctx, s.pool, k.JobID); err == nil {
+				if row, err := core.JobGet(ctx, s.read, k.JobID); err == nil {
 					bk.Head = jobFromRow(row)
 				} else if !errors.Is(err, core.ErrNotFound) {
 					return nil, s.internalError("list blocked keys", err)

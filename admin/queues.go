@@ -135,9 +135,14 @@ func b2i(b bool) int64 {
 	return 0
 }
 
-// queues reads the stats of every queue, or of one.
+// queues reads the stats of every queue (on the read pool), or of one (on
+// the primary: its page shows it again after a pause or a resume).
 func (s *server) queues(ctx context.Context, window int, name string) ([]Queue, error) {
-	rows, err := s.pool.Query(ctx, sqlQueueStats, window, name)
+	db := s.read
+	if name != "" {
+		db = s.pool
+	}
+	rows, err := db.Query(ctx, sqlQueueStats, window, name)
 	if err != nil {
 		return nil, err
 	}
@@ -157,7 +162,7 @@ func (s *server) queues(ctx context.Context, window int, name string) ([]Queue, 
 	for i := range out {
 		byName[out[i].Name] = &out[i]
 	}
-	rows, err = s.pool.Query(ctx, sqlQueueMinutes, window, name)
+	rows, err = db.Query(ctx, sqlQueueMinutes, window, name)
 	if err != nil {
 		return nil, err
 	}

@@ -149,9 +149,14 @@ func (s *server) registerSchedules(api huma.API) {
 	}
 }
 
-// schedules reads every schedule (or the one named) with its fires.
+// schedules reads every schedule (on the read pool) or the one named (on
+// the primary: its page shows it again after a change) with its fires.
 func (s *server) schedules(ctx context.Context, name string, next, last int) ([]Schedule, error) {
-	infos, err := scheduler.List(ctx, s.pool)
+	db := s.read
+	if name != "" {
+		db = s.pool
+	}
+	infos, err := scheduler.List(ctx, db)
 	if err != nil {
 		return nil, err
 	}
@@ -174,7 +179,7 @@ func (s *server) schedules(ctx context.Context, name string, next, last int) ([]
 			}
 		}
 		if last > 0 {
-			rows, err := s.pool.Query(ctx, sqlScheduleFires, in.Name, last)
+			rows, err := db.Query(ctx, sqlScheduleFires, in.Name, last)
 			if err != nil {
 				return nil, err
 			}

@@ -182,7 +182,7 @@ func (s *server) registerWorkflows(api huma.API) {
 			for state, n := range map[string]*int64{"failed": &out.Body.Failed, "compensating": &out.Body.Compensating,
 				"running": &out.Body.Running, "pending": &out.Body.Pending} {
 				sql, args := sqlCountRunsOfState(state)
-				if err := s.pool.QueryRow(ctx, sql, append(args, statsCap)...).Scan(n); err != nil {
+				if err := s.read.QueryRow(ctx, sql, append(args, statsCap)...).Scan(n); err != nil {
 					return nil, s.internalError("workflow stats", err)
 				}
 			}
@@ -264,7 +264,7 @@ func (s *server) listRuns(ctx context.Context, in *listRunsInput) (*listRunsOutp
 	}
 	f := runFilter{Workflow: in.Workflow, State: in.State, CreatedAfter: timePtr(in.CreatedAfter), CreatedBefore: timePtr(in.CreatedBefore)}
 	sql, args := sqlListRuns(f, c, in.Limit+1)
-	rows, err := s.pool.Query(ctx, sql, args...)
+	rows, err := s.read.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, s.internalError("list workflow runs", err)
 	}
@@ -332,7 +332,7 @@ func (s *server) getRun(ctx context.Context, in *runIDInput) (*runOutput, error)
 		}
 		d.Steps = append(d.Steps, ws)
 	}
-	rows, err := s.pool.Query(ctx, sqlChildRuns, in.ID, 1000)
+	rows, err := s.read.Query(ctx, sqlChildRuns, in.ID, 1000)
 	if err != nil {
 		return nil, s.internalError("get workflow run", err)
 	}

@@ -25,6 +25,7 @@ import (
 func runServe(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	url := fs.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL")
+	readURL := fs.String("read-database-url", os.Getenv("RELAY_READ_DATABASE_URL"), "PostgreSQL URL of a streaming replica for the admin API's lists, counts and charts (changes and reads of one object stay on --database-url)")
 	listen := fs.String("listen", "127.0.0.1:8080", "address to listen on")
 	issuer := fs.String("issuer", defaultIssuer, "required iss claim of tokens")
 	audience := fs.String("audience", defaultAudience, "required aud claim of tokens")
@@ -74,6 +75,14 @@ func runServe(ctx context.Context, args []string) error {
 		return fmt.Errorf("serve: %w", err)
 	}
 	defer pool.Close()
+	if *readURL != "" {
+		read, err := pgxpool.New(ctx, *readURL)
+		if err != nil {
+			return fmt.Errorf("serve: --read-database-url: %w", err)
+		}
+		defer read.Close()
+		cfg.ReadPool = read
+	}
 	api, err := admin.Handler(pool, cfg)
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)

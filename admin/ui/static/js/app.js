@@ -69,6 +69,33 @@ function setNav(section) {
   const mode = document.getElementById('who-mode');
   mode.textContent = canWrite() ? 'read + write' : 'read only';
   mode.title = who.scopes.join(' ');
+  showReplica();
+}
+
+// showReplica shows, when lists come from a read replica (relay serve
+// --read-database-url), how far it is behind the primary.
+async function showReplica() {
+  const b = document.getElementById('replica');
+  let r;
+  try {
+    r = await api('GET', 'v1/replica');
+  } catch (e) {
+    b.hidden = false;
+    b.textContent = 'replica: unreachable';
+    b.title = e.message || String(e);
+    return;
+  }
+  b.hidden = !r.configured;
+  if (!r.configured) return;
+  if (!r.in_recovery) {
+    b.textContent = 'replica: not a standby';
+    b.title = 'The read pool\'s server is not replaying a primary\'s WAL.';
+    return;
+  }
+  const kb = r.lag_bytes / 1024;
+  b.textContent = r.lag_bytes === 0 ? 'replica lag 0 s' : `replica lag ${r.lag_seconds.toFixed(1)} s`;
+  b.title = `Lists, counts and charts come from a read replica, ${kb.toFixed(1)} kB of WAL behind the primary; ` +
+    'a job, run or key opened by its id, and every change, come from the primary.';
 }
 
 export const canWrite = () => !!who && who.scopes.includes('relay:write');
