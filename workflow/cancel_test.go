@@ -131,6 +131,15 @@ func TestCancelDuringAStepIsNeverLost(t *testing.T) {
 					t.Fatal("Cancel did not return")
 				}
 			}
+			if !returned && errors.Is(cerr, workflow.ErrRunFinished) && strings.Contains(cerr.Error(), "completed") {
+				// Cancel waited for the step, and the rest of the run (its
+				// completion included) committed before Cancel's turn came:
+				// it says so, and the output stands.
+				if out, err := result[string](t, b.pool, h.ID); err != nil || out != "s0s1s2" {
+					t.Fatalf("Cancel said the run completed; it ended with %q, %v", out, err)
+				}
+				return
+			}
 			if cerr != nil {
 				t.Fatal(cerr)
 			}

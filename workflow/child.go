@@ -30,6 +30,7 @@ type Future[Out any] struct {
 	// RunID is the child run's id: "<parent id>/<key>" (with the parent's
 	// generation after a ContinueAsNew).
 	RunID string
+	err   error // Child was refused (enter): Get returns it
 }
 
 // Child starts a run of wf with input in as a child of this run, under
@@ -52,6 +53,9 @@ type Future[Out any] struct {
 // matching ErrIDInUse (on this execution and every replay).
 func Child[In, Out any](wctx Context, key string, wf *Workflow[In, Out], in In, opts *ChildOpts) *Future[Out] {
 	x := wctx.x
+	if err := x.enter("Child"); err != nil {
+		return &Future[Out]{x: x, pos: -1, err: err}
+	}
 	x.userKey("child", key)
 	pos, h := x.next("child", key)
 	if h != nil {
@@ -112,6 +116,12 @@ func Child[In, Out any](wctx Context, key string, wf *Workflow[In, Out], in In, 
 func (f *Future[Out]) Get(wctx Context) (Out, error) {
 	x := f.x
 	var zero Out
+	if err := x.enter("Future.Get"); err != nil {
+		return zero, err
+	}
+	if f.err != nil {
+		return zero, f.err
+	}
 	h := x.hist[f.pos]
 	decode := func(s *stepRow) (Out, error) {
 		if s.errMsg != "" {

@@ -11,8 +11,12 @@ import (
 
 // record returns the value checkpointed at key, or computes it with fn and
 // checkpoints it: a value made once per run and replayed after.
-func record[T any](wctx Context, kind, key string, fn func() T) T {
+func record[T any](wctx Context, primitive, kind, key string, fn func() T) T {
 	x := wctx.x
+	if x.enter(primitive) != nil {
+		var zero T
+		return zero // the run fails (enter)
+	}
 	x.userKey(kind, key)
 	pos, h := x.next(kind, key)
 	if h != nil && h.state == stepCompleted {
@@ -35,18 +39,18 @@ func record[T any](wctx Context, kind, key string, fn func() T) T {
 // Now returns the current time, recorded under key the first time and the
 // same on every replay: branch on Now, never on time.Now.
 func Now(wctx Context, key string) time.Time {
-	return record(wctx, "value", key, func() time.Time { return time.Now().UTC() })
+	return record(wctx, "Now", "value", key, func() time.Time { return time.Now().UTC() })
 }
 
 // Random returns a random uint64, recorded under key once and replayed.
 func Random(wctx Context, key string) uint64 {
-	return record(wctx, "value", key, rand.Uint64)
+	return record(wctx, "Random", "value", key, rand.Uint64)
 }
 
 // UUID returns a random UUID (v4), recorded under key once and replayed:
 // an idempotency key for an outside call made by a later step, say.
 func UUID(wctx Context, key string) uuid.UUID {
-	return record(wctx, "value", key, uuid.New)
+	return record(wctx, "UUID", "value", key, uuid.New)
 }
 
 // Patch lets new code take a new path while runs started on the old code
@@ -69,6 +73,9 @@ func UUID(wctx Context, key string) uuid.UUID {
 // only the first takes a position in history.
 func Patch(wctx Context, name string) bool {
 	x := wctx.x
+	if x.enter("Patch") != nil {
+		return false // the run fails (enter)
+	}
 	if v, seen := x.patches[name]; seen {
 		return v
 	}

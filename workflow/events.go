@@ -17,6 +17,9 @@ import (
 // skipped on replay, so a reader never sees a value go back in time.
 func SetEvent(wctx Context, key string, value any) error {
 	x := wctx.x
+	if err := x.enter("SetEvent"); err != nil {
+		return err
+	}
 	x.eventSeq[key]++
 	skey := fmt.Sprintf("event:%s#%d", key, x.eventSeq[key])
 	pos, h := x.next("event", skey)
@@ -66,6 +69,9 @@ func GetEvent[T any](ctx context.Context, db core.DB, id, key string) (value T, 
 // ends here.
 func ContinueAsNew(wctx Context, input any) error {
 	x := wctx.x
+	if err := x.enter("ContinueAsNew"); err != nil {
+		return err
+	}
 	x.checkCancel()
 	enc, err := encode("input of ContinueAsNew", input)
 	if err != nil {

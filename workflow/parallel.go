@@ -41,6 +41,9 @@ type goResult[T any] struct {
 // on which finished first.
 func Go[T any](wctx Context, key string, fn func(ctx context.Context) (T, error), opts *StepOpts) *StepFuture[T] {
 	x := wctx.x
+	if err := x.enter("Go"); err != nil {
+		return &StepFuture[T]{x: x, failed: err} // Get returns err
+	}
 	x.userKey("step", key)
 	p, out, err, done := planStep[T](x, "step", key, opts)
 	f := &StepFuture[T]{x: x, plan: p}
@@ -99,6 +102,10 @@ func Go[T any](wctx Context, key string, fn func(ctx context.Context) (T, error)
 // longer than the attempt's timeout: the attempt then fails with
 // ErrStepTimeout.
 func (f *StepFuture[T]) Get(wctx Context) (T, error) {
+	if err := f.x.enter("StepFuture.Get"); err != nil {
+		var zero T
+		return zero, err
+	}
 	switch {
 	case f.stored != nil:
 		return *f.stored, nil

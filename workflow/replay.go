@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -20,7 +21,9 @@ import (
 // the function's own calls; cancelled when the execution loses its lease)
 // and the run's replay state, which Step, Sleep, WaitSignal and the other
 // primitives of this package use. Pass it on; do not keep it beyond the
-// function's return, and do not use it from other goroutines.
+// function's return, and do not use it from other goroutines: a primitive
+// called from one is refused with ErrForeignGoroutine and fails the run
+// (Go runs steps in parallel).
 type Context struct {
 	context.Context
 	x *execution
@@ -122,6 +125,11 @@ type execution struct {
 	// execution ends.
 	goroutines sync.WaitGroup
 	cancels    []func()
+	// goroutine is the id of the goroutine executing the run: the only one
+	// its primitives may be called from (enter); misused is the first call
+	// from another.
+	goroutine uint64
+	misused   atomic.Pointer[misuse]
 }
 
 // unwind ends a workflow function early, carried by a panic from the
@@ -229,7 +237,8 @@ func (x *execution) load(ctx context.Context) error {
 // execute runs one execution of a run: the core job's handler.
 func (r *Registry) execute(ctx context.Context, job *core.Job[runArgs]) error {
 	r.stats.executions.Add(1)
-	x := &execution{r: r, job: job, runID: job.Args.RunID, keys: map[string]int{}, waitSeq: map[string]int{}, eventSeq: map[string]int{}, patches: map[string]bool{}}
+	x := &execution{r: r, job: job, runID: job.Args.RunID, keys: map[string]int{}, waitSeq: map[string]int{}, eventSeq: map[string]int{}, patches: map[string]bool{},
+		goroutine: goroutineID()}
 	if err := x.loadOrEager(ctx); err != nil {
 		if errors.Is(err, ErrRunNotFound) {
 			r.logger.Warn("relay: workflow run not found; its job ends", "run_id", x.runID, "job_id", job.ID)
@@ -308,6 +317,13 @@ func (x *execution) main() error {
 	out, err, u := x.call()
 	if u == nil {
 		u = x.unwinding // the function recovered our panic: it still ends here
+	}
+	if m := x.misused.Load(); m != nil && (u == nil || u.kind != unwindLost) {
+		// A primitive was called from another goroutine: whatever the
+		// function did after, the code is wrong; nothing of that call was
+		// recorded, and the run fails loudly rather than end on a history
+		// that misses what the code asked for.
+		return x.finish(StateFailed, nil, m.err.Error())
 	}
 	if u != nil {
 		return x.unwound(u, err)

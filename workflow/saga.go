@@ -23,6 +23,9 @@ type compensation struct {
 // unconditionally on the path that did the work.
 func Compensate(wctx Context, key string, fn func(ctx context.Context) error) {
 	x := wctx.x
+	if x.enter("Compensate") != nil {
+		return // the run fails (enter): nothing is registered
+	}
 	for _, c := range x.comps {
 		if c.key == key {
 			x.fatal(fmt.Errorf("%w: compensation %q registered twice in run %s", ErrDuplicateKey, key, x.runID))

@@ -78,6 +78,9 @@ func runMissing(ctx context.Context, ex dbx.Execer, id string) error {
 // distinct steps ("signal:<name>#<n>").
 func WaitSignal[T any](wctx Context, name string, timeout time.Duration) (payload T, ok bool, err error) {
 	x := wctx.x
+	if err := x.enter("WaitSignal"); err != nil {
+		return payload, false, err
+	}
 	x.waitSeq[name]++
 	key := fmt.Sprintf("signal:%s#%d", name, x.waitSeq[name])
 	pos, h := x.next("signal", key)

@@ -54,6 +54,10 @@ var defaultStepRetry = core.Backoff{Base: time.Second, Max: 5 * time.Minute}
 // key identifies the step in the run's history: unique within the run and
 // the same on every replay (see docs/workflow.md, determinism).
 func Step[T any](wctx Context, key string, fn func(ctx context.Context) (T, error), opts *StepOpts) (T, error) {
+	if err := wctx.x.enter("Step"); err != nil {
+		var zero T
+		return zero, err
+	}
 	wctx.x.userKey("step", key)
 	return step(wctx, key, fn, opts)
 }
@@ -84,6 +88,10 @@ func step[T any](wctx Context, key string, fn func(ctx context.Context) (T, erro
 // rolled back when fn returns, never committed.
 func StepTx[T any](wctx Context, key string, fn func(ctx context.Context, tx pgx.Tx) (T, error), opts *StepOpts) (T, error) {
 	x := wctx.x
+	if err := x.enter("StepTx"); err != nil {
+		var zero T
+		return zero, err
+	}
 	x.userKey("tx", key)
 	return runStep(wctx, "tx", key, opts, func(ctx context.Context, p stepPlan) (T, []byte, error, bool) {
 		if p.timeout > 0 {

@@ -11,11 +11,17 @@ import (
 // restarts and is not restarted by replays. Sleep(0) still suspends the
 // run once. The error is non-nil only if the run is being cancelled.
 func Sleep(wctx Context, key string, d time.Duration) error {
+	if err := wctx.x.enter("Sleep"); err != nil {
+		return err
+	}
 	return sleep(wctx, key, nil, d)
 }
 
 // SleepUntil is Sleep until the instant t.
 func SleepUntil(wctx Context, key string, t time.Time) error {
+	if err := wctx.x.enter("SleepUntil"); err != nil {
+		return err
+	}
 	return sleep(wctx, key, &t, 0)
 }
 

@@ -1,0 +1,69 @@
+package workflow
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync/atomic"
+)
+
+// ErrForeignGoroutine: a workflow primitive (Step, Sleep, Child, …) was
+// called from a goroutine other than the one executing the run. A run's
+// replay state belongs to that goroutine alone; Go runs steps in parallel.
+var ErrForeignGoroutine = errors.New("workflow: primitive called from a goroutine other than the run's")
+
+// misuse is a primitive's call from a foreign goroutine, kept for the
+// run's own goroutine to fail the run with.
+type misuse struct {
+	err    error
+	logged atomic.Bool
+}
+
+// enter guards the entry of every primitive, before it reads or changes
+// any of the execution's state. Called from a goroutine other than the
+// run's, it changes nothing and returns an error naming the primitive
+// (the primitive returns it, or a zero value where it returns no error),
+// and the run fails, without compensation, at its goroutine's next
+// primitive or when its function returns: nothing the foreign call did
+// reaches history. Called from the run's goroutine after such a call, it
+// fails the run then.
+func (x *execution) enter(primitive string) error {
+	if goroutineID() != x.goroutine {
+		err := fmt.Errorf("%w: %s called in run %s (use Go for parallel steps)", ErrForeignGoroutine, primitive, x.runID)
+		m := &misuse{err: err}
+		if !x.misused.CompareAndSwap(nil, m) {
+			m = x.misused.Load()
+		}
+		if m.logged.CompareAndSwap(false, true) {
+			x.r.logger.Error("relay: workflow primitive called from a goroutine other than the run's; the run fails",
+				"run_id", x.runID, "workflow", x.run.workflow, "primitive", primitive)
+		}
+		return err
+	}
+	if m := x.misused.Load(); m != nil {
+		x.fatal(m.err)
+	}
+	return nil
+}
+
+// goroutineID is the calling goroutine's id, read from the header of its
+// stack trace ("goroutine 18 [running]:"): Go has no other way to name a
+// goroutine. It formats one frame header, which is small next to what a
+// primitive costs (a checkpoint's round trip, or a replay's decode);
+// BenchmarkGoroutineID measures it.
+func goroutineID() uint64 {
+	var buf [64]byte
+	b := buf[:runtime.Stack(buf[:], false)]
+	const prefix = "goroutine "
+	if len(b) <= len(prefix) {
+		return 0
+	}
+	var id uint64
+	for _, c := range b[len(prefix):] {
+		if c < '0' || c > '9' {
+			break
+		}
+		id = id*10 + uint64(c-'0')
+	}
+	return id
+}
