@@ -3,6 +3,8 @@ package workflow_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -82,10 +84,21 @@ func (c *retryCase) run(t *testing.T, wf *workflow.Workflow[int, int], retries i
 		if i == retries {
 			c.check.Store(false)
 		}
-		if err := workflow.Retry(ctx, c.b.pool, h.ID); err != nil {
-			t.Fatal(err)
+		// Asked twice at once (in one transaction, so before the run can
+		// execute): the second is refused, and drops nothing more.
+		err := pgx.BeginFunc(ctx, c.b.pool, func(tx pgx.Tx) error {
+			if err := workflow.Retry(ctx, tx, h.ID); err != nil {
+				return err
+			}
+			if err := workflow.Retry(ctx, tx, h.ID); !errors.Is(err, workflow.ErrNotRetryable) {
+				return fmt.Errorf("the second retry: %v, want ErrNotRetryable", err)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("retry %d: %v", i, err)
 		}
-		_, err := result[int](t, c.b.pool, h.ID)
+		_, err = result[int](t, c.b.pool, h.ID)
 		if i < retries && !errors.Is(err, workflow.ErrRunFailed) {
 			t.Fatalf("retry %d: want the run failed again, got %v", i, err)
 		}
@@ -361,5 +374,51 @@ func TestRetryNeverDropsAStepTxAfterTheFailedStep(t *testing.T) {
 	}
 	if n := verify.Load(); n != 1 {
 		t.Fatalf("the failed step ran %d times, want once (kept before the StepTx)", n)
+	}
+}
+
+// A run that failed before the resume point was recorded resumes, after
+// the backfill migration, from its last failed step, as Retry used to
+// compute it, but never runs a completed StepTx again.
+func TestRetryOfARunFailedBeforeTheResumePointExisted(t *testing.T) {
+	t.Parallel()
+	c := newRetryCase(t)
+	var verify atomic.Int32
+	wf := workflow.MustRegister(c.b.reg, "legacy-failure", func(wctx workflow.Context, _ int) (int, error) {
+		if err := c.book(wctx); err != nil {
+			return 0, err
+		}
+		return workflow.Step(wctx, "verify", func(ctx context.Context) (int, error) {
+			if verify.Add(1) == 1 {
+				return 0, core.Permanent(errors.New("not yet"))
+			}
+			return 1, nil
+		}, nil)
+	})
+	c.b.start()
+	ctx := context.Background()
+	h, _ := workflow.Start(ctx, c.b.pool, wf, 0, nil)
+	if _, err := result[int](t, c.b.pool, h.ID); !errors.Is(err, workflow.ErrRunFailed) {
+		t.Fatalf("want failed, got %v", err)
+	}
+	// As stored by a version without the column, then migrated.
+	if _, err := c.b.pool.Exec(ctx, `UPDATE relay_workflow_runs SET retry_from = NULL WHERE id = $1`, h.ID); err != nil {
+		t.Fatal(err)
+	}
+	backfill, err := os.ReadFile("../migrations/20261202010002_workflow_retry_backfill.tx.up.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.b.pool.Exec(ctx, string(backfill)); err != nil {
+		t.Fatal(err)
+	}
+	if err := workflow.Retry(ctx, c.b.pool, h.ID); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := result[int](t, c.b.pool, h.ID); err != nil || out != 1 {
+		t.Fatalf("after retry: %v %v", out, err)
+	}
+	if n := c.b.count(`SELECT count(*) FROM bookings WHERE run_id = $1`, h.ID); n != 1 || verify.Load() != 2 {
+		t.Fatalf("booked %d times (want 1), verify ran %d times (want 2)", n, verify.Load())
 	}
 }
