@@ -10,6 +10,7 @@ import (
 
 	"github.com/danielgtaylor/huma/v2"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/outbox"
@@ -119,9 +120,13 @@ func (s *server) registerOutbox(api huma.API) {
 			items, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (OutboxEvent, error) {
 				var e OutboxEvent
 				var payload, headers string
-				err := r.Scan(&e.ID, &e.Topic, &e.Key, &payload, &headers, &e.PublishedAt, &e.DispatchedAt, &e.Jobs,
+				// An infinite published_at (written behind Publish; the
+				// dispatcher sets such an event aside) lists as the zero
+				// time rather than failing the whole page.
+				var published pgtype.Timestamptz
+				err := r.Scan(&e.ID, &e.Topic, &e.Key, &payload, &headers, &published, &e.DispatchedAt, &e.Jobs,
 					&e.FailedAt, &e.DispatchError)
-				e.Payload, e.Headers = json.RawMessage(payload), json.RawMessage(headers)
+				e.Payload, e.Headers, e.PublishedAt = json.RawMessage(payload), json.RawMessage(headers), published.Time
 				switch {
 				case e.FailedAt != nil:
 					e.State = "failed"

@@ -32,19 +32,25 @@ func TestUndecodableOutboxRowsShowInTheAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.exec(`UPDATE relay_outbox SET headers = '{"x": 1}' WHERE id = $1`, bad)
+	forever, err := outbox.Publish(b.ctx, b.pool, outbox.Event{Topic: "order.paid", Payload: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.exec(`UPDATE relay_outbox SET published_at = 'infinity' WHERE id = $1`, forever)
 	if err := d.Declare(b.ctx); err != nil {
 		t.Fatal(err)
 	}
 	b.exec(`UPDATE relay_outbox_subscriptions SET metadata = '"text"' WHERE kind = 'ledger'`)
-	if n, err := d.DispatchOnce(b.ctx); err != nil || n != 2 {
-		t.Fatalf("DispatchOnce = %d, %v; want 2", n, err)
+	if n, err := d.DispatchOnce(b.ctx); err != nil || n != 3 {
+		t.Fatalf("DispatchOnce = %d, %v; want 3", n, err)
 	}
 
 	failed := b.ok(b.do("GET", "/v1/outbox/events?state=failed", b.ro, nil))["items"].([]any)
-	if len(failed) != 1 {
+	if len(failed) != 2 || failed[0].(map[string]any)["id"].(float64) != float64(forever) ||
+		!strings.Contains(failed[0].(map[string]any)["dispatch_error"].(string), "published_at") {
 		t.Fatalf("failed events: %s", mustJSON(failed))
 	}
-	f := failed[0].(map[string]any)
+	f := failed[1].(map[string]any)
 	if f["id"].(float64) != float64(bad) || f["state"] != "failed" || f["failed_at"] == nil ||
 		!strings.Contains(f["dispatch_error"].(string), "decode headers") {
 		t.Fatalf("failed event: %s", mustJSON(f))

@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -286,7 +287,8 @@ func (d *Dispatcher) run(ctx context.Context) {
 // DispatchOnce moves up to BatchSize events into jobs in one transaction
 // and returns how many it handled (0 also when another dispatcher holds the
 // dispatch lock). An event with a stored value that does not decode (headers
-// that are not an object of strings, written behind Publish) is set aside
+// that are not an object of strings, an infinite published_at, written
+// behind Publish) is set aside
 // in the same transaction instead: marked failed with its error (the admin
 // API lists it), logged once with its id, and counted as handled; the
 // events around it are dispatched. A stored trace context that does not
@@ -316,10 +318,12 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 		for rows.Next() {
 			var e Delivery
 			var headers, tc []byte
-			if err := rows.Scan(&e.EventID, &e.Topic, &e.Key, &e.Payload, &headers, &e.PublishedAt, &tc); err != nil {
+			var published pgtype.Timestamptz
+			if err := rows.Scan(&e.EventID, &e.Topic, &e.Key, &e.Payload, &headers, &published, &tc); err != nil {
 				rows.Close()
 				return fmt.Errorf("read pending events: %w", err)
 			}
+			e.PublishedAt = published.Time
 			// A stored value of another shape (written behind Publish, or
 			// by another version) fails its own event, never the dispatch:
 			// an error here would stop every event behind this one for
@@ -328,6 +332,11 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 			if err := json.Unmarshal(headers, &e.Headers); err != nil {
 				notes = append(notes, pendingNote{id: e.EventID, topic: e.Topic, failed: true,
 					err: fmt.Sprintf("decode headers (want an object of strings): %v", err)})
+				continue
+			}
+			if published.InfinityModifier != pgtype.Finite {
+				notes = append(notes, pendingNote{id: e.EventID, topic: e.Topic, failed: true,
+					err: "published_at is not a finite time"})
 				continue
 			}
 			// A trace context Publish did not write costs the event its

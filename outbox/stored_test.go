@@ -57,7 +57,8 @@ next:
 // An event whose stored headers are valid JSON of another shape (written
 // behind Publish) is set aside alone: the events before and after it are
 // dispatched in the same batch, it is marked failed with its decode error
-// and logged once with its id, and no later dispatch reads it again. A
+// and logged once with its id, and no later dispatch reads it again; so is
+// an event with an infinite published_at. A
 // stored trace context of another shape costs its event only the parent
 // span: it is dispatched, its error kept.
 func TestUndecodableEventFailsAlone(t *testing.T) {
@@ -84,13 +85,20 @@ func TestUndecodableEventFailsAlone(t *testing.T) {
 	if _, err := pool.Exec(ctx, `UPDATE relay_outbox SET headers = '{"x": 1}' WHERE id = $1`, badHeaders); err != nil {
 		t.Fatal(err)
 	}
+	badTime, err := outbox.Publish(ctx, pool, outbox.Event{Topic: "order.paid", Payload: payment{"o", 9}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE relay_outbox SET published_at = 'infinity' WHERE id = $1`, badTime); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := pool.Exec(ctx, `UPDATE relay_outbox SET trace_context = '{"traceparent": 1}' WHERE id = $1`, badTrace); err != nil {
 		t.Fatal(err)
 	}
 
 	n, err := d.DispatchOnce(ctx)
-	if err != nil || n != 4 {
-		t.Fatalf("DispatchOnce = %d, %v; want 4 handled (3 dispatched, 1 set aside)", n, err)
+	if err != nil || n != 5 {
+		t.Fatalf("DispatchOnce = %d, %v; want 5 handled (3 dispatched, 2 set aside)", n, err)
 	}
 	if got := count(t, pool, `SELECT count(*) FROM relay_jobs WHERE kind = 'receipt'`); got != 3 {
 		t.Errorf("%d jobs; want 3 (every event but the one set aside)", got)
@@ -107,6 +115,13 @@ func TestUndecodableEventFailsAlone(t *testing.T) {
 	}
 	if !failed || jobs != 0 || !strings.Contains(derr, "headers") || !strings.Contains(derr, "cannot unmarshal number") {
 		t.Errorf("bad headers event: failed %v, jobs %d, error %q; want failed, 0 jobs, the decode error", failed, jobs, derr)
+	}
+	if err := pool.QueryRow(ctx, `SELECT failed_at IS NOT NULL, jobs, dispatch_error FROM relay_outbox WHERE id = $1`, badTime).
+		Scan(&failed, &jobs, &derr); err != nil {
+		t.Fatal(err)
+	}
+	if !failed || jobs != 0 || !strings.Contains(derr, "published_at") {
+		t.Errorf("infinite published_at event: failed %v, jobs %d, error %q; want failed, 0 jobs, the error", failed, jobs, derr)
 	}
 	if err := pool.QueryRow(ctx, `SELECT failed_at IS NOT NULL, jobs, dispatch_error FROM relay_outbox WHERE id = $1`, badTrace).
 		Scan(&failed, &jobs, &derr); err != nil {
