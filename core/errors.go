@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/relayq/relay/internal/fence"
 )
 
 var (
@@ -15,7 +17,7 @@ var (
 	// ErrLeaseLost: the attempt's lease token no longer matches, because
 	// the lease expired and the job was rescued, or the job was cancelled. The
 	// write was not made.
-	ErrLeaseLost = errors.New("core: lease lost")
+	ErrLeaseLost = fence.ErrLeaseLost
 	// ErrUnknownKind: no worker is registered for the job's kind in this
 	// process. The job is retried (another deployment may know the kind) and
 	// ends dead when its attempts run out.

@@ -10,8 +10,8 @@ import (
 	"github.com/relayq/relay/internal/testdb"
 )
 
-// The workflow layer's fenced statements probe the primary key, beside
-// thousands of claimed jobs, as the core's own do.
+// Snooze and Wake probe the primary key, beside thousands of claimed jobs
+// (internal/fence checks its statements the same way).
 func TestSnoozeWakeHoldProbeThePrimaryKey(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
@@ -32,9 +32,8 @@ func TestSnoozeWakeHoldProbeThePrimaryKey(t *testing.T) {
 		sql  string
 		args []any
 	}{
-		"snooze":     {sqlSnooze, []any{id, token, 0}},
-		"hold lease": {sqlHoldLease, []any{id, uuid.UUID(token).String()}},
-		"wake":       {sqlWake, []any{id}},
+		"snooze": {sqlSnooze, []any{id, token, 0}},
+		"wake":   {sqlWake, []any{id}},
 	} {
 		plan := explain(t, pool, st.sql, st.args...)
 		if !strings.Contains(plan, "relay_jobs_pkey") || strings.Contains(plan, "Seq Scan") {

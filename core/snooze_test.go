@@ -10,6 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/dbx"
+	"github.com/relayq/relay/internal/fence"
 	"github.com/relayq/relay/internal/testdb"
 )
 
@@ -85,7 +87,8 @@ func TestWakeEndsSnooze(t *testing.T) {
 	waitState(t, pool, res.ID, core.StateSucceeded)
 }
 
-// HoldLease passes for the attempt that holds the job and refuses any other
+// The lease fence (internal/fence, which the workflow layer fences its
+// checkpoints with) passes for the attempt that holds the job and refuses any other
 // token; a late attempt's snooze changes nothing.
 func TestHoldLeaseFences(t *testing.T) {
 	t.Parallel()
@@ -99,7 +102,7 @@ func TestHoldLeaseFences(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := core.HoldLease(ctx, tx, j.JobRow); err != nil {
+	if err := fence.Hold(ctx, dbx.PGX{Q: tx}, j.ID, j.LeaseToken); err != nil {
 		t.Fatalf("holder refused: %v", err)
 	}
 	tx.Rollback(ctx)
@@ -107,7 +110,7 @@ func TestHoldLeaseFences(t *testing.T) {
 	if _, err := pool.Exec(ctx, `UPDATE relay_jobs SET lease_token = $2 WHERE id = $1`, res.ID, uuid.New()); err != nil {
 		t.Fatal(err)
 	}
-	if err := core.HoldLease(ctx, pool, j.JobRow); err == nil {
+	if err := fence.Hold(ctx, dbx.PGX{Q: pool}, j.ID, j.LeaseToken); err == nil {
 		t.Fatal("stale attempt held the lease")
 	}
 	release <- core.Snooze(0)
@@ -117,7 +120,7 @@ func TestHoldLeaseFences(t *testing.T) {
 	}
 }
 
-// LeaseCheck in a batch: the batch commits while the attempt holds the
+// The fence's check in a batch: the batch commits while the attempt holds the
 // lease, and none of it commits once the lease moved on.
 func TestLeaseCheckInBatch(t *testing.T) {
 	t.Parallel()
@@ -134,7 +137,7 @@ func TestLeaseCheckInBatch(t *testing.T) {
 	send := func(n int) error {
 		b := &pgx.Batch{}
 		b.Queue(`INSERT INTO effects VALUES ($1)`, n)
-		sql, args := core.LeaseCheck(j.JobRow)
+		sql, args := fence.Check(j.ID, j.LeaseToken)
 		b.Queue(sql, args...)
 		return pool.SendBatch(ctx, b).Close()
 	}
@@ -144,7 +147,7 @@ func TestLeaseCheckInBatch(t *testing.T) {
 	if _, err := pool.Exec(ctx, `UPDATE relay_jobs SET lease_token = $2 WHERE id = $1`, res.ID, uuid.New()); err != nil {
 		t.Fatal(err)
 	}
-	if err := send(2); !core.IsLeaseLost(err) {
+	if err := send(2); !fence.IsLost(err) {
 		t.Fatalf("stale batch: %v, want a lost lease", err)
 	}
 	if n := count(t, pool, `SELECT count(*) FROM effects`); n != 1 {

@@ -10,6 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/dbx"
+	"github.com/relayq/relay/internal/fence"
 )
 
 // Checkpoints: every write an execution makes, fenced by the run job's
@@ -43,7 +45,7 @@ func (x *execution) writeTx(fn func(ctx context.Context, tx pgx.Tx) error, hold 
 func (x *execution) bookkeeping() *pgx.Batch {
 	b := &pgx.Batch{}
 	// The server's bound on this transaction, as the write's context is
-	// the client's: a worker cut off after HoldLease (before its COMMIT
+	// the client's: a worker cut off after fence.Hold (before its COMMIT
 	// arrives) would otherwise keep the run's job row locked, and its
 	// rescue waiting, until the server noticed the dead connection (hours,
 	// with default TCP keepalives).
@@ -53,7 +55,7 @@ func (x *execution) bookkeeping() *pgx.Batch {
 }
 
 // runWrite runs a write's transaction: the bookkeeping batch b, then fn
-// (given the cancel flag as b read it), then (given hold) core.HoldLease,
+// (given the cancel flag as b read it), then (given hold) fence.Hold,
 // and returns the run's cancel flag. It changes nothing of the
 // execution's state (wrote does, after it), so a step attempt with a
 // timeout runs it on a goroutine of its own.
@@ -86,7 +88,7 @@ func (x *execution) runWrite(b *pgx.Batch, fn func(ctx context.Context, tx pgx.T
 			return nil
 		}
 		// Last, so the job row is locked only for the commit.
-		return core.HoldLease(wctx, tx, x.job.JobRow)
+		return fence.Hold(wctx, dbx.PGX{Q: tx}, x.job.ID, x.job.LeaseToken)
 	})
 	if err != nil && errors.Is(err, core.ErrLeaseLost) {
 		x.r.stats.refused.Add(1)
@@ -143,7 +145,7 @@ type outcome struct {
 }
 
 // batchWrite is write without a function of the caller's, in one round
-// trip: the lease check (core.LeaseCheck), the bookkeeping, the deferred
+// trip: the lease check (fence.Check), the bookkeeping, the deferred
 // checkpoints and, given fin, the run's outcome are one pipelined batch,
 // which PostgreSQL runs as one implicit transaction: all of it commits
 // under the lease, or none of it. It is sent with the batches of other
@@ -167,7 +169,7 @@ func (x *execution) batchWrite(fin *outcome, extra ...*stepWrite) error {
 	// Last, as in writeTx: rows are locked in one order everywhere (the
 	// run's row, then its job's), which Cancel and Signal follow too, so
 	// no two writers deadlock.
-	sql, args := core.LeaseCheck(x.job.JobRow)
+	sql, args := fence.Check(x.job.ID, x.job.LeaseToken)
 	b.Queue(sql, args...)
 	cancel, refused := false, false
 	err := x.r.group.do(ctx, x.r.pool, member{
@@ -198,7 +200,7 @@ func (x *execution) batchWrite(fin *outcome, extra ...*stepWrite) error {
 		},
 	})
 	if err != nil {
-		if core.IsLeaseLost(err) {
+		if fence.IsLost(err) {
 			x.r.stats.refused.Add(1)
 			x.r.logger.Warn("relay: workflow checkpoint refused: the execution lost the run's lease", "run_id", x.runID, "job_id", x.job.ID)
 			return fmt.Errorf("%w: %w", core.ErrLeaseLost, err)

@@ -25,7 +25,7 @@
 // Each execution calls the function from the top and replays it: a step
 // already checkpointed returns its stored output instead of running again.
 // Every checkpoint commits only while the execution's attempt holds the run
-// job's lease (core.HoldLease), so a paused or partitioned worker that comes
+// job's lease (the lease fence), so a paused or partitioned worker that comes
 // back late can record nothing and cannot fork the run.
 //
 // Sleeps, waits for signals or children and a step's retry delay end the

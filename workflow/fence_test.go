@@ -184,7 +184,7 @@ func TestStaleExecutionCannotTakeASignal(t *testing.T) {
 }
 
 // A checkpoint's transaction is bounded on the server too: a worker cut off
-// between HoldLease and its COMMIT must not keep the run's job row locked
+// between the fence and its COMMIT must not keep the run's job row locked
 // (and its rescue waiting) until the server notices the dead connection.
 func TestCheckpointTransactionIsBoundedOnTheServer(t *testing.T) {
 	t.Parallel()

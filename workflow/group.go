@@ -11,8 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/fence"
 )
 
 // Group commit of checkpoints: the fenced writes of executions that run at
@@ -182,7 +181,7 @@ func sendGroup(pool *pgxpool.Pool, calls []*groupCall) {
 		// verdict; any other refusal (a lock it waited for too long)
 		// is retried alone. The others go again, as a group.
 		f := calls[failed]
-		if core.IsLeaseLost(errs[failed]) {
+		if fence.IsLost(errs[failed]) {
 			f.done <- errs[failed]
 		} else {
 			go func() { f.done <- sendAlone(f.ctx, pool, f.m) }()

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/fence"
 	"github.com/relayq/relay/internal/testdb"
 )
 
@@ -84,7 +84,7 @@ func TestGroupRefusesOnlyTheFailingMembers(t *testing.T) {
 		n := 100 - int(c.m.job)
 		var pgErr *pgconn.PgError
 		switch {
-		case n == 1 && !core.IsLeaseLost(err):
+		case n == 1 && !fence.IsLost(err):
 			t.Errorf("member 1: %v, want a lost lease", err)
 		case n == 3 && !(errors.As(err, &pgErr) && pgErr.Code == "22012"):
 			t.Errorf("member 3: %v, want division by zero", err)

@@ -4,7 +4,7 @@ import "github.com/relayq/relay/internal/jobinsert"
 
 // All of the workflow layer's SQL. Every write an execution makes (a
 // checkpoint, a consumed signal, a child started, the run's outcome) runs in
-// a transaction that ends with core.HoldLease on the run's job: it commits
+// a transaction that ends with the lease fence (internal/fence) on the run's job: it commits
 // only while the execution's attempt still holds the run, so a late
 // execution can record nothing (see checkpoint.go).
 
