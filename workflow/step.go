@@ -243,8 +243,13 @@ func planStep[T any](x *execution, kind, key string, opts *StepOpts) (p stepPlan
 // stepError is the *StepError of a step that failed for good, rebuilt from
 // what its checkpoint stores: the execution that ran the step returns the
 // same one as every replay.
+// A stored description that no longer decodes fails the run.
 func (x *execution) stepError(key string, attempts int, msg, info string) *StepError {
-	return &StepError{RunID: x.runID, Key: key, Attempts: attempts, Message: msg, Err: x.r.rebuildError(msg, info)}
+	err, derr := x.r.rebuildError(msg, info)
+	if derr != nil {
+		x.fatal(fmt.Errorf("workflow: run %s: step %q: %w", x.runID, key, derr))
+	}
+	return &StepError{RunID: x.runID, Key: key, Attempts: attempts, Message: msg, Err: err}
 }
 
 // settleStep records an attempt's outcome: the output (deferred, see

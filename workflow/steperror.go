@@ -105,9 +105,11 @@ func (r *Registry) DeclareError(code string, sentinel error) error {
 // workflows read with errors.As, under a stable code: a step's error
 // holding an E (errors.As) is stored with it encoded, and the workflow's
 // errors.As(err, &e) finds an E decoded from that, with the same fields,
-// on the execution that ran the step and on every replay. Types not
-// declared are not found by errors.As on either: only the step's message,
-// its *Error and its declared errors reach the workflow.
+// on the execution that ran the step and on every replay. A value that
+// does not encode, or does not decode back, within MaxErrorBytes is not
+// stored (found on neither). Types not declared are not found by errors.As
+// on either: only the step's message, its *Error and its declared errors
+// reach the workflow.
 func DeclareErrorType[E error](r *Registry, code string) error {
 	if r == nil || code == "" {
 		return errors.New("workflow: declare error type: a registry and a code must be given")
@@ -122,8 +124,14 @@ func DeclareErrorType[E error](r *Registry, code string) error {
 			if !errors.As(err, &e) {
 				return nil, false
 			}
+			// Stored only if it comes back: a replay must find what the
+			// first execution found.
 			b, jerr := json.Marshal(e)
 			if jerr != nil || len(b) > MaxErrorBytes {
+				return nil, false
+			}
+			var back E
+			if json.Unmarshal(b, &back) != nil {
 				return nil, false
 			}
 			return b, true
@@ -220,15 +228,18 @@ func (r *Registry) describeError(err error) string {
 // rebuildError is a failed step's error for the workflow, from its stored
 // message and description: the same error on the execution that ran the
 // step and on every replay. A code this process has not declared matches
-// nothing; a stored type that no longer decodes is left out.
-func (r *Registry) rebuildError(msg, info string) error {
+// nothing. A description that does not decode, or a declared type's value
+// that no longer decodes into the type, is an error: the workflow would
+// branch otherwise than it did (the caller fails the run, as for a step
+// output that no longer decodes).
+func (r *Registry) rebuildError(msg, info string) (error, error) {
 	e := &storedError{msg: msg}
 	if info == "" {
-		return e
+		return e, nil
 	}
 	var in errorInfo
 	if err := json.Unmarshal([]byte(info), &in); err != nil {
-		return e
+		return nil, fmt.Errorf("decode stored error description: %w", err)
 	}
 	if a := in.App; a != nil {
 		app := &Error{Type: a.Type, Message: a.Message, NonRetryable: a.NonRetryable}
@@ -244,12 +255,14 @@ func (r *Registry) rebuildError(msg, info string) error {
 	}
 	for _, d := range r.types {
 		if v, ok := in.Types[d.code]; ok {
-			if te, err := d.build(json.RawMessage(v)); err == nil {
-				e.parts = append(e.parts, te)
+			te, err := d.build(json.RawMessage(v))
+			if err != nil {
+				return nil, fmt.Errorf("decode stored error of declared type %q: %w", d.code, err)
 			}
+			e.parts = append(e.parts, te)
 		}
 	}
-	return e
+	return e, nil
 }
 
 // storedError is a step's error rebuilt from what is stored: its message,

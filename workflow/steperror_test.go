@@ -185,3 +185,56 @@ func TestDeclareErrorRefusesBadDeclarations(t *testing.T) {
 		}
 	}
 }
+
+// A failed step's stored error description that no longer decodes (written
+// behind the API, or a declared type whose fields changed) fails its run on
+// the replay that reads it, with the decode error, rather than let the
+// workflow branch otherwise than it did.
+func TestUndecodableStoredStepErrorFailsItsRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if err := workflow.DeclareErrorType[*gatewayError](b.reg, "gateway"); err != nil {
+		t.Fatal(err)
+	}
+	wf := workflow.MustRegister(b.reg, "bad-error", func(wctx workflow.Context, _ int) (int, error) {
+		_, err := workflow.Step(wctx, "charge", func(ctx context.Context) (int, error) {
+			return 0, core.Permanent(&gatewayError{Code: 51})
+		}, nil)
+		var ge *gatewayError
+		if !errors.As(err, &ge) {
+			return 0, errors.New("want the gateway error")
+		}
+		if _, _, err := workflow.WaitSignal[int](wctx, "go", 0); err != nil {
+			return 0, err
+		}
+		return ge.Code, nil
+	})
+	ctx := context.Background()
+	for _, id := range []string{"bad-description", "bad-type", "good"} {
+		if _, err := workflow.Start(ctx, b.pool, wf, 0, &workflow.StartOpts{ID: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.start()
+	b.waitFor("the runs to wait", func() bool {
+		return b.count(`SELECT count(*) FROM relay_workflow_steps WHERE kind = 'signal' AND state = 'waiting'`) == 3
+	})
+	b.exec(`UPDATE relay_workflow_steps SET error_info = '"text"' WHERE run_id = 'bad-description' AND key = 'charge'`)
+	b.exec(`UPDATE relay_workflow_steps SET error_info = '{"types": {"gateway": "{\"code\": \"x\"}"}}' WHERE run_id = 'bad-type' AND key = 'charge'`)
+	for id, want := range map[string]string{
+		"bad-description": `step "charge": decode stored error description`,
+		"bad-type":        `step "charge": decode stored error of declared type "gateway"`,
+		"good":            "",
+	} {
+		if err := workflow.Signal(ctx, b.pool, id, "go", 1); err != nil {
+			t.Fatal(err)
+		}
+		out, err := result[int](t, b.pool, id)
+		switch {
+		case want == "" && (err != nil || out != 51):
+			t.Errorf("%s: %v %v; want 51", id, out, err)
+		case want != "" && (!errors.Is(err, workflow.ErrRunFailed) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), id)):
+			t.Errorf("%s: %v; want failed with %q", id, err, want)
+		}
+	}
+}
