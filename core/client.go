@@ -382,8 +382,13 @@ func (c *Client) Stats() Stats {
 }
 
 // Start begins claiming and running jobs, and the background work (listener,
-// heartbeats, rescuer, cleaner). It returns at once; ctx bounds nothing after
-// that (use Stop). A client starts once.
+// heartbeats, rescuer, cleaner). It first asks the database whether its
+// schema is current, and fails, starting nothing, when migrations are
+// pending (an error matching migrations.ErrNotMigrated, naming the command
+// that applies them) or the database cannot be reached; a role that may not
+// read the migrations' bookkeeping table skips the check. It returns once
+// that answer is in; ctx bounds nothing after that (use Stop). A client
+// starts once.
 func (c *Client) Start(ctx context.Context) error {
 	c.lifecycle.Lock()
 	defer c.lifecycle.Unlock()
@@ -391,6 +396,9 @@ func (c *Client) Start(ctx context.Context) error {
 		return errors.New("core: start: client already started")
 	}
 	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("core: start: %w", err)
+	}
+	if err := checkSchema(ctx, c.pool); err != nil {
 		return fmt.Errorf("core: start: %w", err)
 	}
 	c.started = true

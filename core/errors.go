@@ -67,17 +67,21 @@ type retryInError struct {
 	err   error
 }
 
+// Error is the handler's own error: the delay is a directive, recorded
+// beside the error (AttemptRecord.RetryIn), not part of it.
 func (e *retryInError) Error() string {
 	if e.err == nil {
-		return fmt.Sprintf("retry in %s", e.delay)
+		return "core: retry requested"
 	}
-	return fmt.Sprintf("retry in %s: %s", e.delay, e.err)
+	return e.err.Error()
 }
 func (e *retryInError) Unwrap() error { return e.err }
 
 // RetryIn fails this attempt and schedules the next one after delay instead
 // of the retry policy's backoff. It still counts as an attempt: when none
-// remain the job ends dead. err (may be nil) is recorded as the reason.
+// remain the job ends dead. err (may be nil) is recorded as the reason,
+// as it is (the returned error's message is err's), and the delay beside it
+// in the attempt's history (AttemptRecord.RetryIn).
 func RetryIn(delay time.Duration, err error) error {
 	if delay < 0 {
 		delay = 0

@@ -90,6 +90,38 @@ type AttemptRecord struct {
 	FinishedAt time.Time `json:"finished_at"`
 	Error      string    `json:"error"`
 	Worker     string    `json:"worker"`
+	// RetryIn is the delay this failure set before the next attempt (the
+	// handler's RetryIn, else the retry policy's backoff). Zero when the
+	// failure ended the job, and for attempts that ended otherwise (a
+	// rescued lease, a shutdown). Stored as retry_in_us, in microseconds.
+	RetryIn time.Duration `json:"-"`
+}
+
+// attemptRecordJSON is AttemptRecord as stored in a job's history.
+type attemptRecordJSON struct {
+	Attempt    int       `json:"attempt"`
+	StartedAt  time.Time `json:"started_at"`
+	FinishedAt time.Time `json:"finished_at"`
+	Error      string    `json:"error"`
+	Worker     string    `json:"worker"`
+	RetryInUS  int64     `json:"retry_in_us,omitempty"`
+}
+
+// UnmarshalJSON reads a history entry as stored.
+func (r *AttemptRecord) UnmarshalJSON(b []byte) error {
+	var v attemptRecordJSON
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	*r = AttemptRecord{Attempt: v.Attempt, StartedAt: v.StartedAt, FinishedAt: v.FinishedAt, Error: v.Error,
+		Worker: v.Worker, RetryIn: time.Duration(v.RetryInUS) * time.Microsecond}
+	return nil
+}
+
+// MarshalJSON writes a history entry as it is stored.
+func (r AttemptRecord) MarshalJSON() ([]byte, error) {
+	return json.Marshal(attemptRecordJSON{Attempt: r.Attempt, StartedAt: r.StartedAt, FinishedAt: r.FinishedAt,
+		Error: r.Error, Worker: r.Worker, RetryInUS: r.RetryIn.Microseconds()})
 }
 
 // Job is a job with its args decoded, as handed to a Worker.

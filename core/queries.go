@@ -252,7 +252,8 @@ WHERE id = $1 AND lease_token = $2::uuid`
 
 // sqlFailMany records a batch of failed attempts ($1 ids, $2 tokens): each
 // back to queued after $4 microseconds, or dead ($3 names which), with
-// error $5.
+// error $5. The delay goes into the attempt's history entry beside the
+// error (retry_in_us, null when the job ended dead).
 const sqlFailMany = `
 WITH f AS (
     SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::bigint[], $5::text[])
@@ -272,7 +273,8 @@ WITH f AS (
         last_error       = f.error,
         history          = j.history || jsonb_build_array(jsonb_build_object(
             'attempt', j.attempt, 'started_at', j.attempted_at, 'finished_at', now(),
-            'error', f.error, 'worker', j.attempted_by))
+            'error', f.error, 'worker', j.attempted_by,
+            'retry_in_us', CASE WHEN f.state = 'queued' THEN f.delay_us END))
     FROM f
     WHERE j.id = ANY(ARRAY(SELECT id FROM locked)) AND f.id = j.id
     RETURNING j.id

@@ -1,11 +1,13 @@
 package core_test
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
 
 	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/testdb"
 )
 
 // The delay function is pinned: exponential from Base, capped at Max, with
@@ -46,5 +48,36 @@ func TestBackoffDelays(t *testing.T) {
 		if d := r.RetryDelay(4, errors.New("x")); d < 7200*time.Millisecond || d > 8*time.Second {
 			t.Fatalf("random jitter out of range: %s", d)
 		}
+	}
+}
+
+// RetryIn's delay is a directive, not part of the error: the stored error
+// is the handler's own, and the delay is recorded beside it in the
+// attempt's history.
+func TestRetryInStoresTheErrorAsIsAndTheDelayBesideIt(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ws := core.NewWorkers()
+	core.MustAddWorker(ws, core.WorkFunc[echoArgs](func(ctx context.Context, j *core.Job[echoArgs]) error {
+		return core.RetryIn(time.Hour, errors.New("card network timeout"))
+	}))
+	c := startClient(t, pool, &core.Config{Workers: ws})
+	res, err := core.Enqueue(context.Background(), pool, echoArgs{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the failure recorded", func() bool { return c.Stats().Retried == 1 })
+	j, err := core.JobGet(context.Background(), pool, res.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j.LastError != "card network timeout" || len(j.History) != 1 || j.History[0].Error != "card network timeout" {
+		t.Fatalf("last_error %q, history %+v: want the handler's error as it is", j.LastError, j.History)
+	}
+	if j.History[0].RetryIn != time.Hour {
+		t.Errorf("history records a retry in %v, want 1h", j.History[0].RetryIn)
+	}
+	if got := core.RetryIn(time.Second, errors.New("x")).Error(); got != "x" {
+		t.Errorf("RetryIn's message %q, want the wrapped error's", got)
 	}
 }

@@ -81,7 +81,7 @@ func Start[In, Out any](ctx context.Context, db core.DB, wf *Workflow[In, Out], 
 		return Handle[Out]{}, fmt.Errorf("workflow: start %s: %w", wf.name, err)
 	}
 	id, existing, err := startRun(ctx, db, wf.reg.tracer, wf.name, input, opts, nil)
-	return Handle[Out]{ID: id, Existing: existing, reg: wf.reg}, err
+	return Handle[Out]{ID: id, Existing: existing, reg: wf.reg}, wf.reg.explainMissingSchema(ctx, wf.name, err)
 }
 
 // StartNamed starts a run of the workflow registered under name in reg,
@@ -100,7 +100,8 @@ func StartNamed(ctx context.Context, db core.DB, reg *Registry, name string, inp
 	if len(input) > MaxPayloadBytes {
 		return "", false, fmt.Errorf("workflow: start %s: %w: input is %d bytes", name, ErrTooLarge, len(input))
 	}
-	return startRun(ctx, db, reg.tracer, name, input, opts, nil)
+	id, existing, err = startRun(ctx, db, reg.tracer, name, input, opts, nil)
+	return id, existing, reg.explainMissingSchema(ctx, name, err)
 }
 
 // errInvalidInput: StartNamed's input is not JSON.

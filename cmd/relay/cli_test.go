@@ -65,6 +65,54 @@ func TestCommandLine(t *testing.T) {
 	if _, errOut, code := runRelay(t, bin, "demo", "--database-url", "postgres://127.0.0.1:1/none?connect_timeout=2"); code != 1 || !strings.HasPrefix(errOut, "relay demo: ") || strings.Contains(errOut, "demo: demo:") {
 		t.Errorf("relay demo against a dead server: exit %d, %q; want exit 1 and one \"relay demo:\" prefix", code, errOut)
 	}
+	testFailFast(t, bin)
+}
+
+// testFailFast: the help is current, and a command that cannot use its
+// database says why in one line: another database's URL (named by its
+// scheme, never echoed), an unreachable server (its address), conflicting
+// authentication.
+func testFailFast(t *testing.T, bin string) {
+	t.Helper()
+	out, _, _ := runRelay(t, bin, "--help")
+	if strings.Contains(out, "in progress") || !strings.Contains(out, "relay prove workflow") {
+		t.Errorf("relay --help says workflows are in progress or omits prove workflow:\n%s", out)
+	}
+	oneLine := func(what, errOut string, want ...string) {
+		t.Helper()
+		if strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
+			t.Errorf("%s: more than one line:\n%s", what, errOut)
+		}
+		for _, w := range want {
+			if !strings.Contains(errOut, w) {
+				t.Errorf("%s: %q does not say %q", what, errOut, w)
+			}
+		}
+	}
+	for _, cmd := range []string{"migrate", "serve"} {
+		_, errOut, code := runRelay(t, bin, cmd, "--no-auth", "--database-url", "mysql://app:hunter2@db.example:3306/shop")
+		if cmd == "migrate" {
+			_, errOut, code = runRelay(t, bin, cmd, "--database-url", "mysql://app:hunter2@db.example:3306/shop")
+		}
+		if code != 1 || strings.Contains(errOut, "hunter2") || strings.Contains(errOut, "keyword/value") {
+			t.Errorf("relay %s with a mysql:// URL: exit %d, %q", cmd, code, errOut)
+		}
+		oneLine("relay "+cmd+" with a mysql:// URL", errOut, "relay "+cmd+": ", `"mysql"`, "PostgreSQL")
+		_, errOut, code = runRelay(t, bin, cmd, "--no-auth", "--database-url", "postgres://postgres@127.0.0.1:1/none?sslmode=disable&connect_timeout=5")
+		if cmd == "migrate" {
+			_, errOut, code = runRelay(t, bin, cmd, "--database-url", "postgres://postgres@127.0.0.1:1/none?sslmode=disable&connect_timeout=5")
+		}
+		if code != 1 {
+			t.Errorf("relay %s against a closed port: exit %d", cmd, code)
+		}
+		oneLine("relay "+cmd+" against a closed port", errOut, "relay "+cmd+": cannot reach the database: ", "127.0.0.1:1")
+	}
+	cmd := exec.Command(bin, "serve", "--database-url", "postgres://unused", "--jwks-file", "keys.json")
+	cmd.Env = append(os.Environ(), "RELAY_JWT_SECRET=s3cret")
+	b, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(b), "RELAY_JWT_SECRET") || !strings.Contains(string(b), "--jwks-file") {
+		t.Errorf("relay serve with both RELAY_JWT_SECRET and --jwks-file: %v, %q; want a refusal naming both", err, b)
+	}
 }
 
 // commandRef finds a relay invocation in a shell line: `relay X`,

@@ -1,5 +1,5 @@
-// Command relay is Relay's command line: apply migrations, run the demo, and
-// (as later parts land) run workers, serve the admin API, prove and bench.
+// Command relay is Relay's command line: apply migrations, run the demo,
+// prove and bench, serve the admin API and dashboard, mint tokens.
 package main
 
 import (
@@ -16,7 +16,7 @@ import (
 	"github.com/relayq/relay/bench"
 )
 
-const usage = `relay — a job queue on PostgreSQL (durable workflows: in progress)
+const usage = `relay — a job queue and durable workflows on PostgreSQL
 
 Usage:
   relay migrate [--database-url URL]   apply pending migrations
@@ -30,6 +30,8 @@ Usage:
                                        its outside call keeps one token, under kill -9
   relay prove outbox [flags]           prove published events reach their subscribers once,
                                        in order per key, under kill -9
+  relay prove workflow [flags]         prove every workflow run reaches its outcome with each
+                                       step's effect made once, under kill -9 and SIGSTOP
   relay bench [flags]                  measure throughput and latency: a burn-down of
                                        --jobs, or --rate jobs/s for --duration
                                        (relay bench -h lists the flags)

@@ -8,8 +8,6 @@ import (
 	"os"
 	"strings"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/relayq/relay/migrations"
 )
 
@@ -22,7 +20,7 @@ func runMigrate(ctx context.Context, args []string) error {
 	if *url == "" {
 		return errors.New("migrate: no database: pass --database-url or set DATABASE_URL")
 	}
-	pool, err := pgxpool.New(ctx, *url)
+	pool, err := openPool(ctx, *url, false)
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}

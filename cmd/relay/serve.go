@@ -17,6 +17,7 @@ import (
 	"github.com/relayq/relay/admin"
 	"github.com/relayq/relay/admin/ui"
 	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/migrations"
 	"github.com/relayq/relay/telemetry"
 )
 
@@ -34,6 +35,7 @@ func runServe(ctx context.Context, args []string) error {
 	traceURL := fs.String("trace-url", "", "link each traced job to its trace: a URL with {trace_id}, e.g. http://localhost:16686/trace/{trace_id}")
 	noLoginLink := fs.Bool("no-login-link", false, "do not print the dashboard's one-time login link (printed on loopback with $"+secretEnv+")")
 	demoWorkers := fs.Bool("demo-workers", false, "also run workers for the demo's jobs, with demo.doomed fixed (the README walkthrough)")
+	allowUnmigrated := fs.Bool("allow-unmigrated", false, "serve even when the database has migrations pending (its calls fail until `relay migrate` runs)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -43,6 +45,8 @@ func runServe(ctx context.Context, args []string) error {
 	cfg := &admin.Config{Logger: slog.Default(), TraceURL: *traceURL}
 	secret := os.Getenv(secretEnv)
 	switch {
+	case *jwks != "" && secret != "":
+		return errors.New("serve: both $" + secretEnv + " and --jwks-file are set: choose one (unset $" + secretEnv + " to verify tokens with the JWKS)")
 	case *jwks != "":
 		cfg.Auth = &admin.Auth{Issuer: *issuer, Audience: *audience, JWKSFile: *jwks}
 	case secret != "":
@@ -70,7 +74,10 @@ func runServe(ctx context.Context, args []string) error {
 		cfg.DashboardLogin = login
 	}
 
-	pool, err := pgxpool.New(ctx, *url)
+	pool, err := openPool(ctx, *url, !*allowUnmigrated)
+	if errors.Is(err, migrations.ErrNotMigrated) {
+		return fmt.Errorf("serve: %w (or pass --allow-unmigrated to serve anyway)", err)
+	}
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}

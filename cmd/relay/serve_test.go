@@ -17,6 +17,7 @@ import (
 
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/internal/testdb"
+	"github.com/relayq/relay/migrations"
 )
 
 // TestREADMEAdminWalkthrough runs the README's admin walkthrough — its exact
@@ -104,6 +105,41 @@ func TestServeRefusesOpenNonLoopback(t *testing.T) {
 		if err == nil || !(strings.Contains(err.Error(), "refusing") || strings.Contains(err.Error(), "no authentication")) {
 			t.Errorf("serve %v: %v", args, err)
 		}
+	}
+}
+
+// TestServeRefusesAnUnmigratedDatabase: relay serve does not start on a
+// database with migrations pending (it would answer every call with a
+// 500), and says what to do; --allow-unmigrated serves anyway.
+func TestServeRefusesAnUnmigratedDatabase(t *testing.T) {
+	t.Setenv("RELAY_JWT_SECRET", "")
+	url := testdb.EmptyURL(t)
+	err := runServe(context.Background(), []string{"--database-url", url, "--listen", freeAddr(t), "--no-auth"})
+	if !errors.Is(err, migrations.ErrNotMigrated) || !strings.Contains(err.Error(), "migrations pending — run `relay migrate` (or pass --allow-unmigrated") {
+		t.Fatalf("serve on an unmigrated database = %v, want a refusal saying what to do", err)
+	}
+	addr := freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- runServe(ctx, []string{"--database-url", url, "--listen", addr, "--no-auth", "--allow-unmigrated"})
+	}()
+	testdb.WaitFor(t, "relay serve --allow-unmigrated to listen", func() bool {
+		resp, err := http.Get("http://" + addr + "/healthz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("relay serve did not stop")
 	}
 }
 
