@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/bench"
@@ -769,12 +768,16 @@ func (f *workerFleet) term() error {
 	return f.start(slot)
 }
 
-// pause SIGSTOPs a worker that holds a job, waits until its lease on that
-// job has ended (it expired and the job was rescued), then SIGCONTs the
+// pause SIGSTOPs a worker that holds jobs, waits until its lease on one of
+// them has ended (it expired and the job was rescued), then SIGCONTs the
 // paused one: it wakes up past its lease, and the fence must refuse its
-// result. It says whether that happened: a worker paused while its
-// transaction held the job's row lock (in CompleteTx, say) keeps the job
-// from being rescued, and so tests nothing.
+// result. It says whether that happened. The job is chosen after the stop,
+// among the stopped worker's claimed jobs whose rows it does not hold
+// locked: a worker stopped inside a transaction holding a job's row (in
+// CompleteTx, say) keeps that job from being rescued, and so a job picked
+// before the stop could land there and test nothing; a job picked after
+// it, unlocked, cannot be locked or finished by a stopped process, so only
+// a rescue can end its lease.
 func (f *workerFleet) pause(ctx context.Context, pool *pgxpool.Pool) bool {
 	slot := f.pick(true)
 	f.mu.Lock()
@@ -785,34 +788,30 @@ func (f *workerFleet) pause(ctx context.Context, pool *pgxpool.Pool) bool {
 		delete(f.paused, slot)
 		f.mu.Unlock()
 	}()
-	var jobID int64
-	var token string
-	deadline := time.Now().Add(5 * time.Second)
-	for jobID == 0 && time.Now().Before(deadline) && ctx.Err() == nil {
-		pool.QueryRow(ctx, `SELECT id, lease_token::text FROM relay_jobs WHERE state = 'claimed' AND attempted_by = $1
-			ORDER BY id LIMIT 1`, id).Scan(&jobID, &token) //nolint:errcheck
+	// Wait (bounded) until the worker holds a job, so the stop finds some.
+	holds := func() bool {
+		var n int
+		pool.QueryRow(ctx, `SELECT count(*) FROM relay_jobs WHERE state = 'claimed' AND attempted_by = $1`, id).Scan(&n) //nolint:errcheck
+		return n > 0
+	}
+	for deadline := time.Now().Add(10 * time.Second); !holds() && time.Now().Before(deadline) && ctx.Err() == nil; {
+		time.Sleep(20 * time.Millisecond)
 	}
 	cmd.Process.Signal(syscall.SIGSTOP) //nolint:errcheck
 	if f.sink != nil {
 		defer f.sink.stopped(id)()
 	}
 	defer cmd.Process.Signal(syscall.SIGCONT) //nolint:errcheck
+	jobID, token := unlockedClaim(ctx, pool, id)
 	if jobID == 0 {
-		fmt.Printf("\nprove: %s held no job to pause with\n", id)
+		fmt.Printf("\nprove: %s held no job outside a transaction of its own when stopped; resuming it, trying again\n", id)
 		return false
 	}
 	fmt.Printf("\nprove: paused %s holding job %d\n", id, jobID)
-	if rowLocked(ctx, pool, jobID) {
-		// Stopped inside its transaction (in CompleteTx, say): the row
-		// stays locked until it is resumed, so the job cannot be taken
-		// over. Another moment, at once, rather than after the wait below.
-		fmt.Printf("prove: job %d is locked by the paused worker's transaction; resuming %s, trying again\n", jobID, id)
-		return false
-	}
 	// Taken over: the rescuer ended the paused attempt's lease (the job may
 	// then wait behind the backlog before another worker runs it; the fence
 	// refuses the paused worker's writes from now on either way).
-	deadline = time.Now().Add(3*f.lease + 5*time.Second)
+	deadline := time.Now().Add(3*f.lease + 5*time.Second)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		var taken bool
 		pool.QueryRow(ctx, `SELECT lease_token IS DISTINCT FROM $2::uuid FROM relay_jobs WHERE id = $1`, jobID, token).Scan(&taken) //nolint:errcheck
@@ -822,20 +821,29 @@ func (f *workerFleet) pause(ctx context.Context, pool *pgxpool.Pool) bool {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	fmt.Printf("prove: job %d was not taken over (the paused worker held its row lock); resuming %s, trying again\n", jobID, id)
+	fmt.Printf("prove: job %d was not taken over in time; resuming %s, trying again\n", jobID, id)
 	return false
 }
 
-// rowLocked says whether job id's row is locked by another transaction.
-func rowLocked(ctx context.Context, pool *pgxpool.Pool, id int64) bool {
+// unlockedClaim returns one of worker's claimed jobs (id and lease token)
+// whose row no transaction holds locked, or 0. (A statement of a
+// transaction the worker sent just before it was stopped could still lock
+// the row after the choice: then the job is not taken over in time, and
+// the caller tries again.)
+func unlockedClaim(ctx context.Context, pool *pgxpool.Pool, worker string) (int64, string) {
 	tx, err := pool.Begin(ctx)
 	if err != nil {
-		return false
+		return 0, ""
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck
-	_, err = tx.Exec(ctx, `SELECT 1 FROM relay_jobs WHERE id = $1 FOR UPDATE NOWAIT`, id)
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+	var jobID int64
+	var token string
+	err = tx.QueryRow(ctx, `SELECT id, lease_token::text FROM relay_jobs WHERE state = 'claimed' AND attempted_by = $1
+		ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED`, worker).Scan(&jobID, &token)
+	if err != nil {
+		return 0, ""
+	}
+	return jobID, token
 }
 
 // partition cuts a random worker's proxy for d, then restores it. It says

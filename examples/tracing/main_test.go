@@ -18,48 +18,24 @@ import (
 
 func TestMain(m *testing.M) { testdb.Main(m) }
 
-// jaegerConfig runs Jaeger v2 on 127.0.0.1 only, in memory, with OTLP and
-// the query API on the given ports.
-const jaegerConfig = `
-service:
-  extensions: [jaeger_storage, jaeger_query]
-  pipelines:
-    traces:
-      receivers: [otlp]
-      processors: [batch]
-      exporters: [jaeger_storage_exporter]
-  telemetry:
-    metrics:
-      level: none
-    logs:
-      level: warn
-extensions:
-  jaeger_query:
-    storage:
-      traces: mem
-    http:
-      endpoint: 127.0.0.1:%d
-    grpc:
-      endpoint: 127.0.0.1:%d
-  jaeger_storage:
-    backends:
-      mem:
-        memory:
-          max_traces: 10000
-receivers:
-  otlp:
-    protocols:
-      grpc:
-        endpoint: 127.0.0.1:%d
-      http:
-        endpoint: 127.0.0.1:%d
-processors:
-  batch:
-    timeout: 100ms
-exporters:
-  jaeger_storage_exporter:
-    trace_storage: mem
-`
+// jaegerConfig is the configuration the docs give for Jaeger on other
+// ports (in memory, on 127.0.0.1 only), with its ports replaced by free
+// ones: the file users copy is the one this test runs.
+func jaegerConfig(t *testing.T, queryHTTP, queryGRPC, otlpGRPC, otlpHTTP int) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", "tools", "jaeger", "other-ports.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := string(b)
+	for from, to := range map[string]int{"127.0.0.1:26686": queryHTTP, "127.0.0.1:26685": queryGRPC, "127.0.0.1:24317": otlpGRPC, "127.0.0.1:24318": otlpHTTP} {
+		if !strings.Contains(cfg, from) {
+			t.Fatalf("tools/jaeger/other-ports.yaml no longer names %s", from)
+		}
+		cfg = strings.ReplaceAll(cfg, from, fmt.Sprintf("127.0.0.1:%d", to))
+	}
+	return cfg
+}
 
 func freePort(t *testing.T) int {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -86,11 +62,15 @@ type otlpSpan struct {
 func startJaeger(t *testing.T) (string, *bytes.Buffer) {
 	bin := os.Getenv("RELAY_JAEGER_BIN")
 	if bin == "" {
-		t.Skip("RELAY_JAEGER_BIN not set (tools/jaeger/build.sh builds Jaeger; .ci/run sets it)")
+		const why = "RELAY_JAEGER_BIN not set (tools/jaeger/build.sh builds Jaeger; .ci/run sets it)"
+		if os.Getenv("CI") == "true" {
+			t.Fatal(why + ": under CI=true this test must run")
+		}
+		t.Skip(why)
 	}
 	queryHTTP, queryGRPC, otlpGRPC, otlpHTTP := freePort(t), freePort(t), freePort(t), freePort(t)
 	cfg := filepath.Join(t.TempDir(), "jaeger.yaml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(jaegerConfig, queryHTTP, queryGRPC, otlpGRPC, otlpHTTP)), 0o600); err != nil {
+	if err := os.WriteFile(cfg, []byte(jaegerConfig(t, queryHTTP, queryGRPC, otlpGRPC, otlpHTTP)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	logs := &bytes.Buffer{}
@@ -246,5 +226,16 @@ func TestNoCollector(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "attempt 3: charged order 42") {
 		t.Errorf("the job did not run:\n%s", out.String())
+	}
+}
+
+// The docs' Jaeger configuration for other ports names every port it
+// claims to, so that TestTraceInJaeger (which needs Jaeger) can run it.
+func TestJaegerConfigForOtherPorts(t *testing.T) {
+	cfg := jaegerConfig(t, 1, 2, 3, 4)
+	for _, want := range []string{"127.0.0.1:1 ", "127.0.0.1:2 ", "127.0.0.1:3 ", "127.0.0.1:4 ", "traces: mem"} {
+		if !strings.Contains(cfg, want) {
+			t.Errorf("the configuration lacks %q:\n%s", want, cfg)
+		}
 	}
 }

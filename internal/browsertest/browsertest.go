@@ -1,6 +1,7 @@
 // Package browsertest starts a headless Chromium for end-to-end tests of
 // the dashboard (github.com/chromedp/chromedp). Tests skip, with a message,
-// when no Chromium is installed; .ci/run installs Debian's chromium.
+// when no Chromium is installed (fail under CI=true); .ci/run installs
+// Debian's chromium.
 package browsertest
 
 import (
@@ -17,7 +18,8 @@ import (
 
 // Chromium finds a Chromium: $RELAY_CHROMIUM, else chromium (Debian),
 // chromium-browser, google-chrome or google-chrome-stable on PATH. It skips
-// the test when there is none.
+// the test when there is none, and fails it under CI=true (a CI run must
+// not pass without its browser tests).
 func Chromium(t testing.TB) string {
 	t.Helper()
 	if p := os.Getenv("RELAY_CHROMIUM"); p != "" {
@@ -28,7 +30,11 @@ func Chromium(t testing.TB) string {
 			return p
 		}
 	}
-	t.Skip("no Chromium found (set $RELAY_CHROMIUM, or install Debian's chromium package as .ci/run does): skipping this browser test")
+	const why = "no Chromium found (set $RELAY_CHROMIUM, or install Debian's chromium package as .ci/run does)"
+	if os.Getenv("CI") == "true" {
+		t.Fatal(why + ": under CI=true a browser test must run, not skip")
+	}
+	t.Skip(why + ": skipping this browser test")
 	return ""
 }
 

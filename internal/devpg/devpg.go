@@ -27,8 +27,9 @@ import (
 
 // Options tune Start. The zero value is a durable cluster on a free port.
 type Options struct {
-	// Fast turns off fsync and synchronous commit: for tests only, where a
-	// crash of the machine loses nothing anyone cares about.
+	// Fast turns off fsync, full-page writes and synchronous commit: for
+	// tests only, where a crash of the machine loses nothing anyone cares
+	// about.
 	Fast bool
 	// Log receives a line for each step; nil is silent.
 	Log func(format string, args ...any)

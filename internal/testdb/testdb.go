@@ -2,13 +2,16 @@
 // migrated template, so that test packages run in parallel and leave nothing
 // behind.
 //
-// The server is, in order: RELAY_TEST_DATABASE_URL when set; a server
-// answering on localhost:5432; or a throwaway cluster started from the local
-// initdb/pg_ctl for the life of the test binary. Call Main from TestMain;
-// a package whose tests open many connections (worker processes) calls
-// MainOwnCluster instead, and takes a throwaway cluster over the shared
-// server (which it uses only when no cluster can start for want of
-// initdb).
+// The server is, in order: RELAY_TEST_DATABASE_URL when set; else a
+// throwaway cluster started from the local initdb/pg_ctl for the life of
+// the test binary (one per test package, so that no package's connections
+// count against another's, nor against a shared server's other users);
+// else, only when PostgreSQL's server binaries are missing, a server
+// answering on localhost:5432. Call Main from TestMain.
+//
+// Main also keeps the tests' logs to errors: the warnings a library logs on
+// purpose while its faults are tested (a lost lease, a reconnect) otherwise
+// bury the one failure. RELAY_TEST_LOG=warn (or info, debug) shows more.
 package testdb
 
 import (
@@ -18,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"net/url"
 	"os"
 	"sync"
@@ -48,8 +52,6 @@ var (
 	once   sync.Once
 	srv    *server
 	srvErr error
-	// ownCluster is set by MainOwnCluster before any test runs.
-	ownCluster bool
 	// cluster is the throwaway cluster this binary started, for Main to
 	// stop.
 	clusterMu sync.Mutex
@@ -63,9 +65,28 @@ var (
 // gone. Main installs no signal handler: tests re-run their own binary as
 // worker processes that must handle SIGTERM themselves.)
 func Main(m *testing.M) {
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: testLogLevel()})))
 	code := m.Run()
 	stopCluster()
 	os.Exit(code)
+}
+
+// LogEnv names the variable that sets the level of the tests' default
+// logger: error (the default), warn, info or debug.
+const LogEnv = "RELAY_TEST_LOG"
+
+// testLogLevel reads LogEnv; an unknown value is the default, with a note.
+func testLogLevel() slog.Level {
+	v := os.Getenv(LogEnv)
+	if v == "" {
+		return slog.LevelError
+	}
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(v)); err != nil {
+		fmt.Fprintf(os.Stderr, "testdb: %s=%q is not a level (error, warn, info, debug): logging errors only\n", LogEnv, v)
+		return slog.LevelError
+	}
+	return l
 }
 
 // stopCluster stops the throwaway cluster, if one was started.
@@ -81,8 +102,10 @@ func stopCluster() {
 }
 
 // startCluster starts the throwaway cluster and records it for stopCluster.
+// Synchronous commit stays on, as on the servers Relay runs on: tests check
+// what Relay itself sets per transaction.
 func startCluster(ctx context.Context, maxConns int) (*devpg.Cluster, error) {
-	c, err := devpg.Start(ctx, devpg.Options{Fast: true, MaxConnections: maxConns})
+	c, err := devpg.Start(ctx, devpg.Options{Fast: true, SynchronousCommit: true, MaxConnections: maxConns})
 	if err != nil {
 		return nil, err
 	}
@@ -92,20 +115,9 @@ func startCluster(ctx context.Context, maxConns int) (*devpg.Cluster, error) {
 	return c, nil
 }
 
-// MainOwnCluster is Main for a package whose tests open many connections at
-// once (the proofs' worker processes: up to 60 for the workflow proof
-// alone). Its tests run on a throwaway cluster of their own
-// (max_connections 500) rather than on a server answering on
-// localhost:5432, which the other test binaries share while they run in
-// parallel: there, with a default max_connections of 100, its peak beside
-// theirs made the server refuse connections ("sorry, too many clients
-// already") and tests fail at random. RELAY_TEST_DATABASE_URL, when set,
-// still wins; without PostgreSQL's server binaries it falls back to
-// localhost:5432, with a warning.
-func MainOwnCluster(m *testing.M) {
-	ownCluster = true
-	Main(m)
-}
+// MainOwnCluster is Main. (Every package now runs on a throwaway cluster
+// of its own; the name stays for the packages that asked for one first.)
+func MainOwnCluster(m *testing.M) { Main(m) }
 
 // URL creates a fresh migrated database for the test and returns its URL; the
 // database is dropped when the test ends.
@@ -190,26 +202,20 @@ func setup() (*server, error) {
 	switch {
 	case os.Getenv(EnvURL) != "":
 		s.adminURL = os.Getenv(EnvURL)
-	case ownCluster:
+	default:
+		// max_connections 500: the proofs' worker processes open up to
+		// about 60 connections at once, beside the package's other tests.
 		c, err := startCluster(ctx, 500)
 		if err == nil {
 			s.adminURL = c.URL
 			break
 		}
-		if !errors.Is(err, devpg.ErrNoPostgres) || !answers(context.Background(), local) {
-			return nil, fmt.Errorf("no PostgreSQL for the tests: %s is unset and a throwaway cluster could not start: %w", EnvURL, err)
+		if !errors.Is(err, devpg.ErrNoPostgres) || !answers(ctx, local) {
+			return nil, fmt.Errorf("no PostgreSQL for the tests: %s is unset and a throwaway cluster could not start (nor does a server answer on localhost:5432): %w", EnvURL, err)
 		}
-		// Without initdb, the shared server is still better than no test.
-		fmt.Fprintf(os.Stderr, "testdb: %v; using localhost:5432, where these tests may exhaust max_connections\n", err)
+		// Without initdb, a shared server is still better than no test.
+		fmt.Fprintf(os.Stderr, "testdb: %v; using localhost:5432, where the test packages together may exhaust max_connections\n", err)
 		s.adminURL = local
-	case answers(ctx, local):
-		s.adminURL = local
-	default:
-		c, err := startCluster(ctx, 200)
-		if err != nil {
-			return nil, fmt.Errorf("no PostgreSQL for the tests: %s is unset, nothing answers on localhost:5432, and a throwaway cluster could not start: %w", EnvURL, err)
-		}
-		s.adminURL = c.URL
 	}
 	if err := s.ensureTemplate(ctx); err != nil {
 		stopCluster()
