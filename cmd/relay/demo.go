@@ -2,15 +2,19 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/internal/devpg"
@@ -35,141 +39,155 @@ type doomedArgs struct{}
 
 func (doomedArgs) Kind() string { return "demo.doomed" }
 
+// demoDir is where the demo keeps its own PostgreSQL cluster between `relay
+// demo` and `relay demo --dashboard` when no database is given.
+func demoDir() string { return filepath.Join(os.TempDir(), "relay-demo") }
+
+// runDemo is `relay demo`: plain jobs, the payment workflow, a month-end
+// schedule and outbox events, left in the database for the dashboard; with
+// --dashboard, `relay serve` on that database instead.
 func runDemo(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
-	url := fs.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL (default: a throwaway local cluster)")
+	url := fs.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL (default: the demo's own local cluster, kept in "+demoDir()+" for --dashboard)")
+	dashboard := fs.Bool("dashboard", false, "serve the dashboard on the database the demo used, with a one-time login link, until Ctrl-C")
+	listen := fs.String("listen", "127.0.0.1:8080", "with --dashboard: address to listen on (loopback)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	fromFlag := *url != os.Getenv("DATABASE_URL")
+	if *dashboard {
+		return runDemoDashboard(ctx, *url, *listen)
+	}
+	start := time.Now()
+	var cluster *devpg.Cluster
 	if *url == "" {
-		fmt.Println("demo: no DATABASE_URL; starting a throwaway PostgreSQL cluster (removed at the end)")
-		cluster, err := devpg.Start(ctx, devpg.Options{})
-		if err != nil {
+		fmt.Printf("demo: no DATABASE_URL; starting the demo's own PostgreSQL in %s (replaced at each demo, kept for --dashboard)\n", demoDir())
+		if err := devpg.Discard(demoDir()); err != nil {
+			return fmt.Errorf("demo: %w", err)
+		}
+		var err error
+		if cluster, err = devpg.Start(ctx, devpg.Options{Dir: demoDir()}); err != nil {
 			return fmt.Errorf("demo: %w", err)
 		}
 		defer func() {
-			if err := cluster.Stop(); err != nil {
+			if err := cluster.Shutdown(); err != nil {
 				fmt.Fprintln(os.Stderr, "demo:", err)
 			}
 		}()
 		*url = cluster.URL
-		fmt.Printf("demo: PostgreSQL at 127.0.0.1:%d (data in %s)\n", cluster.Port, cluster.Dir)
+		fmt.Printf("demo: PostgreSQL at 127.0.0.1:%d\n", cluster.Port)
 	} else {
-		fmt.Println("demo: using --database-url / $DATABASE_URL; the relay_* tables and the demo's jobs stay there afterwards")
+		fmt.Println("demo: using --database-url / $DATABASE_URL; the relay_* tables, the demo's jobs, runs, schedule and events stay there afterwards")
 	}
-	pool, err := pgxpool.New(ctx, *url)
+	pool, err := openPool(ctx, *url, false)
 	if err != nil {
 		return fmt.Errorf("demo: %w", err)
 	}
 	defer pool.Close()
-
 	res, err := migrations.Migrate(ctx, pool)
 	if err != nil {
 		return err
 	}
 	fmt.Printf("demo: migrated (%d applied)\n", len(res.Applied))
 
-	ws := core.NewWorkers()
-	core.MustAddWorker(ws, core.WorkFunc[greetArgs](func(ctx context.Context, j *core.Job[greetArgs]) error {
-		fmt.Printf("  job %d %s: hello, %s\n", j.ID, j.Kind, j.Args.Name)
-		return nil
-	}))
-	core.MustAddWorker(ws, core.WorkFunc[flakyArgs](func(ctx context.Context, j *core.Job[flakyArgs]) error {
-		if j.Attempt <= j.Args.FailTimes {
-			fmt.Printf("  job %d %s: attempt %d fails on purpose\n", j.ID, j.Kind, j.Attempt)
-			return fmt.Errorf("upstream unavailable (attempt %d)", j.Attempt)
-		}
-		fmt.Printf("  job %d %s: attempt %d succeeds\n", j.ID, j.Kind, j.Attempt)
-		return nil
-	}))
-	core.MustAddWorker(ws, core.WorkFunc[doomedArgs](func(ctx context.Context, j *core.Job[doomedArgs]) error {
-		fmt.Printf("  job %d %s: attempt %d of %d fails\n", j.ID, j.Kind, j.Attempt, j.MaxAttempts)
-		return errors.New("the card was declined")
-	}))
-
-	client, err := core.NewClient(pool, &core.Config{
-		Workers:     ws,
-		Queues:      map[string]core.QueueConfig{"demo": {MaxWorkers: 4}},
-		RetryPolicy: core.Backoff{Base: 200 * time.Millisecond, Max: time.Second},
-		// Failures are printed by the handlers; keep the log to errors.
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
-	})
-	if err != nil {
-		return err
+	// A tracer provider, so that jobs and runs get trace ids (a real
+	// program exports them: docs/observability.md).
+	tp := sdktrace.NewTracerProvider()
+	defer tp.Shutdown(context.WithoutCancel(ctx)) //nolint:errcheck
+	t := &demoTour{pool: pool, tp: tp, stamp: time.Now().UTC().Format("0102-150405")}
+	if err := t.setUp(ctx); err != nil {
+		return fmt.Errorf("demo: %w", err)
 	}
-
-	// Enqueue inside our own transaction: the jobs exist only once it commits.
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		return err
-	}
-	opts := &core.EnqueueOpts{Queue: "demo"}
-	results, err := core.EnqueueMany(ctx, tx, []core.EnqueueParams{
-		{Args: greetArgs{Name: "world"}, Opts: opts},
-		{Args: flakyArgs{FailTimes: 2}, Opts: opts},
-		{Args: doomedArgs{}, Opts: &core.EnqueueOpts{Queue: "demo", MaxAttempts: 3}},
-	})
-	if err != nil {
-		tx.Rollback(ctx)
-		return err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return err
-	}
-	fmt.Printf("demo: enqueued jobs %d, %d, %d in one transaction; starting 4 workers on queue \"demo\"\n",
-		results[0].ID, results[1].ID, results[2].ID)
-
-	if err := client.Start(ctx); err != nil {
-		return err
-	}
-	waitErr := waitFinal(ctx, pool, results)
-	stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := client.Stop(stopCtx); err != nil {
-		return err
-	}
-	if waitErr != nil {
-		return waitErr
-	}
-
-	fmt.Println("\ndemo: what happened to each job")
-	for _, r := range results {
-		j, err := core.JobGet(ctx, pool, r.ID)
-		if err != nil {
-			return err
-		}
-		fmt.Printf("  job %d %-11s %-9s after %d attempt(s)\n", j.ID, j.Kind, j.State, j.Attempt)
-		for _, h := range j.History {
-			fmt.Printf("      attempt %d failed: %s\n", h.Attempt, h.Error)
+	defer t.stop()
+	for _, step := range []func(context.Context) error{t.jobs, t.workflows, t.schedule, t.outbox} {
+		if err := step(ctx); err != nil {
+			return fmt.Errorf("demo: %w", err)
 		}
 	}
-	fmt.Println("\ndemo: done. Delivery is at-least-once: handlers must be idempotent.")
+
+	fmt.Printf("\ndemo: done in %s. Delivery is at-least-once: handlers must be idempotent.\n", time.Since(start).Round(100*time.Millisecond))
+	fmt.Println("\nSee all of it in the dashboard (it prints a one-time login link):")
+	switch {
+	case cluster != nil:
+		fmt.Println("  go run ./cmd/relay demo --dashboard")
+	case fromFlag:
+		fmt.Printf("  go run ./cmd/relay demo --dashboard --database-url '%s'\n", *url)
+	default:
+		fmt.Println("  go run ./cmd/relay demo --dashboard      # on $DATABASE_URL")
+	}
 	return nil
 }
 
-// waitFinal polls until every job is in a final state.
-func waitFinal(ctx context.Context, pool *pgxpool.Pool, results []core.EnqueueResult) error {
-	ids := make([]int64, len(results))
-	for i, r := range results {
-		ids[i] = r.ID
+// runDemoDashboard serves the admin API and dashboard on the demo's
+// database (url, else the demo's kept cluster) with a fresh secret, so that
+// `relay serve` prints its one-time login link, until ctx ends.
+func runDemoDashboard(ctx context.Context, url, listen string) error {
+	if url == "" {
+		if _, err := os.Stat(filepath.Join(demoDir(), "data")); err != nil {
+			return errors.New("demo: no demo database in " + demoDir() + ": run `relay demo` first (or pass --database-url)")
+		}
+		cluster, err := devpg.Start(ctx, devpg.Options{Dir: demoDir()})
+		if err != nil {
+			return fmt.Errorf("demo: %w", err)
+		}
+		defer func() {
+			if err := cluster.Shutdown(); err != nil {
+				fmt.Fprintln(os.Stderr, "demo:", err)
+			}
+		}()
+		url = cluster.URL
+		fmt.Printf("demo: the demo's PostgreSQL at 127.0.0.1:%d (in %s)\n", cluster.Port, demoDir())
 	}
-	deadline := time.Now().Add(60 * time.Second)
+	if os.Getenv(secretEnv) == "" {
+		b := make([]byte, 32)
+		rand.Read(b)
+		// This process's own secret: the login link below is the way in,
+		// and `relay token` with the same secret mints more.
+		os.Setenv(secretEnv, base64.StdEncoding.EncodeToString(b)) //nolint:errcheck
+	}
+	fmt.Println("demo: serving the dashboard on the demo's data until Ctrl-C")
+	return runServe(ctx, []string{"--database-url", url, "--listen", listen, "--demo-workers"})
+}
+
+// demoQuiet is the demo's logger: failures are printed by the handlers.
+func demoQuiet() *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+}
+
+// waitJobs polls until every job is in a final state, bounded.
+func waitJobs(ctx context.Context, pool *pgxpool.Pool, ids []int64, within time.Duration) error {
+	deadline := time.Now().Add(within)
 	for {
 		var open int
-		err := pool.QueryRow(ctx, `SELECT count(*) FROM relay_jobs WHERE id = ANY($1) AND state NOT IN ('succeeded','dead','cancelled')`, ids).Scan(&open)
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return err
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM relay_jobs WHERE id = ANY($1) AND state NOT IN ('succeeded','dead','cancelled')`, ids).Scan(&open); err != nil {
+			return fmt.Errorf("wait for jobs: %w", err)
 		}
 		if open == 0 {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("demo: %d jobs still unfinished after 60s", open)
+			return fmt.Errorf("%d of jobs %v still unfinished after %s", open, ids, within)
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
+		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// traceOf is the trace id of a job's stored traceparent, or "(untraced)".
+func traceOf(j *core.JobRow) string {
+	if id := traceID(metaString(j.Metadata, core.MetaTraceParent)); id != "" {
+		return id
+	}
+	return "(untraced)"
+}
+
+// metaString reads one string of a job's metadata ("" if absent).
+func metaString(meta []byte, key string) string {
+	var m map[string]any
+	json.Unmarshal(meta, &m) //nolint:errcheck // absent then
+	v, _ := m[key].(string)
+	return v
 }

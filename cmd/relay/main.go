@@ -20,7 +20,9 @@ const usage = `relay — a job queue and durable workflows on PostgreSQL
 
 Usage:
   relay migrate [--database-url URL]   apply pending migrations
-  relay demo    [--database-url URL]   run the demo (a throwaway PostgreSQL when no URL)
+  relay demo    [--database-url URL]   run the demo: jobs, workflows, a schedule, outbox events
+                                       (its own local PostgreSQL when no URL); then
+                                       relay demo --dashboard opens the dashboard on them
   relay prove queue [flags]            prove no job is lost or its effect duplicated
                                        under kill -9, SIGTERM and database faults
                                        (relay prove queue -h lists the flags)

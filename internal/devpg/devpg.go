@@ -39,6 +39,13 @@ type Options struct {
 	// off): a commit then waits for a synchronous standby, which Fast alone
 	// would not.
 	SynchronousCommit bool
+	// Dir, when set, is the cluster's directory instead of a fresh
+	// temporary one: a cluster already there (stopped by Shutdown) is
+	// started again with its data, else one is created there. Such a
+	// cluster is never taken for an orphan (see Start); Stop still removes
+	// it, Shutdown keeps it. As root, the server's user must be able to
+	// reach Dir (a directory under os.TempDir() is).
+	Dir string
 }
 
 // Cluster is a running throwaway cluster. Stop removes it.
@@ -92,13 +99,25 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		return nil, err
 	}
 	reapOrphans(opts.Log)
-	dir, err := os.MkdirTemp("", "relay-pg-")
-	if err != nil {
-		return nil, fmt.Errorf("devpg: temp dir: %w", err)
+	if opts.Dir != "" {
+		if _, err := os.Stat(filepath.Join(opts.Dir, "data", "PG_VERSION")); err == nil {
+			return restart(ctx, bin, opts)
+		}
+		if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
+			return nil, fmt.Errorf("devpg: %w", err)
+		}
 	}
-	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
-		os.RemoveAll(dir)
-		return nil, fmt.Errorf("devpg: %w", err)
+	dir := opts.Dir
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "relay-pg-"); err != nil {
+			return nil, fmt.Errorf("devpg: temp dir: %w", err)
+		}
+		// Only a temporary cluster has an owner to outlive (see
+		// reapOrphans).
+		if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+			os.RemoveAll(dir)
+			return nil, fmt.Errorf("devpg: %w", err)
+		}
 	}
 	c := &Cluster{Dir: dir, bin: bin, opts: opts}
 	if os.Geteuid() == 0 {
@@ -130,6 +149,73 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// restart starts the cluster kept in opts.Dir on a free port, first
+// stopping a server still running there (its process was killed).
+func restart(ctx context.Context, bin string, opts Options) (*Cluster, error) {
+	c := &Cluster{Dir: opts.Dir, bin: bin, opts: opts}
+	if os.Geteuid() == 0 {
+		cred, err := unprivileged()
+		if err != nil {
+			return nil, err
+		}
+		c.cred = cred
+	}
+	if pid, err := readPID(filepath.Join(c.dataDir(), "postmaster.pid")); err == nil && alive(pid) {
+		c.run(ctx, "pg_ctl", "-D", c.dataDir(), "-m", "fast", "-w", "stop") //nolint:errcheck // the start below says what is wrong
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	c.Port = port
+	c.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
+	if err := c.Start(ctx); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Discard stops the server of the cluster kept in dir, if one runs, and
+// removes dir: for a caller of Start with Options.Dir that wants a fresh
+// cluster there.
+func Discard(dir string) error {
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if pid, err := readPID(filepath.Join(dir, "data", "postmaster.pid")); err == nil && alive(pid) {
+		bin, err := BinDir()
+		if err != nil {
+			return err
+		}
+		c := &Cluster{Dir: dir, bin: bin}
+		if os.Geteuid() == 0 {
+			if c.cred, err = unprivileged(); err != nil {
+				return err
+			}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		if out, err := c.run(ctx, "pg_ctl", "-D", c.dataDir(), "-m", "immediate", "-w", "stop"); err != nil {
+			return fmt.Errorf("devpg: stop the cluster in %s: %w\n%s", dir, err, out)
+		}
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("devpg: %w", err)
+	}
+	return nil
+}
+
+// Shutdown stops the server with a fast shutdown and keeps the cluster's
+// directory, for Start with Options.Dir to start again.
+func (c *Cluster) Shutdown() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if out, err := c.run(ctx, "pg_ctl", "-D", c.dataDir(), "-m", "fast", "-w", "stop"); err != nil {
+		return fmt.Errorf("devpg: pg_ctl stop: %w\n%s", err, out)
+	}
+	return nil
 }
 
 func (c *Cluster) dataDir() string { return filepath.Join(c.Dir, "data") }

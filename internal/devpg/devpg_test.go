@@ -136,3 +136,50 @@ func TestStandbyFailover(t *testing.T) {
 		})
 	}
 }
+
+// A cluster in Options.Dir keeps its data across Shutdown and a new Start
+// (on a new port), and Discard stops and removes it.
+func TestDirKeepsTheClusterAcrossStarts(t *testing.T) {
+	if _, err := BinDir(); err != nil {
+		t.Skip(err)
+	}
+	ctx := context.Background()
+	// Under os.TempDir, not t.TempDir: as root the server runs as another
+	// user, who must reach the directory.
+	dir := filepath.Join(os.TempDir(), "relay-devpg-test-kept-"+strconv.Itoa(os.Getpid()))
+	t.Cleanup(func() { Discard(dir) }) //nolint:errcheck
+	c, err := Start(ctx, Options{Fast: true, Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec1 := func(url, sql string) {
+		t.Helper()
+		conn, err := pgx.Connect(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exec1(c.URL, `CREATE TABLE kept (n int); INSERT INTO kept VALUES (42)`)
+	if err := c.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	again, err := Start(ctx, Options{Fast: true, Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec1(again.URL, `DO $$ BEGIN IF (SELECT n FROM kept) <> 42 THEN RAISE 'lost'; END IF; END $$`)
+	if err := Discard(dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("Discard left %s: %v", dir, err)
+	}
+	if conn, err := pgx.Connect(ctx, again.URL); err == nil {
+		conn.Close(ctx)
+		t.Errorf("the discarded cluster still answers")
+	}
+}
