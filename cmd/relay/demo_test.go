@@ -41,10 +41,10 @@ func TestDemoFillsTheDashboard(t *testing.T) {
 		"2 compensated runs":      `SELECT count(*) = 2 FROM relay_workflow_runs WHERE workflow = 'demo.payment' AND state = 'compensated'`,
 		"2 waiting runs":          `SELECT count(*) = 2 FROM relay_workflow_runs WHERE workflow = 'demo.payment' AND state = 'running'`,
 		"2 dead demo.doomed jobs": `SELECT count(*) = 2 FROM relay_jobs WHERE kind = 'demo.doomed' AND state = 'dead'`,
-		"the schedule, fired":     `SELECT count(*) = 1 FROM relay_schedules s WHERE name = 'month-end-settlement' AND disabled_at IS NULL
+		"the schedule, fired": `SELECT count(*) = 1 FROM relay_schedules s WHERE name = 'month-end-settlement' AND disabled_at IS NULL
 			AND (SELECT count(*) FROM relay_schedule_fires f WHERE f.schedule = s.name) = 2`,
-		"4 dispatched events":     `SELECT count(*) = 4 FROM relay_outbox WHERE topic = 'order.paid' AND dispatched_at IS NOT NULL`,
-		"4 receipt jobs done":     `SELECT count(*) = 4 FROM relay_jobs WHERE kind = 'demo.receipt' AND state = 'succeeded'`,
+		"4 dispatched events": `SELECT count(*) = 4 FROM relay_outbox WHERE topic = 'order.paid' AND dispatched_at IS NOT NULL`,
+		"4 receipt jobs done": `SELECT count(*) = 4 FROM relay_jobs WHERE kind = 'demo.receipt' AND state = 'succeeded'`,
 		"a job traced across its 3 attempts": `SELECT count(*) = 2 FROM relay_jobs WHERE kind = 'demo.flaky' AND state = 'succeeded'
 			AND attempt = 3 AND metadata ? 'traceparent'`,
 	} {
