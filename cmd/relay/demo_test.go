@@ -54,6 +54,13 @@ func TestDemoFillsTheDashboard(t *testing.T) {
 		}
 	}
 
+	demoDashboard(t, bin, url)
+}
+
+// demoDashboard runs `relay demo --dashboard` on url, stopped when the test
+// ends, and returns the one-time login link it prints.
+func demoDashboard(t *testing.T, bin, url string) string {
+	t.Helper()
 	cmd := exec.Command(bin, "demo", "--dashboard", "--database-url", url, "--listen", freeAddr(t))
 	cmd.Env = append(os.Environ(), "DATABASE_URL=", "RELAY_JWT_SECRET=")
 	stdout, err := cmd.StdoutPipe()
@@ -84,8 +91,10 @@ func TestDemoFillsTheDashboard(t *testing.T) {
 		}
 	}()
 	select {
-	case <-links:
+	case link := <-links:
+		return link
 	case <-time.After(2 * time.Minute):
 		t.Fatal("relay demo --dashboard printed no login link")
 	}
+	return ""
 }
