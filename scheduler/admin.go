@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/core"
@@ -32,6 +33,8 @@ type Info struct {
 	Queue      string
 	CatchUp    string
 	Overlap    string
+	// NextFireAt is the zero time when the stored one is an infinity
+	// (written behind Declare); such a schedule is marked broken.
 	NextFireAt time.Time
 	LastFireAt *time.Time
 	LastJobID  *int64
@@ -56,9 +59,16 @@ func List(ctx context.Context, pool *pgxpool.Pool) ([]Info, error) {
 		var i Info
 		var args string
 		var broken *string
+		// Stored times are read so that an infinity (written behind
+		// Declare) costs its own field, not the whole list.
+		var next, last, disabled, brokenAt pgtype.Timestamptz
 		err := r.Scan(&i.Name, &i.Namespace, &i.Spec, &i.TimeZone, &i.Kind, &args, &i.Queue, &i.CatchUp, &i.Overlap,
-			&i.NextFireAt, &i.LastFireAt, &i.LastJobID, &i.Paused, &i.DisabledAt, &broken, &i.BrokenAt)
+			&next, &last, &i.LastJobID, &i.Paused, &disabled, &broken, &brokenAt)
 		i.Args = json.RawMessage(args)
+		i.NextFireAt, i.LastFireAt, i.DisabledAt, i.BrokenAt = next.Time, finite(last), finite(disabled), finite(brokenAt)
+		if disabled.Valid && i.DisabledAt == nil {
+			i.DisabledAt = &disabled.Time // an infinite disabled_at still disables
+		}
 		if broken != nil {
 			i.BrokenError = *broken
 		}

@@ -133,10 +133,13 @@ UPDATE relay_schedules SET
 WHERE name = $1`
 
 // sqlNextDue is how long until the soonest enabled schedule this process
-// can evaluate is due ($1: the ones it cannot).
+// can evaluate is due ($1: the ones it cannot). An infinite next fire
+// (written behind Declare) is left out: it would make the wait infinite, and
+// a -infinity one is due now anyway (the tick marks it).
 const sqlNextDue = `
 SELECT coalesce(extract(epoch FROM min(next_fire_at) - now()), 3600)::float8
-FROM relay_schedules WHERE NOT paused AND disabled_at IS NULL AND NOT (name = ANY ($1::text[]))`
+FROM relay_schedules WHERE NOT paused AND disabled_at IS NULL AND NOT (name = ANY ($1::text[]))
+  AND isfinite(next_fire_at)`
 
 // sqlMarkBroken records why this process cannot evaluate a schedule; the
 // first time it was seen stays.

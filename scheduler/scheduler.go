@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/core"
@@ -400,6 +401,9 @@ func (s *Scheduler) skip(name string, d time.Duration) {
 // fire handles one locked, due schedule: enqueues the fires its catch-up
 // policy keeps and advances it.
 func (s *Scheduler) fire(ctx context.Context, tx pgx.Tx, r *row) error {
+	if !r.nextFinite {
+		return errors.New("stored next_fire_at is not a finite time (pause and resume the schedule to restart it from its next fire)")
+	}
 	spec, err := s.specs.get(r.spec, r.timezone)
 	if err != nil {
 		// Stored by a newer or broken declaration: leave it to a process
@@ -539,6 +543,7 @@ type row struct {
 	catchUpLimit               int
 	overlap                    string
 	nextFireAt                 time.Time
+	nextFinite                 bool // false: next_fire_at is an infinity, nextFireAt zero
 	lastJobID                  *int64
 	now                        time.Time
 }
@@ -546,10 +551,24 @@ type row struct {
 func scanRow(r pgx.CollectableRow) (*row, error) {
 	var x row
 	var args, meta string
+	// A next fire of -infinity (written behind Declare) is due for ever and
+	// no Go time holds it: it fails its own schedule's fire (see fire),
+	// not the scan of every due schedule.
+	var next pgtype.Timestamptz
 	err := r.Scan(&x.name, &x.spec, &x.timezone, &x.kind, &args, &x.queue, &x.priority, &x.maxAttempts, &meta,
-		&x.catchUp, &x.catchUpLimit, &x.overlap, &x.nextFireAt, &x.lastJobID, &x.now)
+		&x.catchUp, &x.catchUpLimit, &x.overlap, &next, &x.lastJobID, &x.now)
 	x.args, x.metadata = json.RawMessage(args), json.RawMessage(meta)
+	x.nextFireAt, x.nextFinite = next.Time, next.InfinityModifier == pgtype.Finite
 	return &x, err
+}
+
+// finite is a stored time List can report: nil for NULL and for the
+// infinities no Go time holds.
+func finite(t pgtype.Timestamptz) *time.Time {
+	if !t.Valid || t.InfinityModifier != pgtype.Finite {
+		return nil
+	}
+	return &t.Time
 }
 
 // specCache keeps parsed specs by text and zone.

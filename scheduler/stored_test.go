@@ -45,13 +45,14 @@ func (h *errorLines) count(name string) int {
 
 // Stored schedule values of the wrong shape, written behind Declare, fail
 // their own schedule only. Options the core refuses (a priority out of
-// range, a queue name too long), metadata or args that are not objects: the
-// schedule is marked with the error (List and the admin API show it),
+// range, a queue name too long), metadata or args that are not objects, a
+// next fire of -infinity: the schedule is marked with the error (List and
+// the admin API show it),
 // logged once, left alone until its recheck, and fires nothing. Args that
 // are an object of another shape are not the scheduler's to decode: the
 // schedule fires, and its job fails its own decode (dead after its
-// attempts, the error in last_error). A healthy schedule beside them fires
-// throughout.
+// attempts, the error in last_error). A next fire of +infinity is never
+// due and costs nothing. A healthy schedule beside them fires throughout.
 func TestUndecodableScheduleFailsAlone(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
@@ -60,12 +61,14 @@ func TestUndecodableScheduleFailsAlone(t *testing.T) {
 		INSERT INTO relay_schedules (name, spec, timezone, kind, args, queue, priority, max_attempts,
 		                             catch_up, catch_up_limit, overlap, next_fire_at, namespace, metadata)
 		SELECT name, '@every 1h', 'UTC', 'report', args::jsonb, queue, priority, 1,
-		       'latest', 100, 'allow', now() - interval '1 minute', 'other', metadata::jsonb
-		FROM (VALUES ('bad-priority', '{}', 'default', -1, '{}'),
-		             ('bad-queue', '{}', repeat('q', 200), 1, '{}'),
-		             ('bad-metadata', '{}', 'default', 1, '"text"'),
-		             ('args-not-object', '"text"', 'default', 1, '{}'),
-		             ('bad-args', '{"region": 5}', 'default', 1, '{}')) AS v(name, args, queue, priority, metadata)`); err != nil {
+		       'latest', 100, 'allow', coalesce(next::timestamptz, now() - interval '1 minute'), 'other', metadata::jsonb
+		FROM (VALUES ('bad-priority', '{}', 'default', -1, '{}', NULL),
+		             ('bad-queue', '{}', repeat('q', 200), 1, '{}', NULL),
+		             ('bad-metadata', '{}', 'default', 1, '"text"', NULL),
+		             ('args-not-object', '"text"', 'default', 1, '{}', NULL),
+		             ('bad-args', '{"region": 5}', 'default', 1, '{}', NULL),
+		             ('past-forever', '{}', 'default', 1, '{}', '-infinity'),
+		             ('never', '{}', 'default', 1, '{}', 'infinity')) AS v(name, args, queue, priority, metadata, next)`); err != nil {
 		t.Fatal(err)
 	}
 	ws := core.NewWorkers()
@@ -103,7 +106,8 @@ func TestUndecodableScheduleFailsAlone(t *testing.T) {
 		return count(t, pool, `SELECT count(*) FROM relay_jobs WHERE metadata->>'relay.schedule' = 'bad-args' AND state = 'dead'`) == 1
 	})
 
-	want := map[string]string{"bad-priority": "priority", "bad-queue": "queue", "bad-metadata": "metadata", "args-not-object": "args"}
+	want := map[string]string{"bad-priority": "priority", "bad-queue": "queue", "bad-metadata": "metadata", "args-not-object": "args",
+		"past-forever": "next_fire_at"}
 	list, err := scheduler.List(ctx, pool)
 	if err != nil {
 		t.Fatal(err)
@@ -113,6 +117,10 @@ func TestUndecodableScheduleFailsAlone(t *testing.T) {
 		switch {
 		case broken && (!strings.Contains(strings.ToLower(i.BrokenError), msg) || i.BrokenAt == nil || i.LastFireAt != nil):
 			t.Errorf("%s: broken %q at %v, last fire %v; want marked with its %s error, not fired", i.Name, i.BrokenError, i.BrokenAt, i.LastFireAt, msg)
+		case i.Name == "never":
+			if i.BrokenError != "" || i.LastFireAt != nil {
+				t.Errorf("never: broken %q, last fire %v; want neither (it is never due)", i.BrokenError, i.LastFireAt)
+			}
 		case !broken && (i.BrokenError != "" || i.LastFireAt == nil):
 			t.Errorf("%s: broken %q, last fire %v; want fired", i.Name, i.BrokenError, i.LastFireAt)
 		}
