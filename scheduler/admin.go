@@ -25,14 +25,14 @@ var ErrOwned = errors.New("scheduler: schedule owned by namespace")
 type Info struct {
 	Name string
 	// Namespace is the service that owns the schedule (Config.Namespace).
-	Namespace  string
-	Spec       string
-	TimeZone   string
-	Kind       string
-	Args       json.RawMessage
-	Queue      string
-	CatchUp    string
-	Overlap    string
+	Namespace string
+	Spec      string
+	TimeZone  string
+	Kind      string
+	Args      json.RawMessage
+	Queue     string
+	CatchUp   string
+	Overlap   string
 	// NextFireAt is the zero time when the stored one is an infinity
 	// (written behind Declare); such a schedule is marked broken.
 	NextFireAt time.Time
