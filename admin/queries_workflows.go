@@ -63,6 +63,17 @@ func sqlListRuns(f runFilter, after *runCursor, limit int) (string, []any) {
 		runColumns, w, len(args)), args
 }
 
+// sqlSetAsideSignals lists run $1's set-aside signals (payloads a
+// WaitSignal could not decode), oldest first, up to $2; a payload over $3
+// bytes is left out. relay_workflow_signals_set_aside_idx holds exactly
+// them.
+const sqlSetAsideSignals = `
+SELECT id, name, created_at, consumed_at, decode_error, octet_length(payload::text),
+       CASE WHEN octet_length(payload::text) <= $3 THEN payload::text END
+FROM relay_workflow_signals
+WHERE run_id = $1 AND decode_error IS NOT NULL
+ORDER BY id LIMIT $2`
+
 // sqlChildRuns lists a run's child runs in the order they were started
 // (relay_workflow_runs_parent_idx), up to $2.
 const sqlChildRuns = `

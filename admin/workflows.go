@@ -44,6 +44,20 @@ type WorkflowRunDetail struct {
 	TraceURL   string          `json:"trace_url,omitempty"`
 	Steps      []WorkflowStep  `json:"steps" doc:"The timeline, by position in the run's code path"`
 	Children   []WorkflowRun   `json:"children" doc:"Child runs, in the order started (at most 1000)"`
+	// SetAsideSignals are the signals the run set aside: their payload did
+	// not decode into the type its WaitSignal asked for.
+	SetAsideSignals []WorkflowSignal `json:"set_aside_signals" doc:"Signals set aside because their payload did not decode into the type the run's WaitSignal asked for, oldest first (at most 100); the run waited on"`
+}
+
+// WorkflowSignal is a signal a run set aside, with why.
+type WorkflowSignal struct {
+	ID           int64           `json:"id"`
+	Name         string          `json:"name"`
+	SentAt       time.Time       `json:"sent_at"`
+	SetAsideAt   *time.Time      `json:"set_aside_at,omitempty"`
+	DecodeError  string          `json:"decode_error" doc:"Why the payload did not decode"`
+	PayloadBytes int             `json:"payload_bytes"`
+	Payload      json.RawMessage `json:"payload,omitempty" doc:"Absent when larger than 64 KiB (payload_bytes says how large)"`
 }
 
 // WorkflowStep is one checkpoint of a run's timeline.
@@ -251,7 +265,7 @@ func (s *server) runError(what, id string, err error) error {
 	case errors.Is(err, workflow.ErrNotRetryable):
 		return huma.Error409Conflict(fmt.Sprintf("%s refused: run %q is not failed (only a failed run can be retried; "+
 			"a compensated or cancelled run has undone its work)", what, id))
-	case errors.Is(err, workflow.ErrTooLarge):
+	case errors.Is(err, workflow.ErrTooLarge), errors.Is(err, workflow.ErrTooDeep):
 		return huma.Error422UnprocessableEntity(fmt.Sprintf("%s refused: %v", what, err))
 	}
 	return s.internalError(what, err)
@@ -341,6 +355,25 @@ func (s *server) getRun(ctx context.Context, in *runIDInput) (*runOutput, error)
 	}
 	if d.Children == nil {
 		d.Children = []WorkflowRun{}
+	}
+	rows, err = s.read.Query(ctx, sqlSetAsideSignals, in.ID, 100, maxStepOutputShown)
+	if err != nil {
+		return nil, s.internalError("get workflow run", err)
+	}
+	d.SetAsideSignals, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (WorkflowSignal, error) {
+		var sg WorkflowSignal
+		var payload *string
+		err := r.Scan(&sg.ID, &sg.Name, &sg.SentAt, &sg.SetAsideAt, &sg.DecodeError, &sg.PayloadBytes, &payload)
+		if payload != nil {
+			sg.Payload = json.RawMessage(*payload)
+		}
+		return sg, err
+	})
+	if err != nil {
+		return nil, s.internalError("get workflow run", err)
+	}
+	if d.SetAsideSignals == nil {
+		d.SetAsideSignals = []WorkflowSignal{}
 	}
 	return &runOutput{Body: d}, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/url"
 	"strings"
 	"sync/atomic"
@@ -392,4 +393,37 @@ func jsonOf(t *testing.T, v any) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// A signal the run cannot decode is set aside, and the run's page lists
+// it with its decoding error; the run goes on waiting and completes with
+// the next good signal. Signal's bounds are a 422.
+func TestWorkflowSetAsideSignal(t *testing.T) {
+	t.Parallel()
+	b := setupWorkflows(t)
+	start(b, b.approv, "approve-bad", "po-9")
+	b.ok(b.do("POST", "/v1/workflows/runs/approve-bad/signal", b.rw, `{"name":"decision","payload":[1,2]}`))
+	var run map[string]any
+	testdb.WaitFor(t, "the bad signal set aside", func() bool {
+		run = b.ok(b.do("GET", "/v1/workflows/runs/approve-bad", b.ro, nil))
+		return len(run["set_aside_signals"].([]any)) == 1
+	})
+	sg := run["set_aside_signals"].([]any)[0].(map[string]any)
+	if sg["name"] != "decision" || !strings.Contains(sg["decode_error"].(string), "map[string]string") ||
+		string(jsonOf(t, sg["payload"])) != `[1,2]` || sg["set_aside_at"] == nil {
+		t.Fatalf("set-aside signal: %v", sg)
+	}
+	if run["state"] != "running" {
+		t.Fatalf("the run is %v, want still running", run["state"])
+	}
+	deep := strings.Repeat("[", 100) + strings.Repeat("]", 100)
+	p := b.problem(b.do("POST", "/v1/workflows/runs/approve-bad/signal", b.rw, `{"name":"decision","payload":`+deep+`}`), 422)
+	if !strings.Contains(fmt.Sprint(p["detail"]), "nested") {
+		t.Fatalf("deep payload problem: %v", p)
+	}
+	b.ok(b.do("POST", "/v1/workflows/runs/approve-bad/signal", b.rw, `{"name":"decision","payload":{"by":"eve"}}`))
+	run = b.waitRun("approve-bad", "completed")
+	if string(jsonOf(t, run["output"])) != `"po-9: eve"` || len(run["set_aside_signals"].([]any)) != 1 {
+		t.Fatalf("after the good signal: %v, %v", run["output"], run["set_aside_signals"])
+	}
 }

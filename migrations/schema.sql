@@ -896,7 +896,8 @@ CREATE TABLE public.relay_workflow_signals (
     payload jsonb NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     consumed_at timestamp with time zone,
-    consumed_by integer
+    consumed_by integer,
+    decode_error text
 );
 
 -- Name: relay_workflow_signals_id_seq; Type: SEQUENCE; Schema: public
@@ -1112,6 +1113,10 @@ CREATE INDEX relay_workflow_runs_unfinished_idx ON public.relay_workflow_runs US
 -- Name: relay_workflow_signals_pending_idx; Type: INDEX; Schema: public
 
 CREATE INDEX relay_workflow_signals_pending_idx ON public.relay_workflow_signals USING btree (run_id, name, id) WHERE (consumed_at IS NULL);
+
+-- Name: relay_workflow_signals_set_aside_idx; Type: INDEX; Schema: public
+
+CREATE INDEX relay_workflow_signals_set_aside_idx ON public.relay_workflow_signals USING btree (run_id, id) WHERE (decode_error IS NOT NULL);
 
 -- Name: relay_jobs relay_jobs_after_insert; Type: TRIGGER; Schema: public
 

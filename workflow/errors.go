@@ -24,8 +24,11 @@ var (
 	ErrRunCancelled   = errors.New("workflow: run cancelled")
 	// ErrDuplicateKey: a run used the same step key twice.
 	ErrDuplicateKey = errors.New("workflow: duplicate step key")
-	// ErrTooLarge: an input, output or payload exceeds MaxPayloadBytes.
+	// ErrTooLarge: an input, output or payload exceeds MaxPayloadBytes, or
+	// a signal MaxSignalBytes.
 	ErrTooLarge = errors.New("workflow: payload too large")
+	// ErrTooDeep: a signal's payload nests deeper than MaxSignalDepth.
+	ErrTooDeep = errors.New("workflow: payload nested too deep")
 	// ErrNotRetryable: Retry was asked of a run that is not failed.
 	ErrNotRetryable = errors.New("workflow: only a failed run can be retried")
 	// ErrReservedKey: a step key given in code uses a prefix the package

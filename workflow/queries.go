@@ -153,9 +153,9 @@ SELECT workflow, state, coalesce(output::text, ''), coalesce(error, '')
 FROM relay_workflow_runs WHERE id = $1`
 
 // sqlConsumeSignal takes the oldest unconsumed signal $2 of run $1 for the
-// wait at position $3. It runs in the wait's checkpoint transaction, so a
-// signal is consumed exactly when the wait is recorded: a refused
-// checkpoint leaves it in the mailbox.
+// wait at position $3, and returns its id and payload. It runs in the
+// wait's checkpoint transaction, so a signal is consumed exactly when the
+// wait is recorded: a refused checkpoint leaves it in the mailbox.
 const sqlConsumeSignal = `
 UPDATE relay_workflow_signals
 SET consumed_at = now(), consumed_by = $3
@@ -165,7 +165,13 @@ WHERE id = (
     ORDER BY id
     LIMIT 1
     FOR UPDATE)
-RETURNING payload::text`
+RETURNING id, payload::text`
+
+// sqlSetSignalAside marks signal $1, just taken by sqlConsumeSignal, as
+// set aside with decoding error $2: out of the mailbox, received by no
+// wait (consumed_by NULL), in the same transaction.
+const sqlSetSignalAside = `
+UPDATE relay_workflow_signals SET consumed_by = NULL, decode_error = $2 WHERE id = $1`
 
 // sqlInsertSignal puts signal $2 in run $1's mailbox, if the run is not
 // finished, and returns the run's job to wake.

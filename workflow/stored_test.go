@@ -60,13 +60,15 @@ type payApproval struct {
 
 // Stored workflow values of the wrong shape, written behind the API with
 // plain SQL, fail their own run only: an input, a completed step's output,
-// a child's outcome, a recorded value or a stored signal that no longer
-// decodes into the workflow's types fails that run with the decode error
+// a child's outcome or a recorded value that no longer decodes into the
+// workflow's types fails that run with the decode error
 // (stored in the run: the admin API shows it; logged once with the run's
 // id), and the run's job ends: it is not retried in a loop. A stored output
 // or event that does not decode fails the Result or GetEvent asking for
-// it, naming the run. A stored trace context of another shape costs its
-// run only its parent span. The runs beside them complete.
+// it, naming the run. A stored signal of another shape is set aside (its
+// decode error kept with it) and its run waits on for the next. A stored
+// trace context of another shape costs its run only its parent span. The
+// runs beside them complete.
 func TestUndecodableStoredValuesFailTheirRunOnly(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
@@ -153,7 +155,6 @@ func TestUndecodableStoredValuesFailTheirRunOnly(t *testing.T) {
 	for id, want := range map[string]string{
 		"bad-input":    "decode input",
 		"bad-step":     `decode stored output of step "charge"`,
-		"bad-signal":   "decode signal approve",
 		"bad-child":    "decode output of child bad-child/kid",
 		"bad-recorded": `decode recorded value "at"`,
 	} {
@@ -177,7 +178,19 @@ func TestUndecodableStoredValuesFailTheirRunOnly(t *testing.T) {
 				WHERE r.id = $1 AND j.state = 'succeeded'`, id) == 1
 		})
 	}
-	for _, id := range []string{"bad-input", "bad-step", "bad-signal", "bad-child", "bad-recorded"} {
+	// The signal of another shape was set aside, not received: the run
+	// waits on, and the next signal completes it.
+	b.waitFor("bad-signal's signal set aside", func() bool {
+		return b.count(`SELECT count(*) FROM relay_workflow_signals WHERE run_id = 'bad-signal' AND consumed_by IS NULL
+			AND decode_error LIKE '%decode signal approve%'`) == 1
+	})
+	if err := workflow.Signal(ctx, pool, "bad-signal", "approve", payApproval{true}); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := result[payCharge](t, pool, "bad-signal"); err != nil || out.Amount != len("bad-signal") {
+		t.Errorf("bad-signal: %v, %v; want completed after its signal was set aside", out, err)
+	}
+	for _, id := range []string{"bad-input", "bad-step", "bad-child", "bad-recorded"} {
 		if n := logs.count(id); n != 1 {
 			t.Errorf("%s: logged as ended %d times; want once", id, n)
 		}

@@ -2,7 +2,8 @@
 // Gantt chart (one row per step, each attempt of its function a segment
 // of its own, failed ones red; sleeps, signal waits and child waits drawn
 // as hatched gaps; compensation steps marked),
-// its child runs nested and linked, and cancel / retry / signal. While the
+// its child runs nested and linked, the signals it set aside (their
+// payload did not decode), and cancel / retry / signal. While the
 // run is unfinished the page refreshes itself, so a retried or signalled
 // run is seen to finish.
 import { api } from './api.js';
@@ -63,10 +64,25 @@ function content(r, ctx, note, reload) {
     table('Child runs', ['Run', 'Workflow', 'State', 'Created', 'Finished'], r.children.map((c) => [
       h('a', { href: runHref(c.id), 'data-child-run': c.id }, c.id), c.workflow, badge(c.state), time(c.created_at), time(c.finished_at)]),
     'No child runs.'),
+    ...setAside(r),
     h('div', { class: 'cols' },
       h('section', {}, h('h2', {}, 'Input'), json(r.input)),
       h('section', {}, h('h2', {}, 'Output'), r.output !== undefined ? json(r.output) : h('p', { class: 'muted' }, 'None (set once completed).'))));
   return out;
+}
+
+// setAside lists the signals the run set aside (their payload did not
+// decode into the type its WaitSignal asks for), when there are any.
+function setAside(r) {
+  const sigs = r.set_aside_signals || [];
+  if (!sigs.length) return [];
+  return [
+    h('h2', {}, `Set-aside signals (${sigs.length})`),
+    h('p', { class: 'muted' }, 'Their payload did not decode into the type the run waits for: the run did not receive them and waited on.'),
+    table('Set-aside signals', ['Signal', 'Sent', 'Set aside', 'Why', 'Payload'], sigs.map((sg) => [
+      h('span', { 'data-set-aside-signal': sg.name }, sg.name), time(sg.sent_at), time(sg.set_aside_at),
+      h('pre', { class: 'mono' }, sg.decode_error),
+      sg.payload !== undefined ? json(sg.payload) : h('span', { class: 'muted' }, `${sg.payload_bytes} bytes (not shown)`)]))];
 }
 
 const ms = (iso) => new Date(iso).getTime();
