@@ -28,8 +28,9 @@ type StepOpts struct {
 	// Timeout bounds each attempt. Past it the attempt fails with
 	// ErrStepTimeout (and is retried per Retry and MaxAttempts) even if
 	// the step's function ignores its context, whose deadline it is; what
-	// the function returns later is discarded, never checkpointed. 0 is
-	// none.
+	// the function returns later is discarded, never checkpointed. The
+	// function then runs on a goroutine of its own, from which this
+	// package's primitives are refused (ErrForeignGoroutine). 0 is none.
 	Timeout time.Duration
 }
 
