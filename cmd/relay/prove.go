@@ -71,7 +71,9 @@ Proofs:
   outbox       published events reach their subscribers once, in order per
                key, under kill -9
   workflow     workflow runs finish once, in order, compensated when they
-               fail, with no forked run, under kill -9 and SIGSTOP
+               fail, cancelled when cancelled, retried without repeating a
+               StepTx, with no forked run, under kill -9, SIGSTOP and
+               database faults
 
 relay prove <proof> --help lists the proof's flags.
 `
@@ -231,7 +233,7 @@ func runProve(ctx context.Context, args []string) error {
 	var storm sync.WaitGroup
 	if c.lockStorm {
 		storm.Add(1)
-		go func() { defer storm.Done(); lockStorm(stormCtx, pool, 2*c.lease, &counts.locks) }()
+		go func() { defer storm.Done(); lockStorm(stormCtx, pool, "prove.job", 2*c.lease, &counts.locks) }()
 	}
 	err = superviseProof(ctx, pool, fleet, db, proxies, appName, c, &counts, producer, clock)
 	stopStorm()
@@ -582,13 +584,13 @@ func terminateBackends(ctx context.Context, pool *pgxpool.Pool, appName string, 
 	}
 }
 
-// lockStorm locks a random running job's row, as a caller's long
+// lockStorm locks a random running job's row (of kind), as a caller's long
 // transaction would (a Cancel inside it, say), holds it for hold, and
 // starts over after a pause of hold/2 on another job, until ctx ends. (A
 // storm that re-locked the same row at once, forever, would keep its job
 // from ever being rescued: no caller does that.) It counts the locks it
 // held.
-func lockStorm(ctx context.Context, pool *pgxpool.Pool, hold time.Duration, locks *atomic.Int64) {
+func lockStorm(ctx context.Context, pool *pgxpool.Pool, kind string, hold time.Duration, locks *atomic.Int64) {
 	var last int64
 	for ctx.Err() == nil {
 		tx, err := pool.Begin(ctx)
@@ -597,8 +599,8 @@ func lockStorm(ctx context.Context, pool *pgxpool.Pool, hold time.Duration, lock
 			continue
 		}
 		var id int64
-		err = tx.QueryRow(ctx, `SELECT id FROM relay_jobs WHERE state = 'claimed' AND kind = 'prove.job' AND id <> $1
-			ORDER BY random() LIMIT 1 FOR UPDATE SKIP LOCKED`, last).Scan(&id)
+		err = tx.QueryRow(ctx, `SELECT id FROM relay_jobs WHERE state = 'claimed' AND kind = $2 AND id <> $1
+			ORDER BY random() LIMIT 1 FOR UPDATE SKIP LOCKED`, last, kind).Scan(&id)
 		if err != nil {
 			tx.Rollback(context.Background()) //nolint:errcheck
 			time.Sleep(50 * time.Millisecond)

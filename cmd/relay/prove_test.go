@@ -216,6 +216,45 @@ func TestProveWorkflow(t *testing.T) {
 	}
 }
 
+// The workflow proof under PostgreSQL faults and operator actions, in a
+// throwaway cluster the command starts itself: PostgreSQL restarted and
+// crashed, worker backends terminated, a worker cut off from it past its
+// lease, run jobs' rows locked by a side connection, a worker SIGKILLed and
+// one SIGSTOPped, while one run in ten is cancelled (at each point of its
+// path in turn) and one in ten fails while its ledger is down, to be
+// retried once the faults are over. Every violation count is 0, and the
+// proof itself fails when a fault it was asked for was not exercised (no
+// run taken over from the cut-off or stopped worker, no backend
+// terminated, no row locked, no cancel accepted, no run retried).
+func TestProveWorkflowDatabaseFaults(t *testing.T) {
+	t.Parallel()
+	bin := buildRelay(t)
+	f := runProof(t, bin, "workflow", "--runs", "200", "--processes", "3", "--concurrency", "4", "--lease", "1s", "--sleep", "200ms",
+		"--stall-bound", "40s", "--kill", "1", "--pause", "1", "--pg-restart", "--pg-crash", "--backend-kill", "2", "--backend-kill-for", "2s",
+		"--partition", "1", "--lock-storm", "--cancel-every", "10", "--retry-failed")
+	for k, want := range map[string]string{"runs": "200", "failed": "0", "lost": "0", "stalled": "0", "duplicate_tx_effects": "0",
+		"forked_runs": "0", "order_violations": "0", "cancels": "20", "cancel_violations": "0", "retried": "20", "retry_violations": "0",
+		"kills": "1", "pauses": "1", "pg_restarts": "1", "pg_crashes": "1", "partitions": "1"} {
+		if f[k] != want {
+			t.Errorf("%s=%s, want %s (%v)", k, f[k], want, f)
+		}
+	}
+	for _, k := range []string{"cancels_accepted", "cancelled", "backend_kills", "locks"} {
+		if n, _ := strconv.Atoi(f[k]); n == 0 {
+			t.Errorf("%s=0: not exercised (%v)", k, f)
+		}
+	}
+	// Every run ends as asked: 20 compensated (report fails), the accepted
+	// cancels cancelled, the rest completed (the retried ones included).
+	completed, _ := strconv.Atoi(f["completed"])
+	compensated, _ := strconv.Atoi(f["compensated"])
+	cancelled, _ := strconv.Atoi(f["cancelled"])
+	if compensated != 20 || completed+compensated+cancelled != 200 || f["cancelled"] != f["cancels_accepted"] {
+		t.Errorf("outcomes: completed=%d compensated=%d cancelled=%d (cancels accepted %s), want 20 compensated and the rest completed or cancelled as accepted",
+			completed, compensated, cancelled, f["cancels_accepted"])
+	}
+}
+
 // relay bench --workflow drains queued runs and times callers' runs, each
 // measurement printing its summary line.
 func TestBenchWorkflow(t *testing.T) {

@@ -6,18 +6,18 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/relayq/relay/internal/netfault"
 	"github.com/relayq/relay/workflow"
 )
 
@@ -26,30 +26,58 @@ var proveWorkflowSQL string
 
 // proveWFConfig is `relay prove workflow`'s flags.
 type proveWFConfig struct {
-	url         string
-	runs        int
-	processes   int
-	concurrency int
-	kills       int
-	pauses      int
-	lease       time.Duration
-	sleep       time.Duration
-	failEvery   int
-	earlyEvery  int
-	stallBound  time.Duration
-	failover    bool
-	replication string
-	lag         time.Duration
-	timeout     time.Duration
-	keep        bool
+	url          string
+	runs         int
+	processes    int
+	concurrency  int
+	kills        int
+	pauses       int
+	lease        time.Duration
+	sleep        time.Duration
+	failEvery    int
+	earlyEvery   int
+	pgRestart    bool
+	pgCrash      bool
+	backendKill  int
+	backendKillD time.Duration
+	partitions   int
+	partitionFor time.Duration
+	lockStorm    bool
+	cancelEvery  int
+	retryFailed  bool
+	stallBound   time.Duration
+	failover     bool
+	replication  string
+	lag          time.Duration
+	timeout      time.Duration
+	keep         bool
+}
+
+// outageEvery: with --retry-failed, one run in this many books its payment
+// through the ledger, which is down until the faults are over: those runs
+// end failed, and are retried.
+const outageEvery = 10
+
+// cohort is what run seq is asked to do: fail in report (compensated), go
+// through the ledger outage (failed, then retried), or be cancelled.
+func (c proveWFConfig) cohort(seq int) (fail, outage, cancel bool) {
+	fail = c.failEvery > 0 && seq%c.failEvery == c.failEvery-1
+	outage = !fail && c.retryFailed && seq%outageEvery == 3
+	cancel = !fail && !outage && c.cancelEvery > 0 && seq%c.cancelEvery == c.cancelEvery/2
+	return fail, outage, cancel
 }
 
 // runProveWorkflow is `relay prove workflow`: payment runs (charge →
 // email ∥ report as children on another queue → notify: a sleep, then a
 // signal the prover answers) executed by worker processes that are
-// SIGKILLed and SIGSTOPped; one run in --fail-every fails in report and
-// must be compensated. The audit (proveworkflow.sql) checks every run's
-// outcome and effects.
+// SIGKILLed, SIGSTOPped and cut off from PostgreSQL, while PostgreSQL is
+// restarted or crashed, their backends are terminated and their run jobs'
+// rows locked; one run in --fail-every fails in report and must be
+// compensated; with --cancel-every the prover cancels runs at points spread
+// over their path, and with --retry-failed runs that fail (the ledger
+// outage, or a fault) are retried once the faults are over. The audit
+// (proveworkflow.sql) checks every run's outcome and effects. The prover
+// outlasts the faults it injects: its statements are retried.
 func runProveWorkflow(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("prove workflow", flag.ContinueOnError)
 	var c proveWFConfig
@@ -63,6 +91,15 @@ func runProveWorkflow(ctx context.Context, args []string) error {
 	fs.DurationVar(&c.sleep, "sleep", 300*time.Millisecond, "the durable sleep before notify")
 	fs.IntVar(&c.failEvery, "fail-every", 10, "one run in this many fails in report and is compensated (0: none)")
 	fs.IntVar(&c.earlyEvery, "early-signal-every", 4, "one run in this many gets its signal before it waits (0: none)")
+	fs.BoolVar(&c.pgRestart, "pg-restart", false, "restart PostgreSQL mid-run (throwaway cluster only)")
+	fs.BoolVar(&c.pgCrash, "pg-crash", false, "crash PostgreSQL mid-run (immediate shutdown, recovery from WAL; throwaway cluster only)")
+	fs.IntVar(&c.backendKill, "backend-kill", 0, "terminate this many worker backends per second (pg_terminate_backend)")
+	fs.DurationVar(&c.backendKillD, "backend-kill-for", 3*time.Second, "how long --backend-kill goes on")
+	fs.IntVar(&c.partitions, "partition", 0, "cut a worker process executing a run off from PostgreSQL (through a TCP proxy of the prover) this many times, each for --partition-for, then restore it")
+	fs.DurationVar(&c.partitionFor, "partition-for", 0, "how long each --partition lasts (default 2.5 × --lease)")
+	fs.BoolVar(&c.lockStorm, "lock-storm", false, "from a side connection, lock a random running run job's row for 2 × --lease, again and again, until the other faults are over (a caller's long transaction)")
+	fs.IntVar(&c.cancelEvery, "cancel-every", 0, "cancel one run in this many, at a point of its path (started, charged, children done, waiting for its signal, notified) (0: none)")
+	fs.BoolVar(&c.retryFailed, "retry-failed", false, "one run in 10 fails while its ledger is down; once the faults are over the ledger is back and every failed run is retried (up to 3 times)")
 	fs.DurationVar(&c.stallBound, "stall-bound", 90*time.Second, "runs not finished this long after the last fault count as stalled")
 	fs.BoolVar(&c.failover, "failover", false, "run on a primary and a streaming standby (throwaway clusters, one multi-host URL), and mid-run stop the primary (-m immediate) and promote the standby")
 	fs.StringVar(&c.replication, "replication", "sync", "with --failover: the standby's replication, sync or async")
@@ -72,8 +109,18 @@ func runProveWorkflow(ctx context.Context, args []string) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if c.runs < 1 || c.processes < 1 || c.concurrency < 1 || c.kills < 0 || c.pauses < 0 || c.lease < 200*time.Millisecond || c.failEvery < 0 || c.earlyEvery < 0 {
-		return errors.New("prove workflow: --runs, --processes, --concurrency must be ≥ 1, --kill/--pause/--fail-every ≥ 0, --lease ≥ 200ms")
+	if c.runs < 1 || c.processes < 1 || c.concurrency < 1 || c.kills < 0 || c.pauses < 0 || c.lease < 200*time.Millisecond || c.failEvery < 0 || c.earlyEvery < 0 ||
+		c.backendKill < 0 || c.partitions < 0 || c.cancelEvery < 0 {
+		return errors.New("prove workflow: --runs, --processes, --concurrency must be ≥ 1, --kill/--pause/--fail-every/--backend-kill/--partition/--cancel-every ≥ 0, --lease ≥ 200ms")
+	}
+	if c.partitionFor == 0 {
+		c.partitionFor = c.lease * 5 / 2
+	}
+	if c.partitionFor <= c.lease {
+		return errors.New("prove workflow: --partition-for must be longer than --lease (a shorter cut tests nothing)")
+	}
+	if c.url != "" && (c.pgRestart || c.pgCrash) {
+		return errors.New("prove workflow: --pg-restart and --pg-crash need the throwaway cluster (omit --database-url)")
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
@@ -94,9 +141,13 @@ func runProveWorkflow(ctx context.Context, args []string) error {
 	if _, err := pool.Exec(ctx, queries["schema"]); err != nil {
 		return fmt.Errorf("prove workflow: create proof tables: %w", err)
 	}
+	if _, err := pool.Exec(ctx, `INSERT INTO prove_wf_ledger (down) VALUES ($1)`, c.retryFailed); err != nil {
+		return fmt.Errorf("prove workflow: create proof tables: %w", err)
+	}
 
 	// The sink: an outside service in this (never killed) process that
-	// records every call with its idempotency token.
+	// records every call with its idempotency token (through a database
+	// restart: a call it could not record is refused, and retried).
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
@@ -116,7 +167,12 @@ func runProveWorkflow(ctx context.Context, args []string) error {
 			fmt.Fprint(w, "accepted")
 			return
 		}
-		if _, err := pool.Exec(r.Context(), `INSERT INTO prove_wf_sink (run_id, kind, token) VALUES ($1, $2, $3)`, run, kind, token); err != nil {
+		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second) // the caller gives up after 10
+		defer cancel()
+		if err := retryDB(ctx, "sink: record call", func(ctx context.Context) error {
+			_, err := pool.Exec(ctx, `INSERT INTO prove_wf_sink (run_id, kind, token) VALUES ($1, $2, $3)`, run, kind, token)
+			return err
+		}); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
@@ -130,14 +186,26 @@ func runProveWorkflow(ctx context.Context, args []string) error {
 	// workflow: this process executes nothing).
 	reg := workflow.NewRegistry(pool, nil)
 	wfs := registerProveWorkflows(reg, nil)
-	early := 0
+	early, outages, cancels := 0, 0, 0
 	for i := 0; i < c.runs; {
 		n := min(500, c.runs-i)
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			for j := i; j < i+n; j++ {
-				in := payIn{Seq: j, Fail: c.failEvery > 0 && j%c.failEvery == c.failEvery-1, SleepMs: int(c.sleep.Milliseconds())}
+				fail, outage, cancel := c.cohort(j)
+				in := payIn{Seq: j, Fail: fail, Outage: outage, SleepMs: int(c.sleep.Milliseconds())}
 				if _, err := workflow.Start(ctx, tx, wfs.payment, in, &workflow.StartOpts{ID: proveRunID(j), Queue: proveQueue, MaxAttempts: 1000}); err != nil {
 					return err
+				}
+				if cancel {
+					// Where on its path the prover cancels it, in turn.
+					stage := cancelStages()[cancels%len(cancelStages())]
+					if _, err := tx.Exec(ctx, `INSERT INTO prove_wf_cancel_targets (run_id, stage) VALUES ($1, $2)`, proveRunID(j), stage); err != nil {
+						return err
+					}
+					cancels++
+				}
+				if outage {
+					outages++
 				}
 			}
 			return nil
@@ -148,7 +216,7 @@ func runProveWorkflow(ctx context.Context, args []string) error {
 		// Some approvals are sent before their run waits: the mailbox
 		// must keep them.
 		for j := i; j < i+n; j++ {
-			if c.earlyEvery > 0 && j%c.earlyEvery == 0 {
+			if _, outage, _ := c.cohort(j); c.earlyEvery > 0 && j%c.earlyEvery == 0 && !outage {
 				if err := proveSignal(ctx, pool, proveRunID(j), true); err != nil {
 					return err
 				}
@@ -157,23 +225,50 @@ func runProveWorkflow(ctx context.Context, args []string) error {
 		}
 		i += n
 	}
-	fmt.Printf("prove: %d payment runs (%d to fail in report, %d signalled early), %d processes × %d per queue, lease %s, sleep %s, kills %d, pauses %d\n",
-		c.runs, failing(c), early, c.processes, c.concurrency, c.lease, c.sleep, c.kills, c.pauses)
+	fmt.Printf("prove: %d payment runs (%d to fail in report, %d through the ledger outage, %d to cancel, %d signalled early), %d processes × %d per queue, lease %s, sleep %s, kills %d, pauses %d\n",
+		c.runs, failing(c), outages, cancels, early, c.processes, c.concurrency, c.lease, c.sleep, c.kills, c.pauses)
+
+	// This run's worker connections carry its schema's name, so that
+	// --backend-kill terminates no other run's.
+	u, err := url.Parse(schemaURL)
+	if err != nil {
+		return fmt.Errorf("prove workflow: %w", err)
+	}
+	appName := "relay-prove-worker " + u.Query().Get("search_path")
+	// With --partition, each worker slot reaches PostgreSQL through a proxy
+	// of its own, which the prover can cut.
+	var proxies []*netfault.Proxy
+	if c.partitions > 0 {
+		for i := 0; i < c.processes; i++ {
+			p, err := netfault.Listen(u.Host)
+			if err != nil {
+				return fmt.Errorf("prove workflow: %w", err)
+			}
+			defer p.Close()
+			proxies = append(proxies, p)
+		}
+	}
 
 	start := time.Now()
 	fleet := &workerFleet{lease: c.lease, argv: func(id string) []string {
 		return []string{"prove-workflow-worker", "--database-url", schemaURL, "--id", id, "--sink", sinkURL,
-			"--concurrency", strconv.Itoa(c.concurrency), "--lease", c.lease.String()}
+			"--concurrency", strconv.Itoa(c.concurrency), "--lease", c.lease.String(), "--app-name", appName}
 	}}
+	if proxies != nil {
+		fleet.slotArgs = func(slot int) []string {
+			pu := *u
+			pu.Host = proxies[slot].Addr()
+			return []string{"--database-url", pu.String()} // the later flag wins
+		}
+	}
 	defer fleet.stopAll()
 	for i := 0; i < c.processes; i++ {
 		if err := fleet.start(i); err != nil {
 			return err
 		}
 	}
-	clock := &failoverClock{}
-	kills, pauses, err := superviseWorkflowProof(ctx, pool, fleet, c, db, clock)
-	if err != nil {
+	sup := &wfSupervisor{pool: pool, fleet: fleet, db: db, clock: &failoverClock{}, proxies: proxies, appName: appName, c: c}
+	if err := sup.run(ctx); err != nil {
 		return err
 	}
 	fleet.stopAll()
@@ -185,10 +280,13 @@ func runProveWorkflow(ctx context.Context, args []string) error {
 	}
 
 	res := map[string]int64{}
-	for _, name := range []string{"runs", "completed", "compensated", "lost", "stalled", "duplicate_tx_effects", "forked_runs",
-		"late_checkpoints_refused", "order_violations", "sends_with_two_tokens", "sink_calls", "executions", "early_signals"} {
+	for _, name := range []string{"runs", "completed", "compensated", "cancelled", "failed", "lost", "stalled", "duplicate_tx_effects", "forked_runs",
+		"late_checkpoints_refused", "order_violations", "sends_with_two_tokens", "sink_calls", "executions", "early_signals",
+		"cancels", "cancels_accepted", "cancel_stages_accepted", "cancel_violations", "retried", "retry_violations"} {
 		var n int64
-		if err := retryDB(ctx, "workflow audit "+name, func(ctx context.Context) error { return pool.QueryRow(ctx, queries[name]).Scan(&n) }); err != nil {
+		if err := retryDB(ctx, "workflow audit "+name, func(ctx context.Context) error {
+			return pool.QueryRow(ctx, queries[name]).Scan(&n)
+		}); err != nil {
 			return err
 		}
 		res[name] = n
@@ -196,15 +294,17 @@ func runProveWorkflow(ctx context.Context, args []string) error {
 	if res["stalled"] > 0 {
 		describeStalled(ctx, pool)
 	}
-	fmt.Printf("prove: %d executions; %d sink calls (%d sends reached the sink with two tokens); %d signals sent before their run waited\n",
-		res["executions"], res["sink_calls"], res["sends_with_two_tokens"], res["early_signals"])
+	n := &sup.counts
+	fmt.Printf("prove: %d executions; %d sink calls (%d sends reached the sink with two tokens); %d signals sent before their run waited; %d cancels accepted at %d of the %d points\n",
+		res["executions"], res["sink_calls"], res["sends_with_two_tokens"], res["early_signals"], res["cancels_accepted"], res["cancel_stages_accepted"], len(cancelStages()))
 	failoverFields := ""
 	if c.failover {
-		failoverFields = fmt.Sprintf(" replication=%s sends_with_two_tokens=%d %s", c.replication, res["sends_with_two_tokens"], clock.summary())
+		failoverFields = fmt.Sprintf(" replication=%s sends_with_two_tokens=%d %s", c.replication, res["sends_with_two_tokens"], sup.clock.summary())
 	}
-	fmt.Printf("proof: workflow runs=%d completed=%d compensated=%d lost=%d stalled=%d duplicate_tx_effects=%d forked_runs=%d late_checkpoints_refused=%d order_violations=%d kills=%d pauses=%d%s elapsed=%s\n",
-		res["runs"], res["completed"], res["compensated"], res["lost"], res["stalled"], res["duplicate_tx_effects"], res["forked_runs"],
-		res["late_checkpoints_refused"], res["order_violations"], kills, pauses, failoverFields, elapsed.Round(time.Millisecond))
+	fmt.Printf("proof: workflow runs=%d completed=%d compensated=%d cancelled=%d failed=%d lost=%d stalled=%d duplicate_tx_effects=%d forked_runs=%d late_checkpoints_refused=%d order_violations=%d cancels=%d cancels_accepted=%d cancel_violations=%d retried=%d retry_violations=%d kills=%d pauses=%d pg_restarts=%d pg_crashes=%d backend_kills=%d partitions=%d locks=%d%s elapsed=%s\n",
+		res["runs"], res["completed"], res["compensated"], res["cancelled"], res["failed"], res["lost"], res["stalled"], res["duplicate_tx_effects"], res["forked_runs"],
+		res["late_checkpoints_refused"], res["order_violations"], res["cancels"], res["cancels_accepted"], res["cancel_violations"], res["retried"], res["retry_violations"],
+		n.kills, n.pauses, n.pgRestarts, n.pgCrashes, n.backendKills.Load(), n.partitions, n.locks.Load(), failoverFields, elapsed.Round(time.Millisecond))
 	// Asynchronous replication can lose an outside call's stored token (the
 	// call is made again with a new one): reported, not a failure.
 	twoTokens := res["sends_with_two_tokens"]
@@ -212,10 +312,10 @@ func runProveWorkflow(ctx context.Context, args []string) error {
 		twoTokens = 0
 	}
 	if res["runs"] != int64(c.runs) || res["lost"] != 0 || res["stalled"] != 0 || res["duplicate_tx_effects"] != 0 || res["forked_runs"] != 0 ||
-		res["order_violations"] != 0 || twoTokens != 0 {
+		res["order_violations"] != 0 || twoTokens != 0 || res["cancel_violations"] != 0 || res["retry_violations"] != 0 {
 		return errors.New("prove workflow: the audit failed")
 	}
-	return nil
+	return sup.exercised(res)
 }
 
 func failing(c proveWFConfig) int {
@@ -229,7 +329,8 @@ func failing(c proveWFConfig) int {
 func proveRunID(seq int) string { return fmt.Sprintf("pay-%06d", seq) }
 
 // proveSignal sends run's approval once (the proof table's primary key
-// keeps the prover from sending two) in one transaction with its record.
+// keeps the prover from sending two) in one transaction with its record; a
+// run already finished (cancelled) is recorded as answered.
 func proveSignal(ctx context.Context, pool *pgxpool.Pool, run string, early bool) error {
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `INSERT INTO prove_wf_signals (run_id, early) VALUES ($1, $2) ON CONFLICT DO NOTHING`, run, early)
@@ -238,6 +339,10 @@ func proveSignal(ctx context.Context, pool *pgxpool.Pool, run string, early bool
 		}
 		return workflow.Signal(ctx, tx, run, proveSignalName, "approved")
 	})
+	if errors.Is(err, workflow.ErrRunFinished) {
+		// Cancelled meanwhile (--cancel-every): nothing to approve.
+		_, err = pool.Exec(ctx, `INSERT INTO prove_wf_signals (run_id, early) VALUES ($1, $2) ON CONFLICT DO NOTHING`, run, early)
+	}
 	if err != nil {
 		return fmt.Errorf("prove workflow: signal %s: %w", run, err)
 	}
@@ -252,138 +357,6 @@ func proveWFQueries() map[string]string {
 		out[strings.TrimSpace(name)] = query
 	}
 	return out
-}
-
-// superviseWorkflowProof answers the runs' approval requests, shows
-// progress, fires the faults at evenly spaced points of the first 60% of
-// the effects, and returns once every run is final, or stallBound after the
-// last fault.
-func superviseWorkflowProof(ctx context.Context, pool *pgxpool.Pool, fleet *workerFleet, c proveWFConfig, db *proofDB, clock *failoverClock) (kills, pauses int, err error) {
-	var faults []string
-	if c.failover {
-		faults = append(faults, "failover")
-	}
-	for range c.kills {
-		faults = append(faults, "kill")
-	}
-	for range c.pauses {
-		faults = append(faults, "pause")
-	}
-	rand.Shuffle(len(faults), func(i, j int) { faults[i], faults[j] = faults[j], faults[i] })
-	next := 0
-	var pausing sync.WaitGroup
-	faultsDone := time.Time{}
-	if len(faults) == 0 {
-		faultsDone = time.Now()
-	}
-	lastPrint := time.Time{}
-	// dbErr gives up on a failed read or write of the loop, unless a
-	// failover may be under way: then the loop tries again.
-	dbErr := func(err error) error {
-		if !c.failover || ctx.Err() != nil {
-			return err
-		}
-		time.Sleep(200 * time.Millisecond)
-		return nil
-	}
-	for {
-		// Answer the runs that asked for their approval.
-		rows, err := pool.Query(ctx, `SELECT DISTINCT a.run_id FROM prove_wf_asks a
-			WHERE NOT EXISTS (SELECT 1 FROM prove_wf_signals s WHERE s.run_id = a.run_id)`)
-		if err != nil {
-			if err := dbErr(err); err != nil {
-				return kills, pauses, fmt.Errorf("prove workflow: %w", err)
-			}
-			continue
-		}
-		asks, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			if err := dbErr(err); err != nil {
-				return kills, pauses, fmt.Errorf("prove workflow: %w", err)
-			}
-			continue
-		}
-		for _, run := range asks {
-			if err := proveSignal(ctx, pool, run, false); err != nil {
-				if err := dbErr(err); err != nil {
-					return kills, pauses, err
-				}
-			}
-		}
-		var done int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM relay_workflow_runs WHERE workflow = 'prove.payment'
-			AND state IN ('completed', 'failed', 'compensated', 'cancelled')`).Scan(&done); err != nil {
-			if err := dbErr(err); err != nil {
-				return kills, pauses, fmt.Errorf("prove workflow: %w", err)
-			}
-			continue
-		}
-		clock.observe(done)
-		if time.Since(lastPrint) > time.Second || done == c.runs {
-			fmt.Printf("prove: done %d/%d  kills %d/%d  pauses %d/%d  restarts %d\n", done, c.runs, kills, c.kills, pauses, c.pauses, fleet.restarts())
-			lastPrint = time.Now()
-		}
-		if next == len(faults) && faultsDone.IsZero() {
-			pausing.Wait()
-			faultsDone = time.Now()
-		}
-		if done == c.runs {
-			if next < len(faults) {
-				return kills, pauses, fmt.Errorf("prove workflow: the runs finished before %d of the %d faults fired; use more runs", len(faults)-next, len(faults))
-			}
-			pausing.Wait()
-			return kills, pauses, nil
-		}
-		if !faultsDone.IsZero() && time.Since(faultsDone) > c.stallBound {
-			fmt.Printf("prove: %d runs not final %s after the last fault\n", c.runs-done, c.stallBound)
-			return kills, pauses, nil
-		}
-		// Faults fire by effects written (finished runs come in a rush at
-		// the end of a run's path): fault i when they pass (i+1)/(faults+1)
-		// of the first 60% of all the effects expected.
-		var effects int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM prove_wf_effects`).Scan(&effects); err != nil {
-			if err := dbErr(err); err != nil {
-				return kills, pauses, fmt.Errorf("prove workflow: %w", err)
-			}
-			continue
-		}
-		expected := (c.runs-failing(c))*4 + failing(c)*3
-		if next < len(faults) && effects >= (next+1)*expected*6/10/(len(faults)+1) {
-			switch faults[next] {
-			case "kill":
-				if err := fleet.kill(func(id string) error { return recordKill(ctx, pool, id) }); err != nil {
-					return kills, pauses, err
-				}
-				kills++
-			case "failover":
-				if err := failover(ctx, db, clock, c.lag); err != nil {
-					return kills, pauses, err
-				}
-			case "pause":
-				pauses++
-				pausing.Add(1)
-				go func() {
-					defer pausing.Done()
-					// A worker stopped inside a transaction holding its
-					// run job's row keeps it from being taken over: try
-					// another moment, a few times.
-					for try := 0; try < 10; try++ {
-						if fleet.pause(ctx, pool) {
-							return
-						}
-					}
-					fmt.Fprintln(os.Stderr, "prove workflow: a pause was not exercised (no run taken over while its worker was stopped)")
-				}()
-			}
-			next++
-		}
-		select {
-		case <-ctx.Done():
-			return kills, pauses, fmt.Errorf("prove workflow: gave up: %w", ctx.Err())
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
 }
 
 // describeStalled prints what a few stalled runs (and their children)

@@ -15,6 +15,15 @@
 --   prove_wf_asks     a run asking for its approval signal
 --   prove_wf_signals  the approvals the prover sent
 --   prove_kills       when each worker process was sent SIGKILL
+--   prove_wf_ledger   one row: whether the ledger is down (--retry-failed:
+--                     until the faults are over)
+--   prove_wf_cancel_targets  the runs --cancel-every cancels, and at which
+--                     point of their path
+--   prove_wf_cancels  each cancel the prover made, in the transaction of
+--                     workflow.Cancel: accepted (Cancel returned nil) or not
+--                     (the run had finished)
+--   prove_wf_retries  each workflow.Retry the prover made, in its
+--                     transaction, with the error the run had failed with
 
 -- name: schema
 CREATE TABLE prove_wf_execs (
@@ -55,6 +64,25 @@ CREATE TABLE prove_wf_signals (
     early  boolean     NOT NULL,
     at     timestamptz NOT NULL DEFAULT clock_timestamp()
 );
+CREATE TABLE prove_wf_ledger (
+    down boolean NOT NULL
+);
+CREATE TABLE prove_wf_cancel_targets (
+    run_id text PRIMARY KEY,
+    stage  text NOT NULL
+);
+CREATE TABLE prove_wf_cancels (
+    run_id   text        PRIMARY KEY,
+    stage    text        NOT NULL,
+    accepted boolean     NOT NULL,
+    error    text,
+    at       timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE TABLE prove_wf_retries (
+    run_id text        NOT NULL,
+    error  text        NOT NULL,
+    at     timestamptz NOT NULL DEFAULT clock_timestamp()
+);
 CREATE TABLE IF NOT EXISTS prove_kills (
     worker text        NOT NULL,
     at     timestamptz NOT NULL DEFAULT clock_timestamp()
@@ -69,6 +97,12 @@ SELECT count(*) FROM relay_workflow_runs WHERE workflow = 'prove.payment' AND st
 -- name: compensated
 SELECT count(*) FROM relay_workflow_runs WHERE workflow = 'prove.payment' AND state = 'compensated';
 
+-- name: cancelled
+SELECT count(*) FROM relay_workflow_runs WHERE workflow = 'prove.payment' AND state = 'cancelled';
+
+-- name: failed
+SELECT count(*) FROM relay_workflow_runs WHERE workflow = 'prove.payment' AND state = 'failed';
+
 -- stalled: runs not final when the prover stopped waiting (a bound after
 -- the last fault).
 -- name: stalled
@@ -76,22 +110,28 @@ SELECT count(*) FROM relay_workflow_runs
 WHERE workflow = 'prove.payment' AND state NOT IN ('completed', 'failed', 'compensated', 'cancelled');
 
 -- lost: a final run whose outcome or effects are not what its input asked
--- for. A run meant to complete must have its payment, both children's
--- effects, both sink sends and its notification, and no refund; a run
--- meant to fail in report must have ended compensated with its payment
--- refunded and no notification. A run that ended failed or cancelled lost
--- its outcome.
+-- for (the runs the prover cancelled are audited by cancel_violations). A
+-- run meant to complete must have its payment, both children's effects,
+-- both sink sends and its notification, and no refund; a run meant to fail
+-- in report must have ended compensated with its payment refunded and no
+-- notification; an outage run (the ledger, retried) must have completed
+-- with its payment and its credit, and no refund. A run that ended failed
+-- or cancelled lost its outcome.
 -- name: lost
 WITH r AS (
-    SELECT id, state, (input->>'fail')::boolean AS fail,
+    SELECT id, state, (input->>'fail')::boolean AS fail, coalesce((input->>'outage')::boolean, false) AS outage,
            (SELECT array_agg(DISTINCT kind) FROM prove_wf_effects e WHERE e.run_id = r.id) AS kinds,
            (SELECT array_agg(DISTINCT kind) FROM prove_wf_sink s WHERE s.run_id = r.id) AS sent
     FROM relay_workflow_runs r
     WHERE workflow = 'prove.payment' AND state IN ('completed', 'failed', 'compensated', 'cancelled')
+      AND NOT EXISTS (SELECT 1 FROM prove_wf_cancels c WHERE c.run_id = r.id AND c.accepted)
 )
 SELECT count(*) FROM r
 WHERE state IN ('failed', 'cancelled')
-   OR (NOT fail AND NOT (state = 'completed'
+   OR (outage AND NOT (state = 'completed'
+                       AND coalesce(kinds, '{}') @> '{payment,credit}'
+                       AND NOT coalesce(kinds, '{}') @> '{refund}'))
+   OR (NOT fail AND NOT outage AND NOT (state = 'completed'
                          AND coalesce(kinds, '{}') @> '{payment,email,report,notify}'
                          AND NOT coalesce(kinds, '{}') @> '{refund}'
                          AND coalesce(sent, '{}') @> '{email,report}'))
@@ -131,7 +171,7 @@ WHERE NOT EXISTS (SELECT 1 FROM prove_wf_effects e WHERE e.exec_id = t.exec_id A
 
 -- order_violations: runs with an effect before the effect it depends on:
 -- a child's effect or a sink send before the payment; the notification
--- before either child's effect; a refund before the payment.
+-- before either child's effect; a refund or a credit before the payment.
 -- name: order_violations
 WITH f AS (
     SELECT run_id,
@@ -139,7 +179,8 @@ WITH f AS (
            min(at) FILTER (WHERE kind = 'email')   AS email,
            min(at) FILTER (WHERE kind = 'report')  AS report,
            min(at) FILTER (WHERE kind = 'notify')  AS notify,
-           min(at) FILTER (WHERE kind = 'refund')  AS refund
+           min(at) FILTER (WHERE kind = 'refund')  AS refund,
+           min(at) FILTER (WHERE kind = 'credit')  AS credit
     FROM prove_wf_effects GROUP BY run_id
 ), s AS (
     SELECT run_id, min(at) AS first_send FROM prove_wf_sink GROUP BY run_id
@@ -152,7 +193,8 @@ WHERE r.workflow = 'prove.payment'
   AND (   ((f.email IS NOT NULL OR f.report IS NOT NULL OR s.first_send IS NOT NULL) AND f.payment IS NULL)
        OR f.email < f.payment OR f.report < f.payment OR s.first_send < f.payment
        OR (f.notify IS NOT NULL AND (f.email IS NULL OR f.report IS NULL OR f.notify < f.email OR f.notify < f.report))
-       OR (f.refund IS NOT NULL AND (f.payment IS NULL OR f.refund < f.payment)));
+       OR (f.refund IS NOT NULL AND (f.payment IS NULL OR f.refund < f.payment))
+       OR (f.credit IS NOT NULL AND (f.payment IS NULL OR f.credit < f.payment)));
 
 -- sends_with_two_tokens: sink sends (run and kind) that arrived with more
 -- than one idempotency token (repeats with the same token are the
@@ -168,3 +210,46 @@ SELECT count(*) FROM prove_wf_execs;
 
 -- name: early_signals
 SELECT count(*) FROM prove_wf_signals WHERE early;
+
+-- name: cancels
+SELECT count(*) FROM prove_wf_cancels;
+
+-- name: cancels_accepted
+SELECT count(*) FROM prove_wf_cancels WHERE accepted;
+
+-- name: cancel_stages_accepted
+SELECT count(DISTINCT stage) FROM prove_wf_cancels WHERE accepted;
+
+-- cancel_violations: runs whose cancel was accepted (workflow.Cancel
+-- returned nil) that did not end cancelled with their compensation: a
+-- run charged must have been refunded, once (duplicate_tx_effects counts
+-- twice), and nothing is refunded that was not charged.
+-- name: cancel_violations
+WITH r AS (
+    SELECT r.id, r.state,
+           (SELECT array_agg(DISTINCT kind) FROM prove_wf_effects e WHERE e.run_id = r.id) AS kinds
+    FROM prove_wf_cancels c JOIN relay_workflow_runs r ON r.id = c.run_id
+    WHERE c.accepted
+)
+SELECT count(*) FROM r
+WHERE state <> 'cancelled'
+   OR (coalesce(kinds, '{}') @> '{payment}' AND NOT coalesce(kinds, '{}') @> '{refund}')
+   OR (coalesce(kinds, '{}') @> '{refund}' AND NOT coalesce(kinds, '{}') @> '{payment}');
+
+-- name: retried
+SELECT count(DISTINCT run_id) FROM prove_wf_retries;
+
+-- retry_violations: runs the prover retried that did not end as their
+-- input asked (an outage or plain run completed, a run failing in report
+-- compensated, a run whose cancel was accepted cancelled), or that hold a
+-- StepTx effect more than once: a Retry never runs a completed StepTx
+-- again.
+-- name: retry_violations
+WITH t AS (SELECT DISTINCT run_id FROM prove_wf_retries)
+SELECT count(*)
+FROM t JOIN relay_workflow_runs r ON r.id = t.run_id
+WHERE r.state <> CASE
+        WHEN EXISTS (SELECT 1 FROM prove_wf_cancels c WHERE c.run_id = r.id AND c.accepted) THEN 'cancelled'
+        WHEN (r.input->>'fail')::boolean THEN 'compensated'
+        ELSE 'completed' END
+   OR EXISTS (SELECT 1 FROM prove_wf_effects e WHERE e.run_id = r.id GROUP BY e.kind HAVING count(*) > 1);

@@ -26,6 +26,10 @@ type payIn struct {
 	Seq     int  `json:"seq"`
 	Fail    bool `json:"fail"` // report fails for good: the payment is refunded
 	SleepMs int  `json:"sleep_ms"`
+	// Outage: the run books its payment through the ledger (a handled
+	// failure, a credit, then a post that fails the run while the ledger
+	// is down), to be retried once it is back (--retry-failed).
+	Outage bool `json:"outage,omitempty"`
 }
 
 // sideIn is a child's input: the payment run it works for.
@@ -70,15 +74,28 @@ func registerProveWorkflows(reg *workflow.Registry, env *proveEnv) proveWorkflow
 	return w
 }
 
+// proveStep is the retry policy of the proof's steps: a database fault the
+// prover injects (a restart, killed backends) fails a StepTx's
+// transaction, and the step must outlast it rather than fail the run.
+func proveStep() *workflow.StepOpts {
+	return &workflow.StepOpts{MaxAttempts: 20, Retry: core.Backoff{Base: 100 * time.Millisecond, Max: 2 * time.Second}}
+}
+
+// own runs one statement of the proof's bookkeeping on the pool (its own
+// connection, committed whatever happens next), retrying through the
+// database faults the prover injects for up to a minute.
+func (e *proveEnv) own(ctx context.Context, what string, fn func(ctx context.Context) error) error {
+	return retryDB(ctx, what, fn)
+}
+
 // execution records that an execution of the run began (on its own
 // connection, committed whatever happens next) and returns its id.
 func (e *proveEnv) execution(ctx context.Context, run string) (int64, error) {
 	var id int64
-	err := e.pool.QueryRow(ctx, `INSERT INTO prove_wf_execs (run_id, worker) VALUES ($1, $2) RETURNING id`, run, e.worker).Scan(&id)
-	if err != nil {
-		return 0, fmt.Errorf("record execution: %w", err)
-	}
-	return id, nil
+	err := e.own(ctx, "record execution of "+run, func(ctx context.Context) error {
+		return e.pool.QueryRow(ctx, `INSERT INTO prove_wf_execs (run_id, worker) VALUES ($1, $2) RETURNING id`, run, e.worker).Scan(&id)
+	})
+	return id, err
 }
 
 // effect writes one effect in the step's transaction, after the step's
@@ -95,8 +112,10 @@ func (e *proveEnv) effect(ctx context.Context, tx pgx.Tx, run, kind, stepRun str
 	if _, err := tx.Exec(ctx, `INSERT INTO prove_wf_effects (run_id, kind, exec_id, step_run) VALUES ($1, $2, $3, $4)`, run, kind, exec, stepRun); err != nil {
 		return err
 	}
-	_, err := e.pool.Exec(ctx, `INSERT INTO prove_wf_tried (run_id, kind, exec_id, worker) VALUES ($1, $2, $3, $4)`, run, kind, exec, e.worker)
-	return err
+	return e.own(ctx, "record tried "+kind+" of "+run, func(ctx context.Context) error {
+		_, err := e.pool.Exec(ctx, `INSERT INTO prove_wf_tried (run_id, kind, exec_id, worker) VALUES ($1, $2, $3, $4)`, run, kind, exec, e.worker)
+		return err
+	})
 }
 
 // payment: charge → email ∥ report (children on the side queue) → sleep →
@@ -109,17 +128,24 @@ func (e *proveEnv) payment(wctx workflow.Context, in payIn, w proveWorkflows) (s
 	}
 	if _, err := workflow.StepTx(wctx, "charge", func(ctx context.Context, tx pgx.Tx) (int, error) {
 		return 100 + in.Seq, e.effect(ctx, tx, run, "payment", run, exec)
-	}, nil); err != nil {
+	}, proveStep()); err != nil {
 		return "", err
+	}
+	if in.Outage {
+		return e.ledger(wctx, run, exec)
 	}
 	workflow.Compensate(wctx, "refund", func(ctx context.Context) error {
 		// A compensation is an at-least-once step: the refund is written
-		// once through idempotency.Once, in the refund's own transaction.
-		return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-			_, _, err := idempotency.Once(ctx, tx, "prove.refund", run, func(ctx context.Context) (bool, error) {
-				return true, e.effect(ctx, tx, run, "refund", run, exec)
-			}, nil)
-			return err
+		// once through idempotency.Once, in the refund's own transaction
+		// (retried through the prover's database faults: a compensation
+		// has the default attempts only).
+		return e.own(ctx, "refund "+run, func(ctx context.Context) error {
+			return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+				_, _, err := idempotency.Once(ctx, tx, "prove.refund", run, func(ctx context.Context) (bool, error) {
+					return true, e.effect(ctx, tx, run, "refund", run, exec)
+				}, nil)
+				return err
+			})
 		})
 	})
 	email := workflow.Child(wctx, "email", w.email, sideIn{Run: run}, &workflow.ChildOpts{Queue: proveSideQueue})
@@ -136,7 +162,7 @@ func (e *proveEnv) payment(wctx workflow.Context, in payIn, w proveWorkflows) (s
 	if _, err := workflow.Step(wctx, "ask", func(ctx context.Context) (bool, error) {
 		_, err := e.pool.Exec(ctx, `INSERT INTO prove_wf_asks (run_id) VALUES ($1)`, run)
 		return true, err
-	}, nil); err != nil {
+	}, proveStep()); err != nil {
 		return "", err
 	}
 	approval, ok, err := workflow.WaitSignal[string](wctx, proveSignalName, 5*time.Minute)
@@ -148,10 +174,41 @@ func (e *proveEnv) payment(wctx workflow.Context, in payIn, w proveWorkflows) (s
 	}
 	if _, err := workflow.StepTx(wctx, "notify", func(ctx context.Context, tx pgx.Tx) (bool, error) {
 		return true, e.effect(ctx, tx, run, "notify", run, exec)
-	}, nil); err != nil {
+	}, proveStep()); err != nil {
 		return "", err
 	}
 	return approval, nil
+}
+
+// ledger is the rest of an outage run: a fraud check that fails and is
+// handled (the run goes on without it), the credit in a StepTx, then the
+// post, which fails the run for good while the ledger is down (no
+// compensation is registered on this path: the run ends failed). Retried
+// once the ledger is back, the run resumes at the post: the charge and the
+// credit, committed before the failure, are never written again.
+func (e *proveEnv) ledger(wctx workflow.Context, run string, exec int64) (string, error) {
+	if _, err := workflow.Step(wctx, "fraud-check", func(ctx context.Context) (bool, error) {
+		return false, core.Permanent(errors.New("fraud-check: the fraud service is unavailable"))
+	}, nil); err == nil {
+		return "", core.Permanent(errors.New("ledger: the fraud check cannot succeed"))
+	}
+	if _, err := workflow.StepTx(wctx, "credit", func(ctx context.Context, tx pgx.Tx) (bool, error) {
+		return true, e.effect(ctx, tx, run, "credit", run, exec)
+	}, proveStep()); err != nil {
+		return "", err
+	}
+	return workflow.Step(wctx, "post", func(ctx context.Context) (string, error) {
+		var down bool
+		if err := e.own(ctx, "read the ledger's state", func(ctx context.Context) error {
+			return e.pool.QueryRow(ctx, `SELECT down FROM prove_wf_ledger`).Scan(&down)
+		}); err != nil {
+			return "", err
+		}
+		if down {
+			return "", core.Permanent(errors.New("post: the ledger is down"))
+		}
+		return "posted", nil
+	}, nil)
 }
 
 // side is a child (email or report): its effect in a StepTx, then a send
@@ -166,11 +223,13 @@ func (e *proveEnv) side(wctx workflow.Context, in sideIn, kind string) (string, 
 	}
 	if _, err := workflow.StepTx(wctx, kind, func(ctx context.Context, tx pgx.Tx) (bool, error) {
 		return true, e.effect(ctx, tx, in.Run, kind, wctx.RunID(), exec)
-	}, nil); err != nil {
+	}, proveStep()); err != nil {
 		return "", err
 	}
 	token := workflow.UUID(wctx, "token").String()
 	return workflow.Step(wctx, "send", func(ctx context.Context) (string, error) {
+		// The sink records the call in the prover's database, which the
+		// prover may be restarting: proveStep's policy retries a refused call.
 		req, err := http.NewRequestWithContext(ctx, "POST", e.sink+"?run="+url.QueryEscape(in.Run)+"&kind="+kind, nil)
 		if err != nil {
 			return "", err
@@ -185,7 +244,7 @@ func (e *proveEnv) side(wctx workflow.Context, in sideIn, kind string) (string, 
 			return "", fmt.Errorf("sink: %s", resp.Status)
 		}
 		return token, nil
-	}, nil)
+	}, proveStep())
 }
 
 // runProveWorkflowWorker is one worker process of `relay prove workflow`:
@@ -199,6 +258,7 @@ func runProveWorkflowWorker(ctx context.Context, args []string) error {
 	concurrency := fs.Int("concurrency", 8, "executions at once per queue")
 	lease := fs.Duration("lease", 2*time.Second, "lease")
 	stepTime := fs.Duration("step-time", 20*time.Millisecond, "how long each StepTx body takes (a payment gateway)")
+	appName := fs.String("app-name", "relay-prove-worker", "application_name of the worker's connections")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -206,7 +266,7 @@ func runProveWorkflowWorker(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg.ConnConfig.RuntimeParams["application_name"] = "relay-prove-worker"
+	cfg.ConnConfig.RuntimeParams["application_name"] = *appName
 	cfg.MaxConns = int32(*concurrency*4 + 4)
 	pool, err := pgxpool.NewWithConfig(context.WithoutCancel(ctx), cfg)
 	if err != nil {
