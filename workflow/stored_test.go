@@ -226,3 +226,41 @@ func (b *bundle) exec(sql string, args ...any) {
 		b.t.Fatalf("%s: %v", sql, err)
 	}
 }
+
+// A stored step time no Go time holds (a wake_at of -infinity, written
+// behind the API) fails its own run only: each execution fails reading the
+// run's history and is retried after Config.ExecutionRetry, as any
+// crashed execution; when the run job's attempts are used up the run fails
+// with the read error. A run beside it completes.
+func TestInfiniteStoredTimeFailsItsRunOnly(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	wf := workflow.MustRegister(b.reg, "wait", func(wctx workflow.Context, _ int) (int, error) {
+		if _, _, err := workflow.WaitSignal[int](wctx, "go", time.Hour); err != nil {
+			return 0, err
+		}
+		return 1, nil
+	})
+	for _, id := range []string{"forever", "good"} {
+		if _, err := workflow.Start(ctx, b.pool, wf, 0, &workflow.StartOpts{ID: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.start()
+	b.waitFor("both runs to wait", func() bool {
+		return b.count(`SELECT count(*) FROM relay_workflow_steps WHERE state = 'waiting'`) == 2
+	})
+	b.exec(`UPDATE relay_workflow_steps SET wake_at = '-infinity' WHERE run_id = 'forever'`)
+	for _, id := range []string{"forever", "good"} {
+		if err := workflow.Signal(ctx, b.pool, id, "go", 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := result[int](t, b.pool, "forever"); !errors.Is(err, workflow.ErrRunFailed) || !strings.Contains(err.Error(), "wake_at") {
+		t.Errorf("forever: %v; want failed with the read error", err)
+	}
+	if out, err := result[int](t, b.pool, "good"); err != nil || out != 1 {
+		t.Errorf("good: %v, %v; want completed", out, err)
+	}
+}
