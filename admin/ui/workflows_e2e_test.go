@@ -221,6 +221,19 @@ func TestWorkflowRunPages(t *testing.T) {
 		if v := browsertest.Value(t, tab, "signal name", chromedp.Evaluate[string](`document.querySelector("#signal-name").value`)); v != "decision" {
 			t.Fatalf("signal name prefilled %q", v)
 		}
+		// A payload the run cannot decode into its wait's type: set
+		// aside, listed with its decode error; the run waits on.
+		browsertest.Run(t, tab, "a bad signal is set aside",
+			chromedp.SetValue(chromedp.CSS("#signal-payload"), `[1, 2]`),
+			chromedp.Click(chromedp.CSS("#signal-send")),
+			chromedp.WaitVisible(chromedp.CSS(`[data-set-aside-signal="decision"]`)),
+			browsertest.Screenshot(shots, "workflow-run-set-aside-signal"))
+		if e := text(t, tab, `tr:has([data-set-aside-signal="decision"]) pre`); !strings.Contains(e, "map[string]string") {
+			t.Fatalf("set-aside signal's error shown %q", e)
+		}
+		if s := runState("po-7"); s != "running" {
+			t.Fatalf("po-7 is %s after a bad signal, want running", s)
+		}
 		browsertest.Run(t, tab, "signal and see it finish",
 			chromedp.SetValue(chromedp.CSS("#signal-payload"), `{"by": "eve"}`),
 			chromedp.Click(chromedp.CSS("#signal-send")),
