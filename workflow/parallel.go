@@ -81,7 +81,9 @@ func Go[T any](wctx Context, key string, fn func(ctx context.Context) (T, error)
 			endSpan(span, r.err)
 			f.res <- r
 			if f.gate.commit() {
-				x.goroutines.Done() // else Get abandoned it, and did
+				x.goroutines.Done()
+			} else {
+				x.lateResult(f.plan) // Get abandoned it (and called Done)
 			}
 		}()
 		r.out, r.err = fn(ctx)

@@ -68,7 +68,7 @@ func Step[T any](wctx Context, key string, fn func(ctx context.Context) (T, erro
 func step[T any](wctx Context, key string, fn func(ctx context.Context) (T, error), opts *StepOpts) (T, error) {
 	x := wctx.x
 	return runStep(wctx, "step", key, opts, func(ctx context.Context, p stepPlan) (T, []byte, error, bool) {
-		out, err := timed(x, ctx, p.timeout, func(ctx context.Context, _ *gate) (T, error) { return callStep(ctx, fn) })
+		out, err := timed(x, ctx, p, func(ctx context.Context, _ *gate) (T, error) { return callStep(ctx, fn) })
 		if err != nil {
 			return out, nil, err, false
 		}
@@ -115,7 +115,7 @@ func StepTx[T any](wctx Context, key string, fn func(ctx context.Context, tx pgx
 			late    bool // a cancel asked for while fn ran
 			err     error
 		}
-		res, err := timed(x, ctx, p.timeout, func(ctx context.Context, g *gate) (txResult, error) {
+		res, err := timed(x, ctx, p, func(ctx context.Context, g *gate) (txResult, error) {
 			var r txResult
 			r.cancel, r.err = x.runWrite(b, func(txCtx context.Context, tx pgx.Tx, cancel bool) error {
 				if cancel && !compensating {
@@ -338,6 +338,22 @@ func (g *gate) expire() bool {
 	return true
 }
 
+// abandoned reports whether the attempt's timeout ended it (expire).
+func (g *gate) abandoned() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.state == 2
+}
+
+// lateResult logs that an attempt of step p abandoned at its timeout has
+// returned: its result is discarded (for a StepTx, its transaction rolled
+// back). It reads only what an execution never changes, so any goroutine
+// may call it.
+func (x *execution) lateResult(p stepPlan) {
+	x.r.logger.Warn("relay: workflow step attempt returned after its timeout; its result is discarded",
+		"run_id", x.runID, "workflow", x.run.workflow, "step", p.key, "step_kind", p.kind, "attempt", p.n, "timeout", p.timeout)
+}
+
 // errAttemptAbandoned rolls back the transaction of a StepTx attempt that
 // returned after its timeout.
 var errAttemptAbandoned = errors.New("workflow: step attempt returned after its timeout")
@@ -349,7 +365,8 @@ var errAttemptAbandoned = errors.New("workflow: step attempt returned after its 
 // is then ErrStepTimeout, and whatever fn returns later is discarded. fn
 // calls g.commit() before it makes its result durable (a StepTx's
 // checkpoint): once it has, its result stands, and timed waits for it.
-func timed[R any](x *execution, ctx context.Context, timeout time.Duration, fn func(ctx context.Context, g *gate) (R, error)) (R, error) {
+func timed[R any](x *execution, ctx context.Context, p stepPlan, fn func(ctx context.Context, g *gate) (R, error)) (R, error) {
+	timeout := p.timeout
 	if timeout <= 0 {
 		return fn(ctx, nil)
 	}
@@ -367,6 +384,9 @@ func timed[R any](x *execution, ctx context.Context, timeout time.Duration, fn f
 		defer func() {
 			res.panicked = recover()
 			done <- res
+			if g.abandoned() {
+				x.lateResult(p)
+			}
 		}()
 		res.r, res.err = fn(ctx, g)
 	}()

@@ -3,6 +3,9 @@ package workflow_test
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -10,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/testdb"
 	"github.com/relayq/relay/workflow"
 )
 
@@ -151,4 +155,64 @@ func TestStepTimeoutOfGo(t *testing.T) {
 	if out, err := result[bool](t, b.pool, h.ID); err != nil || !out {
 		t.Fatalf("want ErrStepTimeout, got %v %v", out, err)
 	}
+}
+
+// stepLogs keeps the messages logged with a run's id.
+type stepLogs struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (h *stepLogs) Enabled(context.Context, slog.Level) bool { return true }
+func (h *stepLogs) Handle(_ context.Context, r slog.Record) error {
+	line := r.Message
+	r.Attrs(func(a slog.Attr) bool { line += " " + a.Key + "=" + a.Value.String(); return true })
+	h.mu.Lock()
+	h.msgs = append(h.msgs, line)
+	h.mu.Unlock()
+	return nil
+}
+func (h *stepLogs) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *stepLogs) WithGroup(string) slog.Handler      { return h }
+
+func (h *stepLogs) has(parts ...string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, m := range h.msgs {
+		all := true
+		for _, p := range parts {
+			all = all && strings.Contains(m, p)
+		}
+		if all {
+			return true
+		}
+	}
+	return false
+}
+
+// An attempt abandoned at its timeout that returns later is logged at warn
+// with its run, step and attempt, its result discarded.
+func TestStepTimeoutLogsTheLateResult(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	logs := &stepLogs{}
+	reg := workflow.NewRegistry(pool, &workflow.Config{Logger: slog.New(logs)})
+	b := &bundle{t: t, pool: pool, reg: reg}
+	release := make(chan struct{})
+	wf := workflow.MustRegister(reg, "late-log", func(wctx workflow.Context, _ int) (bool, error) {
+		_, err := workflow.Step(wctx, "slow", func(ctx context.Context) (int, error) {
+			<-release
+			return 7, nil
+		}, &workflow.StepOpts{MaxAttempts: 1, Timeout: 50 * time.Millisecond})
+		return errors.Is(err, workflow.ErrStepTimeout), nil
+	})
+	b.start()
+	h, _ := workflow.Start(context.Background(), pool, wf, 0, &workflow.StartOpts{ID: "late-log"})
+	if out, err := result[bool](t, pool, h.ID); err != nil || !out {
+		t.Fatalf("want a timeout, got %v %v", out, err)
+	}
+	close(release)
+	b.waitFor("the late result logged", func() bool {
+		return logs.has("returned after its timeout", "run_id=late-log", "step=slow", "attempt=1")
+	})
 }
