@@ -67,7 +67,7 @@ func Execute[In, Out any](ctx context.Context, c *core.Client, wf *Workflow[In, 
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.Is(err, core.ErrEagerUnavailable):
-		reg.logger.Debug("relay: eager start unavailable; starting the run queued", "workflow", wf.name, "reason", err)
+		reg.logger.Debug("relay: eager start unavailable; starting the run queued", "run_id", o.ID, "workflow", wf.name, "reason", err)
 		h, err := Start(ctx, reg.pool, wf, in, &o)
 		if err != nil {
 			return zero, err

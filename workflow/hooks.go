@@ -82,8 +82,11 @@ func (w startWorker) Work(ctx context.Context, job *core.Job[StartArgs]) error {
 			// A rolling deploy: newer code enqueued this start. Put it
 			// back, without spending an attempt, for a process that knows
 			// the workflow; a name no process knows dies once the job is old.
-			w.r.logger.Warn("relay: start job of a workflow not registered in this process; put back for another process",
-				"job_id", job.ID, "workflow", name, "retry_in", unregisteredDelay)
+			attrs := []any{"job_id", job.ID, "workflow", name, "retry_in", unregisteredDelay}
+			if id != "" {
+				attrs = append([]any{"run_id", id}, attrs...) // the run it is to start (its id derived from a fire comes later)
+			}
+			w.r.logger.Warn("relay: start job of a workflow not registered in this process; put back for another process", attrs...)
 			return core.Snooze(unregisteredDelay)
 		}
 		return core.Permanent(err)

@@ -284,3 +284,20 @@ func TestAttemptLogOnlyRealAttempts(t *testing.T) {
 		}
 	}
 }
+
+// A start job put back because this process does not know its workflow
+// names the run it is to start.
+func TestUnregisteredStartLogNamesRun(t *testing.T) {
+	t.Parallel()
+	logs := &logRecorder{}
+	pool := testdb.New(t)
+	reg := workflow.NewRegistry(pool, &workflow.Config{Logger: slog.New(logs)})
+	b := &bundle{t: t, pool: pool, reg: reg}
+	b.start()
+	if _, err := core.Enqueue(context.Background(), pool, workflow.StartArgs{Workflow: "nope", ID: "nope-1"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	b.waitFor("the start job's warning", func() bool {
+		return len(logs.find("start job of a workflow not registered", map[string]string{"run_id": "nope-1", "workflow": "nope"})) == 1
+	})
+}
