@@ -80,7 +80,8 @@ func TestUndecodableOutboxRowsShowInTheAPI(t *testing.T) {
 // TestUndecodableRunInputShowsInTheAPI: a run whose stored input does not
 // decode into its workflow's input type (written behind Start) is failed
 // alone, and the API shows the decode error on the run; a run started
-// beside it completes.
+// beside it completes. A step's stored attempt log of another shape is
+// reported on that step, and the run's page still reads.
 func TestUndecodableRunInputShowsInTheAPI(t *testing.T) {
 	t.Parallel()
 	b := setupWorkflows(t)
@@ -99,4 +100,13 @@ func TestUndecodableRunInputShowsInTheAPI(t *testing.T) {
 		t.Fatalf("run: %s", mustJSON(run))
 	}
 	b.waitRun("good", "completed")
+
+	// A step's stored attempt log of another shape costs that step its log,
+	// not the run its page.
+	b.exec(`UPDATE relay_workflow_steps SET attempt_log = '{"x": 1}' WHERE run_id = 'good' AND key = 'hello'`)
+	run = b.waitRun("good", "completed")
+	st := steps(run)
+	if msg, _ := st["hello"]["attempt_log_error"].(string); !strings.Contains(msg, "decode attempt log") || len(st["hello"]["attempt_log"].([]any)) != 0 {
+		t.Fatalf("step with a bad attempt log: %s", mustJSON(st["hello"]))
+	}
 }

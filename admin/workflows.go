@@ -83,6 +83,9 @@ type WorkflowStep struct {
 	// AttemptLog is the step's attempts, oldest first (the latest 20 that
 	// ran its function): the timeline's retries.
 	AttemptLog []WorkflowStepAttempt `json:"attempt_log" doc:"Each attempt's start, end and error, oldest first (the latest 20)"`
+	// AttemptLogError says why the stored attempt log could not be read
+	// (then attempt_log is empty).
+	AttemptLogError string `json:"attempt_log_error,omitempty" doc:"Why the stored attempt log could not be read (a value of another shape)"`
 }
 
 // WorkflowStepAttempt is one attempt of a step's function.
@@ -333,7 +336,7 @@ func (s *server) getRun(ctx context.Context, in *runIDInput) (*runOutput, error)
 		ws := WorkflowStep{Position: st.Position, Key: st.Key, Kind: st.Kind, State: st.State,
 			Compensation: strings.HasPrefix(st.Key, "compensate:"), Attempts: st.Attempts, Error: st.Error,
 			StartedAt: st.StartedAt, FinishedAt: st.FinishedAt, WakeAt: st.WakeAt, ChildID: st.ChildID,
-			OutputBytes: len(st.Output), AttemptLog: []WorkflowStepAttempt{}}
+			OutputBytes: len(st.Output), AttemptLog: []WorkflowStepAttempt{}, AttemptLogError: st.AttemptLogError}
 		for _, a := range st.AttemptLog {
 			ws.AttemptLog = append(ws.AttemptLog, WorkflowStepAttempt{Attempt: a.Attempt, StartedAt: a.StartedAt,
 				FinishedAt: a.FinishedAt, DurationMS: a.FinishedAt.Sub(a.StartedAt).Milliseconds(), Error: a.Error})

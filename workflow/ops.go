@@ -152,6 +152,10 @@ type StepInfo struct {
 	// ran the step's function (Step, StepTx, Go, compensations), each with
 	// its start and end on the executing worker's clock and its error.
 	AttemptLog []StepAttempt
+	// AttemptLogError is why the stored attempt log could not be read (a
+	// value of another shape, written behind the API): AttemptLog is then
+	// empty, and the rest of the timeline is read as usual.
+	AttemptLogError string
 }
 
 // realAttempts drops the empty entries (null in JSON) that steps written
@@ -221,7 +225,8 @@ func Get(ctx context.Context, db core.DB, id string) (*Run, error) {
 			return err
 		}
 		if err := json.Unmarshal([]byte(log), &s.AttemptLog); err != nil {
-			return fmt.Errorf("attempt log of step %q: %w", s.Key, err)
+			// The step's own field, not the whole run's timeline.
+			s.AttemptLog, s.AttemptLogError = nil, fmt.Sprintf("decode attempt log of step %q: %v", s.Key, err)
 		}
 		s.AttemptLog = realAttempts(s.AttemptLog)
 		if output != "" {
