@@ -39,6 +39,9 @@ func childArgs(system, url string, cfg WorkerConfig) []string {
 	if cfg.NoClaimFloor {
 		args = append(args, "--no-claim-floor")
 	}
+	if cfg.SynchronousClaims {
+		args = append(args, "--synchronous-claims")
+	}
 	if cfg.StartEarly {
 		args = append(args, "--start-early")
 	}
@@ -58,6 +61,7 @@ func RunChild(ctx context.Context, args []string, systems []System) error {
 	fs.IntVar(&cfg.Job.Hash, "job-hash", 0, "hash rounds per job")
 	fs.DurationVar(&cfg.ClaimCoalesce, "claim-coalesce", 0, "Relay's ClaimCoalesce (0: default, negative: off)")
 	fs.BoolVar(&cfg.NoClaimFloor, "no-claim-floor", false, "relay: Config.NoClaimFloor")
+	fs.BoolVar(&cfg.SynchronousClaims, "synchronous-claims", false, "relay: Config.SynchronousClaims")
 	fs.BoolVar(&cfg.StartEarly, "start-early", false, "start the client before the parent's go (steady runs)")
 	fs.DurationVar(&cfg.Window, "window", 0, "also report pickup latencies per window of this length (by insert time)")
 	if err := fs.Parse(args); err != nil {

@@ -106,6 +106,8 @@ func relayConfig(cfg WorkerConfig, ws *core.Workers) *core.Config {
 		Logger:        benchLogger(),
 		ClaimCoalesce: cfg.ClaimCoalesce,
 		NoClaimFloor:  cfg.NoClaimFloor,
+
+		SynchronousClaims: cfg.SynchronousClaims,
 	}
 }
 
@@ -123,8 +125,8 @@ func (Relay) Describe(cfg WorkerConfig) string {
 	if w := producerWake(cfg); w > 0 {
 		wake = w.String()
 	}
-	return fmt.Sprintf("MaxWorkers %d, Prefetch %d, ClaimCoalesce %s, NoClaimFloor %v, defaults otherwise (FetchLimit 1000, PollInterval 1s, LISTEN/NOTIFY on); steady runs' producers (without --keys): a Client with EnqueueWakeCoalesce %s",
-		q.MaxWorkers, q.Prefetch, coalesce, c.NoClaimFloor, wake)
+	return fmt.Sprintf("MaxWorkers %d, Prefetch %d, ClaimCoalesce %s, NoClaimFloor %v, SynchronousClaims %v, defaults otherwise (FetchLimit 1000, PollInterval 1s, LISTEN/NOTIFY on); steady runs' producers (without --keys): a Client with EnqueueWakeCoalesce %s",
+		q.MaxWorkers, q.Prefetch, coalesce, c.NoClaimFloor, c.SynchronousClaims, wake)
 }
 
 func (Relay) Setup(ctx context.Context, pool *pgxpool.Pool) error {

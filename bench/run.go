@@ -177,6 +177,8 @@ type Steady struct {
 	Window time.Duration
 	// NoClaimFloor turns Relay's claim floor off.
 	NoClaimFloor bool
+	// SynchronousClaims makes Relay's claims commit synchronously.
+	SynchronousClaims bool
 	// During, when set, runs beside the offered load from its start (an
 	// xmin holder, say); the run waits for it to return before it ends.
 	During func(ctx context.Context, began time.Time)
@@ -203,7 +205,7 @@ func RunSteady(ctx context.Context, env Env, sys System, o Steady) (Result, erro
 			return r, fmt.Errorf("reset: %w", err)
 		}
 	}
-	wcfg := WorkerConfig{Workers: o.Workers, Prefetch: o.Prefetch, Job: o.Job, ClaimCoalesce: o.ClaimCoalesce, Window: o.Window, NoClaimFloor: o.NoClaimFloor, StartEarly: true}
+	wcfg := WorkerConfig{Workers: o.Workers, Prefetch: o.Prefetch, Job: o.Job, ClaimCoalesce: o.ClaimCoalesce, Window: o.Window, NoClaimFloor: o.NoClaimFloor, SynchronousClaims: o.SynchronousClaims, StartEarly: true}
 	if p, ok := sys.(producers); ok {
 		var err error
 		if sys, err = p.ForProducers(env.Pool, wcfg); err != nil {

@@ -65,6 +65,9 @@ type WorkerConfig struct {
 	// NoClaimFloor turns Relay's claim floor off (core.Config.NoClaimFloor),
 	// for A/B runs.
 	NoClaimFloor bool
+	// SynchronousClaims makes Relay's claims commit synchronously
+	// (core.Config.SynchronousClaims), for A/B runs.
+	SynchronousClaims bool
 	// StartEarly starts each process's client before the run's clock
 	// (Hooks.Ready): a steady run offers jobs to running workers. A
 	// burn-down times the workers' start with the drain, as before.

@@ -45,6 +45,18 @@ type Config struct {
 	// lease has two chances to be renewed before its local deadline (see
 	// the README's "Leases").
 	HeartbeatInterval time.Duration
+	// SynchronousClaims makes a claim commit as the session's other commits
+	// do (synchronous_commit, on by default: after its WAL flush and, with
+	// synchronous replication, once a synchronous standby has it). By
+	// default a claim commits asynchronously: after a crash or a failover
+	// the claim can be missing, its job queued again and claimed by another
+	// worker while the first handler still runs, until that handler's next
+	// heartbeat finds its lease gone (its writes are fenced throughout).
+	// With SynchronousClaims a claim that a handler runs under survives a
+	// failover to a synchronous standby, and the two attempts cannot
+	// overlap; each claim statement then waits for a WAL flush and, with
+	// synchronous replication, a round trip to the standby.
+	SynchronousClaims bool
 	// PollInterval is the fallback fetch period when no notification comes.
 	// Default 1s.
 	PollInterval time.Duration

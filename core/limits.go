@@ -217,7 +217,11 @@ func (q *queue) claimLimited(ctx context.Context, limit int) ([]*JobRow, error) 
 	c := q.client
 	var out []*JobRow
 	err := pgx.BeginFunc(ctx, c.own, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, sqlLockLimits, q.name)
+		lock := sqlLockLimits
+		if c.cfg.SynchronousClaims {
+			lock = sqlLockLimitsSync
+		}
+		rows, err := tx.Query(ctx, lock, q.name)
 		if err != nil {
 			return err
 		}

@@ -177,6 +177,18 @@ WHERE j.id = picked.id
 RETURNING j.id, j.kind, j.queue, j.priority, j.attempt, j.max_attempts, j.run_at,
           j.created_at, j.attempted_at, j.args, j.metadata, j.lease_token, coalesce(j.ordering_key, ''), j.tags`
 
+// asyncCommit, in a claim statement, makes its transaction commit
+// asynchronously; sessionCommit, in the synchronous twins of those
+// statements (Config.SynchronousClaims), leaves the session's
+// synchronous_commit as it is, at the same place in the statement.
+const (
+	asyncCommit   = `(SELECT set_config('synchronous_commit', 'off', true)) AS async_commit`
+	sessionCommit = `(SELECT set_config('synchronous_commit', current_setting('synchronous_commit'), true)) AS session_commit`
+)
+
+// sqlClaimSync is sqlClaim committing synchronously.
+var sqlClaimSync = mustReplace(sqlClaim, asyncCommit, sessionCommit)
+
 // sqlClaimAfter is sqlClaim starting after the position ($6 priority, $7
 // run_at, $8 id) in claim order: the last job of the previous claim, when
 // that claim took all it asked for (a drain). Every claimed job leaves a
@@ -188,6 +200,9 @@ RETURNING j.id, j.kind, j.queue, j.priority, j.attempt, j.max_attempts, j.run_at
 var sqlClaimAfter = mustReplace(sqlClaim,
 	"WHERE state = 'queued' AND NOT key_waiting AND queue = $1 AND run_at <= now()\n",
 	"WHERE state = 'queued' AND NOT key_waiting AND queue = $1 AND run_at <= now()\n      AND (priority, run_at, id) > ($6::smallint, $7::timestamptz, $8::bigint)\n")
+
+// sqlClaimAfterSync is sqlClaimAfter committing synchronously.
+var sqlClaimAfterSync = mustReplace(sqlClaimAfter, asyncCommit, sessionCommit)
 
 // The fenced writes about running attempts (sqlCompleteMany, sqlFailMany,
 // sqlReleaseMany, sqlHeartbeat) share one shape, because they must never
@@ -517,6 +532,10 @@ FROM relay_limits, (SELECT set_config('synchronous_commit', 'off', true)) AS asy
 WHERE (scope = 'queue' AND name = $1) OR scope IN ('kind', 'tag')
 ORDER BY scope, name
 FOR UPDATE OF relay_limits`
+
+// sqlLockLimitsSync is sqlLockLimits leaving the claim's transaction to
+// commit synchronously (Config.SynchronousClaims).
+var sqlLockLimitsSync = mustReplace(sqlLockLimits, asyncCommit, sessionCommit)
 
 // sqlCountRunning counts claimed jobs by kind, split by whether they are
 // of queue $1, among those of queue $1 or of a kind in $2. It walks

@@ -221,11 +221,17 @@ func (q *queue) claim(ctx context.Context, limit int, after *claimCursor) ([]*Jo
 		return q.claimLimited(ctx, limit)
 	}
 	sql, args := sqlClaim, []any{q.name, limit, c.cfg.LeaseDuration.Milliseconds(), c.cfg.ID, [16]byte(uuid.New())}
+	if c.cfg.SynchronousClaims {
+		sql = sqlClaimSync
+	}
 	if f, ok := q.floor.get(); ok && (after == nil || after.less(f)) {
 		after = &f // claimfloor.go
 	}
 	if after != nil {
 		sql, args = sqlClaimAfter, append(args, int16(after.priority), after.runAt, after.id)
+		if c.cfg.SynchronousClaims {
+			sql = sqlClaimAfterSync
+		}
 	}
 	rows, err := c.own.Query(ctx, sql, args...)
 	if err != nil {

@@ -39,6 +39,7 @@ func runBench(ctx context.Context, args []string) error {
 	holdAt := fs.Duration("hold-at", 30*time.Second, "--hold-xmin: when the holder starts, after the offered load")
 	window := fs.Duration("window", 0, "steady mode: also report pickup p50/p99 per window of this length (default 10s with --hold-xmin)")
 	noFloor := fs.Bool("no-claim-floor", false, "turn the workers' claim floor off (core.Config.NoClaimFloor), for A/B runs")
+	syncClaims := fs.Bool("synchronous-claims", false, "the workers' claims commit synchronously (core.Config.SynchronousClaims), for A/B runs")
 	prefetch := fs.Int("prefetch", 0, "jobs each process may claim beyond --workers (QueueConfig.Prefetch)")
 	coalesce := fs.Duration("claim-coalesce", 0, "Config.ClaimCoalesce of the worker processes (0: the default; negative: off, a claim per notification)")
 	traced := fs.Bool("trace", false, "record every span (to a discarding exporter), to measure tracing's cost")
@@ -80,7 +81,7 @@ func runBench(ctx context.Context, args []string) error {
 	env := bench.Env{Pool: pool, URL: schemaURL, Out: os.Stdout,
 		Spawn: func(a []string) *exec.Cmd { return exec.Command(self, append([]string{"bench-worker"}, a...)...) }}
 	job := bench.Job{Sleep: *jobSleep, Hash: *jobHash}
-	cfg := bench.WorkerConfig{Workers: *workers, Prefetch: *prefetch, Job: job, ClaimCoalesce: *coalesce, NoClaimFloor: *noFloor}
+	cfg := bench.WorkerConfig{Workers: *workers, Prefetch: *prefetch, Job: job, ClaimCoalesce: *coalesce, NoClaimFloor: *noFloor, SynchronousClaims: *syncClaims}
 	fmt.Printf("bench: %s\nbench: relay: %s\n", bench.Machine(ctx, pool), sys.Describe(cfg))
 
 	var res bench.Result
@@ -104,7 +105,7 @@ func runBench(ctx context.Context, args []string) error {
 	}
 	if *rate > 0 {
 		fmt.Printf("bench: steady %d jobs/s for %s, %d process(es) × %d workers\n", *rate, *duration, *processes, *workers)
-		steady := bench.Steady{Rate: *rate, Duration: *duration, Workers: *workers, Prefetch: *prefetch, Processes: *processes, Job: job, ClaimCoalesce: *coalesce, KeepTable: *backlog > 0, Window: *window, NoClaimFloor: *noFloor}
+		steady := bench.Steady{Rate: *rate, Duration: *duration, Workers: *workers, Prefetch: *prefetch, Processes: *processes, Job: job, ClaimCoalesce: *coalesce, KeepTable: *backlog > 0, Window: *window, NoClaimFloor: *noFloor, SynchronousClaims: *syncClaims}
 		var held heldXmin
 		if *window > 0 {
 			steady.During = func(ctx context.Context, began time.Time) {

@@ -146,11 +146,12 @@ func runProveWorker(ctx context.Context, args []string) error {
 	sink := fs.String("sink", "", "URL of the prover's sink, told of each attempt's start and end")
 	appName := fs.String("app-name", "relay-prove-worker", "application_name of the worker's connections")
 	workFirst := fs.Bool("work-before-write", false, "work before the attempt's first database write")
+	syncClaims := fs.Bool("synchronous-claims", false, "claims commit synchronously (core.Config.SynchronousClaims)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	sc := newSinkClient(*sink, *id)
-	return runProofClientNamed(ctx, *url, *appName, *id, *concurrency, *lease, *drain, func(ws *core.Workers, pool *pgxpool.Pool) {
+	return runProofClientNamed(ctx, *url, *appName, *id, *concurrency, *lease, *drain, *syncClaims, func(ws *core.Workers, pool *pgxpool.Pool) {
 		core.MustAddWorker(ws, core.Worker[proveArgs](&proveWorker{pool: pool, id: *id, sink: sc, workFirst: *workFirst}))
 	})
 }
@@ -160,12 +161,14 @@ func runProveWorker(ctx context.Context, args []string) error {
 // register adds, until SIGTERM (main's signal context), then drains for at
 // most drain.
 func runProofClient(ctx context.Context, url, id string, concurrency int, lease, drain time.Duration, register func(*core.Workers, *pgxpool.Pool)) error {
-	return runProofClientNamed(ctx, url, "relay-prove-worker", id, concurrency, lease, drain, register)
+	return runProofClientNamed(ctx, url, "relay-prove-worker", id, concurrency, lease, drain, false, register)
 }
 
 // runProofClientNamed is runProofClient whose connections carry appName
-// (the queue proof names its run, so that --backend-kill hits no other).
-func runProofClientNamed(ctx context.Context, url, appName, id string, concurrency int, lease, drain time.Duration, register func(*core.Workers, *pgxpool.Pool)) error {
+// (the queue proof names its run, so that --backend-kill hits no other),
+// its claims committing synchronously if syncClaims.
+func runProofClientNamed(ctx context.Context, url, appName, id string, concurrency int, lease, drain time.Duration, syncClaims bool,
+	register func(*core.Workers, *pgxpool.Pool)) error {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return err
@@ -188,6 +191,8 @@ func runProofClientNamed(ctx context.Context, url, appName, id string, concurren
 		PollInterval:   200 * time.Millisecond,
 		RetryPolicy:    core.Backoff{Base: 50 * time.Millisecond, Max: time.Second},
 		Logger:         slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
+
+		SynchronousClaims: syncClaims,
 	})
 	if err != nil {
 		return err
