@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -197,6 +198,62 @@ func TestClaimCommitsAsynchronously(t *testing.T) {
 	defer conn.Release()
 	if v := show(conn); v != "on" {
 		t.Errorf("after the claim's transaction: synchronous_commit=%s, want on", v)
+	}
+}
+
+// The synchronous twins of the claim statements (Config.SynchronousClaims)
+// leave synchronous_commit as the session has it (remote_write here), and
+// the asynchronous ones turn it off.
+func TestSynchronousClaimStatementsKeepTheSessionSetting(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `SET synchronous_commit = remote_write`); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Exec(ctx, `RESET synchronous_commit`) //nolint:errcheck
+	token := [16]byte(uuid.New())
+	for _, tc := range []struct {
+		name, sql string
+		args      []any
+		want      string
+	}{
+		{"sqlClaim", sqlClaim, []any{"default", 10, 30000, "w", token}, "off"},
+		{"sqlClaimSync", sqlClaimSync, []any{"default", 10, 30000, "w", token}, "remote_write"},
+		{"sqlClaimAfter", sqlClaimAfter, []any{"default", 10, 30000, "w", token, int16(0), time.Now().Add(-time.Hour), int64(0)}, "off"},
+		{"sqlClaimAfterSync", sqlClaimAfterSync, []any{"default", 10, 30000, "w", token, int16(0), time.Now().Add(-time.Hour), int64(0)}, "remote_write"},
+		{"sqlLockLimits", sqlLockLimits, []any{"default"}, "off"},
+		{"sqlLockLimitsSync", sqlLockLimitsSync, []any{"default"}, "remote_write"},
+	} {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A claim sets the commit mode only when it claims a job.
+		if _, err := tx.Exec(ctx, `INSERT INTO relay_jobs (kind) VALUES ('a')`); err != nil {
+			t.Fatal(err)
+		}
+		rows, err := tx.Query(ctx, tc.sql, tc.args...)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		var v string
+		if err := tx.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		if v != tc.want {
+			t.Errorf("in %s's transaction: synchronous_commit=%s, want %s", tc.name, v, tc.want)
+		}
+		tx.Rollback(ctx) //nolint:errcheck
 	}
 }
 

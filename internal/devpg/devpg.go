@@ -64,8 +64,8 @@ type Cluster struct {
 var ErrNoPostgres = errors.New("devpg: no PostgreSQL server binaries (initdb, pg_ctl) found: install PostgreSQL (e.g. apt-get install postgresql) or set RELAY_TEST_DATABASE_URL / DATABASE_URL to a server")
 
 // BinDir finds the directory holding initdb and pg_ctl: PATH first (links
-// followed), then the
-// Debian layout /usr/lib/postgresql/<version>/bin (newest version first).
+// followed), then the Debian layout /usr/lib/postgresql/<version>/bin
+// (newest version first).
 func BinDir() (string, error) {
 	if p, err := exec.LookPath("pg_ctl"); err == nil {
 		if _, err := exec.LookPath("initdb"); err == nil {
