@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/jackc/pgx/v5"
 	"log/slog"
 	"os"
 	"strconv"
@@ -15,6 +14,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/metric"
@@ -212,7 +213,7 @@ type Client struct {
 	loopCancel context.CancelFunc      // stops claiming and maintenance
 	workCancel context.CancelCauseFunc // cancels running handlers (hard stop)
 	workCtx    context.Context         // the handlers' parent (set by Start)
-	// live is true from Start until Stop begins: InsertClaimed takes a
+	// live is true from Start until Stop begins: an eager insert takes a
 	// slot only then.
 	live       atomic.Bool
 	loops      sync.WaitGroup // producers, rescuer, cleaner
@@ -377,6 +378,11 @@ func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 		return nil, fmt.Errorf("core: new client: metrics: %w", err)
 	}
 	c.metrics = m
+	for _, r := range c.workers {
+		if r.attach != nil {
+			r.attach(c, eagerInserter{c})
+		}
+	}
 	return c, nil
 }
 
@@ -501,7 +507,7 @@ func (c *Client) Stop(ctx context.Context) error {
 		return nil
 	}
 	c.stopped = true
-	c.live.Store(false) // no eager job takes a slot from here (InsertClaimed)
+	c.live.Store(false) // no eager job takes a slot from here (eager.go)
 	drainCtx := ctx
 	if dl, ok := ctx.Deadline(); ok {
 		reserve := min(time.Until(dl)/4, 2*time.Second)

@@ -8,13 +8,14 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/relayq/relay/internal/eager"
 	"go.opentelemetry.io/otel/codes"
 )
 
 // Eager execution: a caller inserts a job already claimed by a Client and
 // runs it in its own goroutine, with no queue hop (no NOTIFY, no claim, no
 // hand-over to an executor). The workflow layer's eager start
-// (workflow.Run) is built on it, after Temporal's Eager Workflow Start.
+// (workflow.Execute) is built on it, after Temporal's Eager Workflow Start.
 //
 // From the moment its claim commits the job is a claimed job of the client
 // like any other: it holds one of its queue's worker slots, its lease is
@@ -23,23 +24,11 @@ import (
 // outcome is fenced by its lease token, and if the process dies the lease
 // expires and the rescuer puts it back in the queue for any worker.
 
-var (
-	// ErrEagerUnavailable: the client cannot take an eager job now (no free
-	// worker slot on the queue, or the client is not running: not started,
-	// or stopping). Nothing was written; enqueue the job instead.
-	ErrEagerUnavailable = errors.New("core: eager execution unavailable")
-	// ErrNotWorked: the client does not serve the job's queue or has no
-	// worker for its kind, so it cannot claim the job. Nothing was written.
-	ErrNotWorked = errors.New("core: this client does not work that queue or kind")
-	// ErrCallerGone is the cause of an eager job's handler cancellation
-	// when the context given to Execute ends: the attempt is returned to
-	// the queue without being counted, as at a shutdown, and any worker
-	// continues the job.
-	ErrCallerGone = errors.New("core: the caller executing the job stopped waiting")
-	// ErrNotClaimed: Execute was given a job that InsertClaimed left queued
-	// (a paused queue or a global limit), or one already executed.
-	ErrNotClaimed = errors.New("core: the job is not claimed by this caller")
-)
+// ErrCallerGone is the cause of an eager job's handler cancellation when
+// the caller executing it stopped waiting (the workflow layer's Execute):
+// the attempt is returned to the queue without being counted, as at a
+// shutdown, and any worker continues the job.
+var ErrCallerGone = errors.New("core: the caller executing the job stopped waiting")
 
 // givenBack reports whether an attempt cancelled with cause goes back to
 // the queue without being counted: a shutdown, or an eager caller gone.
@@ -47,42 +36,33 @@ func givenBack(cause error) bool {
 	return errors.Is(cause, ErrShutdown) || errors.Is(cause, ErrCallerGone)
 }
 
-// WithJob is more work for InsertClaimed's round trip and transaction: the
-// statements Queue adds run after the job's insert (InsertedJobID names
-// its id in their SQL) and before its claim, and Read reads their results
-// in order. An error of any of them rolls everything back.
-type WithJob struct {
-	Queue func(b *pgx.Batch)
-	Read  func(br pgx.BatchResults) error
+// eagerInserter is a client's eager.Inserter, handed to the workers that
+// ask for it (eager.Attacher) when the client is made.
+type eagerInserter struct{ c *Client }
+
+// Insert implements eager.Inserter: see there. The job takes one of the
+// worker slots of its queue in c (counted in the queue's MaxWorkers) from
+// now until its Execute returns.
+func (e eagerInserter) Insert(ctx context.Context, args JobArgs, opts *EnqueueOpts, with *eager.With) (eager.Job[*JobRow], error) {
+	cl, err := e.c.insertClaimedJob(ctx, args, opts, with)
+	if err != nil {
+		return eager.Job[*JobRow]{}, err
+	}
+	job := eager.Job[*JobRow]{ID: cl.id, Row: cl.row}
+	job.Execute = func(ctx context.Context) error { return e.c.execute(ctx, cl) }
+	return job, nil
 }
 
-// Claimed is a job InsertClaimed inserted. Hand it to Execute.
-type Claimed struct {
-	// ID is the job's id.
-	ID int64
-	// Row is the claimed attempt, nil when the job was left queued (its
-	// queue is paused or a global limit applies to it): it then waits for
-	// a worker like any enqueued job, and the queue's workers were woken.
-	Row *JobRow
+// claimedJob is a job insertClaimed inserted: row is nil when it was left
+// queued, r nil once executed.
+type claimedJob struct {
+	id  int64
+	row *JobRow
 	q   *queue
 	r   *running
 }
 
-// InsertClaimed inserts a job of args already claimed by c, for the
-// caller to run with Execute in its own goroutine: state claimed, attempt
-// 1, a fresh lease token, c's LeaseDuration, attempted_by c.ID(), in one
-// round trip and one transaction on c's pool (with the work of with, if
-// any). The job takes one of the worker slots of its queue in c (counted
-// in the queue's MaxWorkers) from now until Execute returns; call Execute
-// exactly once, whatever happens in between.
-//
-// It refuses, writing nothing, a queue c does not serve or a kind it has
-// no worker for (ErrNotWorked), and returns ErrEagerUnavailable when c is
-// not running or the queue has no free slot: enqueue the job then. A job
-// of a paused queue, or one a global limit applies to, is inserted queued
-// (Claimed.Row is nil), not claimed. Ordering keys, unique jobs and a
-// delay or run-at in the future are for enqueued jobs; they are refused.
-func (c *Client) InsertClaimed(ctx context.Context, args JobArgs, opts *EnqueueOpts, with *WithJob) (*Claimed, error) {
+func (c *Client) insertClaimedJob(ctx context.Context, args JobArgs, opts *EnqueueOpts, with *eager.With) (*claimedJob, error) {
 	row, err := prepareEnqueue(args, opts)
 	if err != nil {
 		return nil, err
@@ -92,13 +72,13 @@ func (c *Client) InsertClaimed(ctx context.Context, args JobArgs, opts *EnqueueO
 	}
 	q := c.queues[row.Queue]
 	if q == nil || c.workers[row.Kind] == nil {
-		return nil, fmt.Errorf("core: insert claimed %s job on queue %q: %w", row.Kind, row.Queue, ErrNotWorked)
+		return nil, fmt.Errorf("core: insert claimed %s job on queue %q: %w", row.Kind, row.Queue, eager.ErrNotWorked)
 	}
 	if err := q.takeSlot(); err != nil {
 		return nil, fmt.Errorf("core: insert claimed %s job on queue %q: %w", row.Kind, row.Queue, err)
 	}
 	cl, err := c.insertClaimed(ctx, q, row, with)
-	if err != nil || cl.Row == nil {
+	if err != nil || cl.row == nil {
 		q.active.Add(-1)
 		c.jobs.Done()
 		q.releaseSlot()
@@ -106,10 +86,10 @@ func (c *Client) InsertClaimed(ctx context.Context, args JobArgs, opts *EnqueueO
 	return cl, err
 }
 
-func (c *Client) insertClaimed(ctx context.Context, q *queue, row enqueueRow, with *WithJob) (*Claimed, error) {
+func (c *Client) insertClaimed(ctx context.Context, q *queue, row enqueueRow, with *eager.With) (*claimedJob, error) {
 	ctx, span, tc := startEnqueueSpan(ctx, c.cfg.TracerProvider, row.Queue, 1)
 	defer span.End()
-	fail := func(err error) (*Claimed, error) {
+	fail := func(err error) (*claimedJob, error) {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
 		return nil, fmt.Errorf("core: insert claimed %s job: %w", row.Kind, err)
@@ -142,9 +122,9 @@ func (c *Client) insertClaimed(ctx context.Context, q *queue, row enqueueRow, wi
 	bctx, bcancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
 	defer bcancel()
 	br := c.pool.SendBatch(bctx, b)
-	cl := &Claimed{q: q}
+	cl := &claimedJob{q: q}
 	var dup bool
-	if err := br.QueryRow().Scan(&cl.ID, &dup); err != nil {
+	if err := br.QueryRow().Scan(&cl.id, &dup); err != nil {
 		br.Close()
 		return fail(err)
 	}
@@ -168,7 +148,7 @@ func (c *Client) insertClaimed(ctx context.Context, q *queue, row enqueueRow, wi
 	if err != nil {
 		return fail(err)
 	}
-	countEnqueued(ctx, c.metrics.enqueued, []enqueueRow{row}, []EnqueueResult{{ID: cl.ID}})
+	countEnqueued(ctx, c.metrics.enqueued, []enqueueRow{row}, []EnqueueResult{{ID: cl.id}})
 	if len(claimed) == 0 {
 		// Left queued (a paused queue, a limit): wake the workers, as an
 		// enqueue would have.
@@ -187,26 +167,14 @@ func (c *Client) insertClaimed(ctx context.Context, q *queue, row enqueueRow, wi
 	c.startLease(r, sent)
 	c.metrics.pickup.Record(ctx, jr.AttemptedAt.Sub(jr.CreatedAt).Seconds(), c.metrics.with(jr))
 	c.inflight.Store(jr.ID, r)
-	cl.Row, cl.r = jr, r
+	cl.row, cl.r = jr, r
 	return cl, nil
 }
 
-// Execute runs a job InsertClaimed claimed, in the caller's goroutine,
-// through the client's normal worker path: the kind's worker with the
-// Workers' middleware, its Timeout and RetryPolicy, the attempt's span and
-// metrics, and the outcome recorded under the lease fence (success,
-// failure with retry or dead, Snooze). It returns the handler's error (nil
-// on success; a Snooze's error when the job went back to the queue), or why
-// the handler did not run.
-//
-// ctx bounds the caller's wait, not the job's life: when it ends before
-// the handler returns, the handler is cancelled with ErrCallerGone and the
-// attempt goes back to the queue uncounted, for any worker to continue.
-// The handler's context is cancelled, as a claimed job's, by a cancel, a
-// lost lease and Stop's deadline.
-func (c *Client) Execute(ctx context.Context, cl *Claimed) error {
+// execute runs a job insertClaimed claimed (eager.Job.Execute).
+func (c *Client) execute(ctx context.Context, cl *claimedJob) error {
 	if cl == nil || cl.r == nil {
-		return ErrNotClaimed
+		return eager.ErrNotClaimed
 	}
 	r, q := cl.r, cl.q
 	cl.r = nil
@@ -225,9 +193,9 @@ func (q *queue) takeSlot() error {
 	defer q.mu.Unlock()
 	switch {
 	case q.closed || !c.live.Load():
-		return fmt.Errorf("%w: the client is not running", ErrEagerUnavailable)
+		return fmt.Errorf("%w: the client is not running", eager.ErrUnavailable)
 	case q.running >= q.max:
-		return fmt.Errorf("%w: all %d worker slots of the queue are busy", ErrEagerUnavailable, q.max)
+		return fmt.Errorf("%w: all %d worker slots of the queue are busy", eager.ErrUnavailable, q.max)
 	}
 	q.running++
 	q.active.Add(1)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/eager"
 	"github.com/relayq/relay/internal/testdb"
 )
 
@@ -28,7 +30,7 @@ func eagerLease(t *testing.T, pool *pgxpool.Pool, id int64) (state, by, token st
 	return
 }
 
-// InsertClaimed writes the job claimed by the client (attempt 1, its id,
+// The eager Insert writes the job claimed by the client (attempt 1, its id,
 // a lease token), with the caller's statements in the same round trip, and
 // Execute runs it in the caller's goroutine through the middleware, its
 // success recorded by the client as a claimed job's.
@@ -36,6 +38,7 @@ func TestEagerExecuteRunsInCaller(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
 	ws := core.NewWorkers()
+	eg := catchEager(ws)
 	var sawValue, sawMiddleware bool
 	ws.Use(func(ctx context.Context, job *core.JobRow, next func(context.Context) error) error {
 		sawMiddleware = true
@@ -50,8 +53,8 @@ func TestEagerExecuteRunsInCaller(t *testing.T) {
 	c := startClient(t, pool, &core.Config{Workers: ws, ID: "eager-client", RescueInterval: -1})
 	ctx := context.WithValue(context.Background(), callerKey{}, "the caller")
 	var seen int64
-	cl, err := c.InsertClaimed(ctx, echoArgs{Msg: "hi"}, nil, &core.WithJob{
-		Queue: func(b *pgx.Batch) { b.Queue(`SELECT ` + core.InsertedJobID) },
+	cl, err := eg.of(c).Insert(ctx, echoArgs{Msg: "hi"}, nil, &eager.With{
+		Queue: func(b *pgx.Batch) { b.Queue(`SELECT ` + eager.InsertedJobID) },
 		Read:  func(br pgx.BatchResults) error { return br.QueryRow().Scan(&seen) },
 	})
 	if err != nil {
@@ -64,7 +67,7 @@ func TestEagerExecuteRunsInCaller(t *testing.T) {
 	if state != "claimed" || by != "eager-client" || token != cl.Row.LeaseToken.String() || attempt != 1 || cl.Row.Attempt != 1 {
 		t.Fatalf("stored: %s by %q token %s attempt %d; row %+v", state, by, token, attempt, cl.Row)
 	}
-	if err := c.Execute(ctx, cl); err != nil {
+	if err := cl.Execute(ctx); err != nil {
 		t.Fatal(err)
 	}
 	// Execute returned: the handler ran before, in this goroutine's call.
@@ -86,7 +89,7 @@ func TestEagerExecuteRunsInCaller(t *testing.T) {
 	if s := c.Stats(); s.Claimed != 1 || s.Succeeded != 1 {
 		t.Fatalf("stats %+v", s)
 	}
-	if err := c.Execute(ctx, cl); !errors.Is(err, core.ErrNotClaimed) {
+	if err := cl.Execute(ctx); !errors.Is(err, eager.ErrNotClaimed) {
 		t.Fatalf("second Execute: %v, want ErrNotClaimed", err)
 	}
 }
@@ -97,6 +100,7 @@ func TestEagerFailureIsRetried(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
 	ws := core.NewWorkers()
+	eg := catchEager(ws)
 	core.MustAddWorker(ws, core.WorkFunc[echoArgs](func(ctx context.Context, j *core.Job[echoArgs]) error {
 		if j.Attempt == 1 {
 			return errors.New("first try fails")
@@ -105,11 +109,11 @@ func TestEagerFailureIsRetried(t *testing.T) {
 	}))
 	c := startClient(t, pool, &core.Config{Workers: ws, RetryPolicy: core.RetryPolicyFunc(func(int, error) time.Duration { return 0 })})
 	ctx := context.Background()
-	cl, err := c.InsertClaimed(ctx, echoArgs{}, nil, nil)
+	cl, err := eg.of(c).Insert(ctx, echoArgs{}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Execute(ctx, cl); err == nil || err.Error() != "first try fails" {
+	if err := cl.Execute(ctx); err == nil || err.Error() != "first try fails" {
 		t.Fatalf("Execute: %v", err)
 	}
 	j := waitState(t, pool, cl.ID, core.StateSucceeded)
@@ -125,17 +129,18 @@ func TestEagerLeaseRenewedByHeartbeats(t *testing.T) {
 	pool := testdb.New(t)
 	ctx := context.Background()
 	ws, started, release, _ := blocking(true)
+	eg := catchEager(ws)
 	// 2s: heartbeats are bounded by 40% of the lease, and with 1s two of
 	// them slower than 400ms in a row on a loaded machine would cancel the
 	// handler.
 	const lease = 2 * time.Second
 	c := startClient(t, pool, &core.Config{Workers: ws, LeaseDuration: lease, RescueInterval: 20 * time.Millisecond})
-	cl, err := c.InsertClaimed(ctx, blockArgs{}, nil, nil)
+	cl, err := eg.of(c).Insert(ctx, blockArgs{}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- c.Execute(ctx, cl) }()
+	go func() { done <- cl.Execute(ctx) }()
 	<-started
 	var first time.Time
 	if err := pool.QueryRow(ctx, `SELECT lease_expires_at FROM relay_jobs WHERE id = $1`, cl.ID).Scan(&first); err != nil {
@@ -165,15 +170,16 @@ func TestEagerKilledIsRescued(t *testing.T) {
 	pool := testdb.New(t)
 	ctx := context.Background()
 	wsA, startedA, releaseA, _ := blocking(false)
+	eg := catchEager(wsA)
 	// One slot, the eager job's: A cannot claim the job back.
 	a := startClient(t, pool, &core.Config{Workers: wsA, ID: "eager-a", LeaseDuration: time.Minute, RescueInterval: -1,
 		Queues: map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: 1}}})
-	cl, err := c0(a.InsertClaimed(ctx, blockArgs{}, nil, nil))
+	cl, err := c0(eg.of(a).Insert(ctx, blockArgs{}, nil, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
 	doneA := make(chan error, 1)
-	go func() { doneA <- a.Execute(ctx, cl) }()
+	go func() { doneA <- cl.Execute(ctx) }()
 	<-startedA
 	if _, err := pool.Exec(ctx, `UPDATE relay_jobs SET lease_expires_at = now() - interval '1 second' WHERE id = $1`, cl.ID); err != nil {
 		t.Fatal(err)
@@ -194,7 +200,7 @@ func TestEagerKilledIsRescued(t *testing.T) {
 	}
 }
 
-func c0(cl *core.Claimed, err error) (*core.Claimed, error) {
+func c0(cl eager.Job[*core.JobRow], err error) (eager.Job[*core.JobRow], error) {
 	if err == nil && cl.Row == nil {
 		err = errors.New("job not claimed")
 	}
@@ -209,23 +215,24 @@ func TestEagerStop(t *testing.T) {
 	pool := testdb.New(t)
 	ctx := context.Background()
 	ws, started, _, ctxErr := blocking(true)
+	eg := catchEager(ws)
 	c, err := core.NewClient(pool, &core.Config{Workers: ws})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.InsertClaimed(ctx, blockArgs{}, nil, nil); !errors.Is(err, core.ErrEagerUnavailable) {
-		t.Fatalf("before Start: %v, want ErrEagerUnavailable", err)
+	if _, err := eg.of(c).Insert(ctx, blockArgs{}, nil, nil); !errors.Is(err, eager.ErrUnavailable) {
+		t.Fatalf("before Start: %v, want eager.ErrUnavailable", err)
 	}
 	if err := c.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	// A graceful stop waits for the job.
-	cl, err := c0(c.InsertClaimed(ctx, blockArgs{}, nil, nil))
+	cl, err := c0(eg.of(c).Insert(ctx, blockArgs{}, nil, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- c.Execute(ctx, cl) }()
+	go func() { done <- cl.Execute(ctx) }()
 	<-started
 	stopped := make(chan error, 1)
 	// The handler runs until cancelled; Stop keeps the last quarter of its
@@ -246,8 +253,8 @@ func TestEagerStop(t *testing.T) {
 	if j.Attempt != 0 || len(j.History) != 1 || !strings.Contains(j.History[0].Error, "attempt not counted") {
 		t.Fatalf("interrupted eager job: %+v", j)
 	}
-	if _, err := c.InsertClaimed(ctx, blockArgs{}, nil, nil); !errors.Is(err, core.ErrEagerUnavailable) {
-		t.Fatalf("after Stop: %v, want ErrEagerUnavailable", err)
+	if _, err := eg.of(c).Insert(ctx, blockArgs{}, nil, nil); !errors.Is(err, eager.ErrUnavailable) {
+		t.Fatalf("after Stop: %v, want eager.ErrUnavailable", err)
 	}
 }
 
@@ -257,6 +264,7 @@ func TestEagerStopWaits(t *testing.T) {
 	pool := testdb.New(t)
 	ctx := context.Background()
 	ws, started, release, _ := blocking(true)
+	eg := catchEager(ws)
 	c, err := core.NewClient(pool, &core.Config{Workers: ws})
 	if err != nil {
 		t.Fatal(err)
@@ -264,11 +272,11 @@ func TestEagerStopWaits(t *testing.T) {
 	if err := c.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	cl, err := c0(c.InsertClaimed(ctx, blockArgs{}, nil, nil))
+	cl, err := c0(eg.of(c).Insert(ctx, blockArgs{}, nil, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
-	go c.Execute(ctx, cl) //nolint:errcheck
+	go cl.Execute(ctx) //nolint:errcheck
 	<-started
 	stopped := make(chan error, 1)
 	go func() { stopped <- c.Stop(context.Background()) }()
@@ -294,26 +302,27 @@ func TestEagerRefusals(t *testing.T) {
 	pool := testdb.New(t)
 	ctx := context.Background()
 	ws, started, release, _ := blocking(true)
+	eg := catchEager(ws)
 	core.MustAddWorker(ws, core.WorkFunc[echoArgs](func(context.Context, *core.Job[echoArgs]) error { return nil }))
 	c := startClient(t, pool, &core.Config{Workers: ws, Queues: map[string]core.QueueConfig{"q": {MaxWorkers: 1}}})
-	if _, err := c.InsertClaimed(ctx, blockArgs{}, &core.EnqueueOpts{Queue: "other"}, nil); !errors.Is(err, core.ErrNotWorked) {
+	if _, err := eg.of(c).Insert(ctx, blockArgs{}, &core.EnqueueOpts{Queue: "other"}, nil); !errors.Is(err, eager.ErrNotWorked) {
 		t.Fatalf("queue not served: %v", err)
 	}
-	if _, err := c.InsertClaimed(ctx, unknownArgs{}, &core.EnqueueOpts{Queue: "q"}, nil); !errors.Is(err, core.ErrNotWorked) {
+	if _, err := eg.of(c).Insert(ctx, unknownArgs{}, &core.EnqueueOpts{Queue: "q"}, nil); !errors.Is(err, eager.ErrNotWorked) {
 		t.Fatalf("kind not registered: %v", err)
 	}
 	if n := count(t, pool, `SELECT count(*) FROM relay_jobs`); n != 0 {
 		t.Fatalf("%d jobs written by refused calls", n)
 	}
 	// The one slot busy: unavailable.
-	cl, err := c0(c.InsertClaimed(ctx, blockArgs{}, &core.EnqueueOpts{Queue: "q"}, nil))
+	cl, err := c0(eg.of(c).Insert(ctx, blockArgs{}, &core.EnqueueOpts{Queue: "q"}, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- c.Execute(ctx, cl) }()
+	go func() { done <- cl.Execute(ctx) }()
 	<-started
-	if _, err := c.InsertClaimed(ctx, echoArgs{}, &core.EnqueueOpts{Queue: "q"}, nil); !errors.Is(err, core.ErrEagerUnavailable) {
+	if _, err := eg.of(c).Insert(ctx, echoArgs{}, &core.EnqueueOpts{Queue: "q"}, nil); !errors.Is(err, eager.ErrUnavailable) {
 		t.Fatalf("no free slot: %v", err)
 	}
 	release <- nil
@@ -325,14 +334,14 @@ func TestEagerRefusals(t *testing.T) {
 	if _, err := core.PauseQueue(ctx, pool, "q", "test"); err != nil {
 		t.Fatal(err)
 	}
-	paused, err := c.InsertClaimed(ctx, echoArgs{}, &core.EnqueueOpts{Queue: "q"}, nil)
+	paused, err := eg.of(c).Insert(ctx, echoArgs{}, &core.EnqueueOpts{Queue: "q"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if paused.Row != nil || jobState(t, pool, paused.ID) != core.StateQueued {
 		t.Fatalf("eager job claimed on a paused queue: %+v", paused)
 	}
-	if err := c.Execute(ctx, paused); !errors.Is(err, core.ErrNotClaimed) {
+	if err := paused.Execute(ctx); !errors.Is(err, eager.ErrNotClaimed) {
 		t.Fatalf("Execute of a queued job: %v", err)
 	}
 	if _, err := core.ResumeQueue(ctx, pool, "q"); err != nil {
@@ -344,7 +353,7 @@ func TestEagerRefusals(t *testing.T) {
 	if err := core.SetLimit(ctx, pool, core.Limit{Kind: "echo", MaxRunning: 1}); err != nil {
 		t.Fatal(err)
 	}
-	limited, err := c.InsertClaimed(ctx, echoArgs{}, &core.EnqueueOpts{Queue: "q"}, nil)
+	limited, err := eg.of(c).Insert(ctx, echoArgs{}, &core.EnqueueOpts{Queue: "q"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -357,11 +366,11 @@ func TestEagerRefusals(t *testing.T) {
 	if err := core.DeleteLimit(ctx, pool, core.Limit{Kind: "echo"}); err != nil {
 		t.Fatal(err)
 	}
-	cl, err = c0(c.InsertClaimed(ctx, echoArgs{}, &core.EnqueueOpts{Queue: "q"}, nil))
+	cl, err = c0(eg.of(c).Insert(ctx, echoArgs{}, &core.EnqueueOpts{Queue: "q"}, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Execute(ctx, cl); err != nil {
+	if err := cl.Execute(ctx); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -377,6 +386,7 @@ func TestEagerCallerGone(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
 	ws := core.NewWorkers()
+	eg := catchEager(ws)
 	calls := make(chan error, 4)
 	core.MustAddWorker(ws, core.WorkFunc[echoArgs](func(ctx context.Context, j *core.Job[echoArgs]) error {
 		if j.Args.Msg == "wait" && ctx.Value(callerKey{}) != nil {
@@ -389,12 +399,12 @@ func TestEagerCallerGone(t *testing.T) {
 	}))
 	c := startClient(t, pool, &core.Config{Workers: ws})
 	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), callerKey{}, "eager"))
-	cl, err := c0(c.InsertClaimed(ctx, echoArgs{Msg: "wait"}, nil, nil))
+	cl, err := c0(eg.of(c).Insert(ctx, echoArgs{Msg: "wait"}, nil, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
 	time.AfterFunc(50*time.Millisecond, cancel)
-	if err := c.Execute(ctx, cl); err == nil {
+	if err := cl.Execute(ctx); err == nil {
 		t.Fatal("Execute returned nil after its caller went away")
 	}
 	if cause := <-calls; !errors.Is(cause, core.ErrCallerGone) {
@@ -410,4 +420,40 @@ func TestEagerCallerGone(t *testing.T) {
 	if j.Attempt != 1 || len(j.History) != 1 || !strings.Contains(j.History[0].Error, "attempt not counted") {
 		t.Fatalf("after the caller left: %+v", j)
 	}
+}
+
+// inserter is a client's eager inserter, as the workflow layer gets it.
+type inserter = eager.Inserter[core.JobArgs, *core.EnqueueOpts, *core.JobRow]
+
+type catchArgs struct{}
+
+func (catchArgs) Kind() string { return "eager.catch" }
+
+// eagerCatcher is a worker asking for the eager inserter of every client
+// made with its Workers (eager.Attacher), as the workflow layer's does.
+type eagerCatcher struct {
+	mu sync.Mutex
+	by map[any]inserter
+}
+
+func (*eagerCatcher) Work(context.Context, *core.Job[catchArgs]) error { return nil }
+
+func (e *eagerCatcher) AttachEager(c any, ins inserter) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.by[c] = ins
+}
+
+// of is c's inserter; c must have been made with the catcher's Workers.
+func (e *eagerCatcher) of(c *core.Client) inserter {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.by[c]
+}
+
+// catchEager registers an eagerCatcher in ws.
+func catchEager(ws *core.Workers) *eagerCatcher {
+	e := &eagerCatcher{by: map[any]inserter{}}
+	core.MustAddWorker[catchArgs](ws, e)
+	return e
 }

@@ -3,6 +3,8 @@ package core
 import (
 	"fmt"
 	"strings"
+
+	"github.com/relayq/relay/internal/eager"
 )
 
 // mustReplace returns sql with old replaced by new, and panics (at package
@@ -631,15 +633,7 @@ const sqlDeleteLimit = `DELETE FROM relay_limits WHERE scope = $1 AND name = $2`
 // sqlListLimits reads every limit.
 const sqlListLimits = `SELECT scope, name, max_running, rate, per_us FROM relay_limits ORDER BY scope, name`
 
-// InsertedJobID is an SQL expression for the id of the job a batch of
-// InsertClaimed inserted, for the statements a caller adds between its
-// insert and its claim (WithJob): the last value the job id sequence gave
-// in the session, which is the batch's own insert (one connection, one
-// transaction). As an uncorrelated subquery it is evaluated once per
-// statement, so a comparison of id with it probes the primary key.
-const InsertedJobID = `(SELECT currval(pg_get_serial_sequence('relay_jobs', 'id')))`
-
-// sqlClaimInserted claims the job InsertClaimed's batch has just inserted
+// sqlClaimInserted claims the job an eager insert's batch (eager.go) has just inserted
 // (queued, without a wake-up) for worker $1, with lease token $2 for $3
 // milliseconds: the claim of sqlClaim for one known job, as if the
 // client's fetch loop had claimed it. It claims nothing, leaving the job
@@ -648,8 +642,8 @@ const InsertedJobID = `(SELECT currval(pg_get_serial_sequence('relay_jobs', 'id'
 // start never bypasses them (the limits are counted and taken by
 // claimLimited's serialised claims, which this statement cannot join).
 // The job's kind ($4) and queue ($5) are checked too: a statement of the
-// caller's (WithJob) or a trigger that inserted another job would have moved
-// the sequence InsertedJobID reads, and that job is not this claim's.
+// caller's (eager.With) or a trigger that inserted another job would have moved
+// the sequence eager.InsertedJobID reads, and that job is not this claim's.
 var sqlClaimInserted = `
 UPDATE relay_jobs AS j
 SET state            = 'claimed',
@@ -658,7 +652,7 @@ SET state            = 'claimed',
     attempted_by     = $1,
     lease_token      = $2::uuid,
     lease_expires_at = now() + $3 * interval '1 millisecond'
-WHERE j.id = ` + InsertedJobID + ` AND j.state = 'queued'
+WHERE j.id = ` + eager.InsertedJobID + ` AND j.state = 'queued'
   AND j.kind = $4 AND j.queue = $5 AND j.attempt = 0
   AND NOT EXISTS (SELECT 1 FROM relay_queue_pauses AS p WHERE p.queue = j.queue)
   AND NOT EXISTS (SELECT 1 FROM relay_limits AS l

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+
+	"github.com/relayq/relay/internal/eager"
 )
 
 // Worker runs jobs of one kind. Work returns nil on success. An error fails
@@ -44,6 +46,9 @@ type registration struct {
 	work    func(ctx context.Context, row *JobRow) error
 	timeout func(row *JobRow) time.Duration
 	retry   RetryPolicy
+	// attach hands the worker each client's eager inserter (a worker
+	// implementing eager.Attacher), nil otherwise.
+	attach func(client any, ins eager.Inserter[JobArgs, *EnqueueOpts, *JobRow])
 }
 
 // NewWorkers returns an empty set of workers.
@@ -81,6 +86,9 @@ func AddWorker[T JobArgs](ws *Workers, w Worker[T]) error {
 	}
 	if r, ok := w.(RetryPolicy); ok {
 		reg.retry = r
+	}
+	if a, ok := w.(eager.Attacher[JobArgs, *EnqueueOpts, *JobRow]); ok {
+		reg.attach = a.AttachEager
 	}
 	ws.byKind[kind] = reg
 	return nil

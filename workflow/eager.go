@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/eager"
 )
 
 // Execute starts a run of wf and waits for its outcome, executing it in the
@@ -35,7 +36,7 @@ import (
 // Execute returns that run's result (ErrIDInUse if it is another workflow's).
 //
 // c must serve opts.Queue with the workers of wf's registry (AddWorkers):
-// otherwise Execute fails with core.ErrNotWorked and starts nothing. Execute falls
+// otherwise Execute fails with ErrNotWorked and starts nothing. Execute falls
 // back to an ordinary start (Start, then the result) when c cannot take the
 // run now: every worker slot of the queue busy, or c not running (stopping,
 // say). A paused queue or a global limit on the queue or on RunKind is
@@ -66,7 +67,7 @@ func Execute[In, Out any](ctx context.Context, c *core.Client, wf *Workflow[In, 
 	cl, err := insertEager(context.WithValue(ctx, eagerKey{}, sink), c, reg, wf.name, input, o)
 	var pgErr *pgconn.PgError
 	switch {
-	case errors.Is(err, core.ErrEagerUnavailable):
+	case errors.Is(err, eager.ErrUnavailable):
 		reg.logger.Debug("relay: eager start unavailable; starting the run queued", "run_id", o.ID, "workflow", wf.name, "reason", err)
 		h, err := Start(ctx, reg.pool, wf, in, &o)
 		if err != nil {
@@ -85,7 +86,7 @@ func Execute[In, Out any](ctx context.Context, c *core.Client, wf *Workflow[In, 
 	case err != nil:
 		return zero, fmt.Errorf("workflow: run %s: %w", wf.name, err)
 	case cl.Row != nil:
-		c.Execute(ctx, cl) //nolint:errcheck // the outcome is the run's, read below
+		cl.Execute(ctx) //nolint:errcheck // the outcome is the run's, read below
 		if sink.done {
 			return eagerOutcome[Out](sink, wf.name)
 		}
@@ -177,7 +178,11 @@ func startDefaults(name string, opts *StartOpts) (StartOpts, error) {
 
 // insertEager writes the run and its job, claimed by c, in one round trip,
 // under the run's root span (as startRun).
-func insertEager(ctx context.Context, c *core.Client, reg *Registry, name string, input []byte, o StartOpts) (*core.Claimed, error) {
+func insertEager(ctx context.Context, c *core.Client, reg *Registry, name string, input []byte, o StartOpts) (eager.Job[*core.JobRow], error) {
+	ins, ok := reg.eagerFor(c)
+	if !ok {
+		return eager.Job[*core.JobRow]{}, fmt.Errorf("the client was not made with the workers of the workflow's registry (AddWorkers): %w", ErrNotWorked)
+	}
 	ctx, span := reg.tracer.Start(ctx, "workflow "+name, trace.WithAttributes(
 		attribute.String("relay.workflow.name", name), attribute.String("relay.workflow.run_id", o.ID),
 		attribute.Bool("relay.workflow.eager", true)))
@@ -189,9 +194,9 @@ func insertEager(ctx context.Context, c *core.Client, reg *Registry, name string
 		s.run = &runInfo{workflow: name, state: string(StatePending), input: string(input), queue: o.Queue, trace: string(traceJSON)}
 	}
 	meta := runJobMetadata(o.ID, carrier)
-	return c.InsertClaimed(ctx, runArgs{RunID: o.ID}, &core.EnqueueOpts{
+	return ins.Insert(ctx, runArgs{RunID: o.ID}, &core.EnqueueOpts{
 		Queue: o.Queue, Priority: new(o.Priority), MaxAttempts: o.MaxAttempts + failReserve, Metadata: meta,
-	}, &core.WithJob{
+	}, &eager.With{
 		Queue: func(b *pgx.Batch) { b.Queue(sqlEagerInsertRun, o.ID, name, string(input), o.Queue, string(traceJSON)) },
 		Read:  func(br pgx.BatchResults) error { _, err := br.Exec(); return err },
 	})

@@ -4,13 +4,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/eager"
 )
 
 // The run's insert reads its job's id with the expression the core
-// documents for the statements of an InsertClaimed batch.
+// documents for the statements of an eager insert batch.
 func TestEagerInsertRunNamesTheJob(t *testing.T) {
-	if !strings.Contains(sqlEagerInsertRun, core.InsertedJobID) {
-		t.Fatalf("sqlEagerInsertRun does not use core.InsertedJobID %s:\n%s", core.InsertedJobID, sqlEagerInsertRun)
+	if !strings.Contains(sqlEagerInsertRun, eager.InsertedJobID) {
+		t.Fatalf("sqlEagerInsertRun does not use eager.InsertedJobID %s:\n%s", eager.InsertedJobID, sqlEagerInsertRun)
 	}
 }

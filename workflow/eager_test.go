@@ -259,8 +259,8 @@ func TestEagerFallsBackToQueuedStart(t *testing.T) {
 	}
 
 	// A queue the client does not serve is an error, and nothing is written.
-	if _, err := workflow.Execute(ctx, c, wf, false, &workflow.StartOpts{Queue: "elsewhere"}); !errors.Is(err, core.ErrNotWorked) {
-		t.Fatalf("unserved queue: %v, want core.ErrNotWorked", err)
+	if _, err := workflow.Execute(ctx, c, wf, false, &workflow.StartOpts{Queue: "elsewhere"}); !errors.Is(err, workflow.ErrNotWorked) {
+		t.Fatalf("unserved queue: %v, want workflow.ErrNotWorked", err)
 	}
 	if n := b.count(`SELECT count(*) FROM relay_workflow_runs WHERE queue = 'elsewhere'`); n != 0 {
 		t.Fatalf("%d runs written for an unserved queue", n)

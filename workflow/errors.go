@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/relayq/relay/internal/eager"
 )
 
 var (
@@ -29,6 +31,10 @@ var (
 	ErrTooLarge = errors.New("workflow: payload too large")
 	// ErrTooDeep: a signal's payload nests deeper than MaxSignalDepth.
 	ErrTooDeep = errors.New("workflow: payload nested too deep")
+	// ErrNotWorked: Execute was given a client that does not serve the
+	// run's queue with the workers of the workflow's registry, so it cannot
+	// claim the run. Nothing was written.
+	ErrNotWorked = eager.ErrNotWorked
 	// ErrNotRetryable: Retry was asked of a run that is not failed.
 	ErrNotRetryable = errors.New("workflow: only a failed run can be retried")
 	// ErrReservedKey: a step key given in code uses a prefix the package

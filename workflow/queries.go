@@ -336,11 +336,11 @@ const sqlWakeParent = `SELECT relay_workflow_wake(ARRAY[$1::bigint])`
 const sqlRequestCancelChildren = `SELECT relay_workflow_cancel_tree($1, false)`
 
 // sqlEagerInsertRun inserts an eagerly started run (Execute) in the batch that
-// inserts its job already claimed (core.Client.InsertClaimed), after the
+// inserts its job already claimed (internal/eager), after the
 // job's insert: job_id is that job's id. No ON CONFLICT: a run id in use
 // fails the batch, rolling the job back with it, and Execute then reads the
 // existing run.
-// The job_id expression is core.InsertedJobID (TestEagerInsertRunNamesTheJob).
+// The job_id expression is eager.InsertedJobID (TestEagerInsertRunNamesTheJob).
 const sqlEagerInsertRun = `
 INSERT INTO relay_workflow_runs (id, workflow, input, queue, trace, job_id)
 VALUES ($1, $2, $3::jsonb, $4, $5::jsonb, (SELECT currval(pg_get_serial_sequence('relay_jobs', 'id'))))`

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/eager"
 )
 
 // Config configures a Registry. The zero value is usable.
@@ -48,7 +50,15 @@ type Registry struct {
 	// DeclareErrorType, in declaration order.
 	errs  []declaredError
 	types []declaredType
+	// eager holds the eager inserter of each core.Client made with this
+	// registry's workers (runWorker.AttachEager), by client: Execute
+	// inserts its runs' jobs claimed through it.
+	eagerMu sync.Mutex
+	eager   map[any]eagerInserter
 }
+
+// eagerInserter is a core.Client's eager inserter.
+type eagerInserter = eager.Inserter[core.JobArgs, *core.EnqueueOpts, *core.JobRow]
 
 // Stats counts what a registry's executions did since it was made.
 type Stats struct {
@@ -203,6 +213,26 @@ type runWorker struct{ r *Registry }
 
 func (w runWorker) Work(ctx context.Context, job *core.Job[runArgs]) error {
 	return w.r.execute(ctx, job)
+}
+
+// AttachEager implements eager.Attacher: core.NewClient hands over the
+// inserter of each client made with the registry's workers.
+func (w runWorker) AttachEager(client any, ins eagerInserter) {
+	w.r.eagerMu.Lock()
+	defer w.r.eagerMu.Unlock()
+	if w.r.eager == nil {
+		w.r.eager = map[any]eagerInserter{}
+	}
+	w.r.eager[client] = ins
+}
+
+// eagerFor is the eager inserter of c, if c was made with the registry's
+// workers.
+func (r *Registry) eagerFor(c *core.Client) (eagerInserter, bool) {
+	r.eagerMu.Lock()
+	defer r.eagerMu.Unlock()
+	ins, ok := r.eager[c]
+	return ins, ok
 }
 
 // RetryDelay is the delay after a failed or crashed execution.

@@ -1,0 +1,86 @@
+// Package eager lets a layer above core insert a job already claimed by a
+// core.Client and run it in the caller's goroutine, with no queue hop (no
+// NOTIFY, no claim, no hand-over to an executor): the workflow layer's
+// eager start is built on it, after Temporal's Eager Workflow Start.
+//
+// core implements Inserter; a worker registered with core.AddWorker that
+// implements Attacher is handed each client's Inserter when the client is
+// made (core.NewClient), so the machinery stays out of core's public API
+// and no package-level state joins the two.
+package eager
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// InsertedJobID is an SQL expression for the id of the job an Insert batch
+// has just inserted, for the statements of With.Queue to name it: the
+// insert is the batch's first statement, and it draws the id from
+// relay_jobs' sequence, which currval reads back in the same session.
+const InsertedJobID = `(SELECT currval(pg_get_serial_sequence('relay_jobs', 'id')))`
+
+var (
+	// ErrUnavailable: the client cannot take an eager job now (no free
+	// worker slot on the queue, or the client is not running: not started,
+	// or stopping). Nothing was written; enqueue the job instead.
+	ErrUnavailable = errors.New("core: eager execution unavailable")
+	// ErrNotWorked: the client does not serve the job's queue or has no
+	// worker for its kind, so it cannot claim the job. Nothing was written.
+	ErrNotWorked = errors.New("core: this client does not work that queue or kind")
+	// ErrNotClaimed: Execute was called on a job Insert left queued (a
+	// paused queue or a global limit), or a second time.
+	ErrNotClaimed = errors.New("core: the job is not claimed by this caller")
+)
+
+// With is more work for Insert's round trip and transaction: the
+// statements Queue adds run after the job's insert (InsertedJobID names its
+// id in their SQL) and before its claim, and Read reads their results in
+// order. An error of any of them rolls everything back.
+type With struct {
+	Queue func(b *pgx.Batch)
+	Read  func(br pgx.BatchResults) error
+}
+
+// Job is a job Insert inserted, Row its claimed attempt (a *core.JobRow).
+type Job[Row any] struct {
+	// ID is the job's id.
+	ID int64
+	// Row is the claimed attempt, nil when the job was left queued (its
+	// queue is paused or a global limit applies to it): it then waits for
+	// a worker like any enqueued job, and the queue's workers were woken.
+	Row Row
+	// Execute runs the claimed job in the caller's goroutine, through the
+	// client's worker path (the kind's worker and middleware, its Timeout
+	// and RetryPolicy, the attempt's span and metrics, the outcome recorded
+	// under the lease fence), and returns the handler's error. Call it
+	// exactly once for a claimed job: it holds one of its queue's worker
+	// slots until then. ctx bounds the caller's wait: when it ends first,
+	// the handler is cancelled with core.ErrCallerGone and the attempt goes
+	// back to the queue uncounted.
+	Execute func(ctx context.Context) error
+}
+
+// Inserter inserts jobs claimed by one core.Client: Args is core.JobArgs,
+// Opts *core.EnqueueOpts, Row *core.JobRow.
+type Inserter[Args, Opts, Row any] interface {
+	// Insert writes a job of args already claimed by the client (state
+	// claimed, attempt 1, a fresh lease token, the client's
+	// LeaseDuration), with the work of with, in one round trip and one
+	// transaction on the client's pool. It refuses, writing nothing, a
+	// queue the client does not serve or a kind it has no worker for
+	// (ErrNotWorked), and returns ErrUnavailable when the client is not
+	// running or the queue has no free slot. A job of a paused queue, or
+	// one a global limit applies to, is inserted queued (Job.Row nil).
+	// Ordering keys, unique jobs and a delay or future run-at are refused.
+	Insert(ctx context.Context, args Args, opts Opts, with *With) (Job[Row], error)
+}
+
+// Attacher is implemented by a worker that wants the Inserter of every
+// client made with it: core.NewClient calls Attach with the client (a
+// *core.Client, to key by) and its Inserter.
+type Attacher[Args, Opts, Row any] interface {
+	AttachEager(client any, ins Inserter[Args, Opts, Row])
+}
