@@ -35,7 +35,7 @@ func BenchmarkClaimComplete(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			c := &Client{pool: pool, own: pool, cfg: Config{ID: "bench", LeaseDuration: 30e9, PollInterval: time.Hour}}
+			c := &Client{pool: pool, own: pool, outcomes: pool, cfg: Config{ID: "bench", LeaseDuration: 30e9, PollInterval: time.Hour}}
 			c.completer = newCompleter(c)
 			q := &queue{client: c, name: DefaultQueue}
 			var claimNs, completeNs int64

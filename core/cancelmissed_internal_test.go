@@ -21,7 +21,7 @@ func TestCancelMissedWhileNotListening(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
 	ctx := context.Background()
-	c := &Client{pool: pool, own: pool, logger: slog.Default(), leaseBudget: 10 * time.Second}
+	c := &Client{pool: pool, own: pool, outcomes: pool, logger: slog.Default(), leaseBudget: 10 * time.Second}
 	track := func() *running {
 		res, err := Enqueue(ctx, pool, floorArgs{}, &EnqueueOpts{Queue: "missed"})
 		if err != nil {

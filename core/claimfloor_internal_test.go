@@ -20,7 +20,7 @@ func (floorArgs) Kind() string { return "floor" }
 // floorQueue is a bare queue of a bare client, for driving claims and
 // probes by hand.
 func floorQueue(pool *pgxpool.Pool, name string) *queue {
-	c := &Client{pool: pool, own: pool, logger: slog.Default(), cfg: Config{ID: "floor-test", LeaseDuration: 30e9, PollInterval: 50 * time.Millisecond}}
+	c := &Client{pool: pool, own: pool, outcomes: pool, logger: slog.Default(), cfg: Config{ID: "floor-test", LeaseDuration: 30e9, PollInterval: 50 * time.Millisecond}}
 	c.completer = newCompleter(c)
 	return &queue{client: c, name: name}
 }

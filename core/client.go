@@ -59,8 +59,19 @@ type Config struct {
 	// synchronous replication, a round trip to the standby.
 	SynchronousClaims bool
 	// PollInterval is the fallback fetch period when no notification comes.
-	// Default 1s.
+	// Default 1s. It is the pickup latency (up to) of a client that does
+	// not listen (see ListenerURL).
 	PollInterval time.Duration
+	// ListenerURL is the connection string of the client's LISTEN
+	// connection, which learns of new jobs and cancellations. Empty: the
+	// pool's settings. A LISTEN does not outlive its transaction through a
+	// transaction-pooling proxy (PgBouncer's pool_mode=transaction): give
+	// such a client a URL that reaches the server directly (or through a
+	// session-pooling proxy). Without one, a client that finds its pool
+	// pooled per transaction at Start says so once and does not listen:
+	// its workers find new jobs every PollInterval, and a running job's
+	// cancellation at its next heartbeat.
+	ListenerURL string
 	// ClaimCoalesce is the shortest time between two claims of a queue that
 	// notifications trigger. A notification that comes sooner after the
 	// previous claim waits out the rest of it, and one claim then takes
@@ -188,19 +199,32 @@ type Stats struct {
 // Client runs workers against the job table, and enqueues.
 //
 // A client that runs workers keeps its own bookkeeping (claims, heartbeats,
-// the recording of outcomes) off the pool it is given: it opens a small
-// pool of its own with the same connection settings, of 2 connections plus
-// one per queue, so that handlers holding every connection of the caller's
-// pool (a transaction each, as CompleteTx asks) cannot starve a heartbeat.
-// Its connections wait at most a tenth of LeaseDuration (10ms at the
-// least) for a lock.
+// the recording of outcomes) off the pool it is given: it opens small
+// pools of its own with the same connection settings, of one connection
+// plus one per queue (application_name "relay-worker") and one for the
+// recording of outcomes ("relay-completer"), so that handlers holding every
+// connection of the caller's pool (a transaction each, as CompleteTx asks)
+// cannot starve a heartbeat. Their connections wait at most a tenth of
+// LeaseDuration (10ms at the least) for a lock, where the server accepts
+// lock_timeout as a startup parameter (PgBouncer does not).
+//
+// Start probes the connections once: through a proxy that pools them per
+// transaction (PgBouncer's pool_mode=transaction) a pool that caches
+// prepared statements is refused (ErrStatementCache), and without a
+// ListenerURL the client polls instead of listening, saying so once. See
+// docs/deploy.md.
 type Client struct {
-	pool    *pgxpool.Pool // the caller's: enqueues, rescues, cleanup
-	own     *pgxpool.Pool // the client's bookkeeping (nil before Start)
-	cfg     Config
-	logger  *slog.Logger
-	workers map[string]*registration
-	queues  map[string]*queue
+	pool *pgxpool.Pool // the caller's: enqueues, rescues, cleanup
+	own  *pgxpool.Pool // the client's bookkeeping: claims, heartbeats (nil before Start)
+	// outcomes is the completer's pool, of one connection (nil before
+	// Start): the recording of outcomes.
+	outcomes *pgxpool.Pool
+	// listener is the LISTEN connection's settings (nil: the pool's).
+	listener *pgx.ConnConfig
+	cfg      Config
+	logger   *slog.Logger
+	workers  map[string]*registration
+	queues   map[string]*queue
 
 	inflight   sync.Map // job id → *running
 	completer  *completer
@@ -427,13 +451,18 @@ func (c *Client) Start(ctx context.Context) error {
 	c.bgCancel, c.loopCancel, c.workCancel, c.workCtx = bgCancel, loopCancel, workCancel, workCtx
 
 	c.hardCtx, c.hardCancel = context.WithCancel(context.Background())
-	c.own = c.pool
+	c.own, c.outcomes = c.pool, c.pool
+	listen := false
 	if len(c.queues) > 0 {
-		own, err := c.newOwnPool()
-		if err != nil {
-			return fmt.Errorf("core: start: %w", err)
+		var err error
+		if listen, err = c.newOwnPools(ctx); err != nil {
+			bgCancel()
+			loopCancel()
+			workCancel(nil)
+			c.hardCancel()
+			c.started = false
+			return err
 		}
-		c.own = own
 	}
 	c.completer = newCompleter(c)
 	go c.completer.run()
@@ -441,19 +470,22 @@ func (c *Client) Start(ctx context.Context) error {
 	c.background.Add(1)
 	go func() { defer c.background.Done(); c.checkAutovacuum(bgCtx) }()
 
-	if len(c.queues) > 0 {
+	if listen {
 		c.background.Add(1)
 		go func() {
 			defer c.background.Done()
 			notifier.Run(bgCtx, notifier.Config{
-				Pool:      c.pool,
-				Channels:  []string{"relay_jobs", "relay_control"},
-				OnNotify:  c.onNotify,
-				OnConnect: func() { c.wakeAll(); c.cancelMissed(bgCtx); c.refixSoon() },
-				Logger:    c.logger,
-				AppName:   "relay-listener " + c.cfg.ID,
+				Pool:       c.pool,
+				ConnConfig: c.listener,
+				Channels:   []string{"relay_jobs", "relay_control"},
+				OnNotify:   c.onNotify,
+				OnConnect:  func() { c.wakeAll(); c.cancelMissed(bgCtx); c.refixSoon() },
+				Logger:     c.logger,
+				AppName:    AppName(c.pool.Config().ConnConfig.RuntimeParams["application_name"], "listener", c.cfg.ID),
 			})
 		}()
+	}
+	if len(c.queues) > 0 {
 		for _, q := range c.queues {
 			c.loops.Add(1)
 			go func() { defer c.loops.Done(); q.run(loopCtx, workCtx) }()
@@ -555,8 +587,9 @@ func (c *Client) Stop(ctx context.Context) error {
 	if c.own != c.pool {
 		if waitGroup(ctx, &c.background) && loopsDone {
 			c.own.Close() // every user of the pool has returned: Close does not wait
+			c.outcomes.Close()
 		} else {
-			go func() { c.background.Wait(); c.loops.Wait(); c.own.Close() }()
+			go func() { c.background.Wait(); c.loops.Wait(); c.own.Close(); c.outcomes.Close() }()
 		}
 	}
 	if err.Interrupted > 0 || err.Unrecorded > 0 {
@@ -693,23 +726,43 @@ func (c *Client) dbCtx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(c.hardCtx, 15*time.Second)
 }
 
-// newOwnPool opens the client's bookkeeping pool (see Client): the caller's
-// pool's settings, a connection for the heartbeat, one for the recording of
-// outcomes and one per queue's claim, each refusing to wait more than a
-// short while for a row lock (they use SKIP LOCKED; this is the backstop).
-func (c *Client) newOwnPool() (*pgxpool.Pool, error) {
+// newOwnPools opens the client's bookkeeping pools (see Client) on the
+// caller's pool's settings: one of a connection for the heartbeat and one
+// per queue's claim, and the completer's of one connection for the
+// recording of outcomes. Their connections refuse to wait more than a short
+// while for a row lock (they use SKIP LOCKED; this is the backstop) where
+// the server accepts lock_timeout as a startup parameter, and name
+// themselves (AppName). It probes the connections first (checkPooling) and
+// says whether to listen.
+func (c *Client) newOwnPools(ctx context.Context) (listen bool, err error) {
 	cfg := c.pool.Config()
-	cfg.MaxConns = int32(2 + len(c.queues))
+	cfg.MaxConns = int32(1 + len(c.queues))
 	cfg.MinConns = 0
 	rp := cfg.ConnConfig.RuntimeParams
 	if rp == nil {
 		rp = map[string]string{}
 		cfg.ConnConfig.RuntimeParams = rp
 	}
+	user := rp["application_name"]
 	rp["lock_timeout"] = strconv.FormatInt(max(c.cfg.LeaseDuration/10, 10*time.Millisecond).Milliseconds(), 10)
-	own, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		return nil, fmt.Errorf("open the client's bookkeeping pool: %w", err)
+	rp["application_name"] = AppName(user, "worker", c.cfg.ID)
+	if c.cfg.ListenerURL != "" {
+		if c.listener, err = pgx.ParseConfig(c.cfg.ListenerURL); err != nil {
+			return false, fmt.Errorf("core: start: Config.ListenerURL: %w", err)
+		}
 	}
-	return own, nil
+	if listen, err = c.checkPooling(ctx, cfg.ConnConfig); err != nil {
+		return false, err
+	}
+	out := cfg.Copy()
+	out.MaxConns = 1
+	out.ConnConfig.RuntimeParams["application_name"] = AppName(user, "completer", c.cfg.ID)
+	if c.own, err = pgxpool.NewWithConfig(context.Background(), cfg); err != nil {
+		return false, fmt.Errorf("core: start: open the client's bookkeeping pool: %w", err)
+	}
+	if c.outcomes, err = pgxpool.NewWithConfig(context.Background(), out); err != nil {
+		c.own.Close()
+		return false, fmt.Errorf("core: start: open the client's completer pool: %w", err)
+	}
+	return listen, nil
 }

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // outcomeKind says which fenced write ends an attempt.
@@ -210,7 +212,7 @@ func (p *completer) flush(batch []outcome) (again []outcome, err error) {
 			}
 		}
 	}
-	p.c.notifyQueues(p.c.own, wake)
+	p.c.notifyQueues(p.c.outcomes, wake)
 	return again, err
 }
 
@@ -219,9 +221,9 @@ func (p *completer) flush(batch []outcome) (again []outcome, err error) {
 // row was locked by another transaction); an id missing has lost its lease.
 func (p *completer) write(ctx context.Context, kind outcomeKind, os []outcome) (map[int64]bool, error) {
 	ids := make([]int64, len(os))
-	tokens := make([][16]byte, len(os))
+	tokens := make([]pgtype.UUID, len(os))
 	for i, o := range os {
-		ids[i], tokens[i] = o.row.ID, o.row.LeaseToken
+		ids[i], tokens[i] = o.row.ID, leaseToken(o.row.LeaseToken)
 	}
 	sql, args := sqlCompleteMany, []any{ids, tokens}
 	switch kind {
@@ -236,7 +238,7 @@ func (p *completer) write(ctx context.Context, kind outcomeKind, os []outcome) (
 	case outcomeRelease:
 		sql = sqlReleaseMany
 	}
-	rows, err := p.c.own.Query(ctx, sql, args...)
+	rows, err := p.c.outcomes.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, err
 	}

@@ -106,7 +106,7 @@ func (c *Client) insertClaimed(ctx context.Context, q *queue, row enqueueRow, wi
 	if with != nil && with.Queue != nil {
 		with.Queue(b)
 	}
-	b.Queue(sqlClaimInserted, c.cfg.ID, [16]byte(token), c.cfg.LeaseDuration.Milliseconds(), row.Kind, row.Queue)
+	b.Queue(sqlClaimInserted, c.cfg.ID, leaseToken(token), c.cfg.LeaseDuration.Milliseconds(), row.Kind, row.Queue)
 	// The lease runs, at the earliest, from now: the local deadline counts
 	// from here, as for a claim.
 	sent := time.Now()

@@ -312,7 +312,7 @@ func (q *queue) claimLimited(ctx context.Context, limit int) ([]*JobRow, error) 
 		}
 		if limit > 0 {
 			rows, err = tx.Query(ctx, sqlClaimLimited, q.name, limit, c.cfg.LeaseDuration.Milliseconds(), c.cfg.ID,
-				[16]byte(uuid.New()), nonNil(blocked), nonNil(capKinds), nonNil(caps), min(4*limit, limit+1000),
+				leaseToken(uuid.New()), nonNil(blocked), nonNil(capKinds), nonNil(caps), min(4*limit, limit+1000),
 				nonNil(blockedTags), nonNil(capTags), nonNil(tagCaps))
 			if err != nil {
 				return err

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/relayq/relay/internal/dbx"
 )
@@ -41,9 +42,9 @@ func (c *Client) heartbeat(ctx context.Context) {
 		return
 	}
 	ids := make([]int64, len(runs))
-	tokens := make([][16]byte, len(runs))
+	tokens := make([]pgtype.UUID, len(runs))
 	for i, r := range runs {
-		ids[i], tokens[i] = r.row.ID, r.row.LeaseToken
+		ids[i], tokens[i] = r.row.ID, leaseToken(r.row.LeaseToken)
 	}
 	// A renewal counts from when it was sent: the database's new expiry is
 	// later than that.

@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/internal/testdb"
@@ -507,7 +508,7 @@ func TestKeyHeadsUnderConcurrency(t *testing.T) {
 							return
 						}
 						var againIDs []int64
-						var againTokens [][16]byte
+						var againTokens []pgtype.UUID
 						for res.Next() {
 							var id int64
 							var ok bool

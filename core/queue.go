@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -220,7 +221,7 @@ func (q *queue) claim(ctx context.Context, limit int, after *claimCursor) ([]*Jo
 	if q.limits.apply(ctx, c, q.name) {
 		return q.claimLimited(ctx, limit)
 	}
-	sql, args := sqlClaim, []any{q.name, limit, c.cfg.LeaseDuration.Milliseconds(), c.cfg.ID, [16]byte(uuid.New())}
+	sql, args := sqlClaim, []any{q.name, limit, c.cfg.LeaseDuration.Milliseconds(), c.cfg.ID, leaseToken(uuid.New())}
 	if c.cfg.SynchronousClaims {
 		sql = sqlClaimSync
 	}
@@ -507,18 +508,22 @@ func (c *Client) releaseAll() {
 	})
 }
 
-// idsAndTokens lists rows' ids and lease tokens for a batch statement. The
-// tokens go as [16]byte, which pgx encodes as uuid directly (uuid.UUID made
-// it try, and fail with a formatted error, another plan first: 6% of a
-// burn-down worker's CPU).
-func idsAndTokens(rows []*JobRow) ([]int64, [][16]byte) {
+// idsAndTokens lists rows' ids and lease tokens for a batch statement.
+func idsAndTokens(rows []*JobRow) ([]int64, []pgtype.UUID) {
 	ids := make([]int64, len(rows))
-	tokens := make([][16]byte, len(rows))
+	tokens := make([]pgtype.UUID, len(rows))
 	for i, r := range rows {
-		ids[i], tokens[i] = r.ID, r.LeaseToken
+		ids[i], tokens[i] = r.ID, leaseToken(r.LeaseToken)
 	}
 	return ids, tokens
 }
+
+// leaseToken is a lease token as a statement's argument. pgtype.UUID, not
+// uuid.UUID (pgx tries, and fails with a formatted error, another plan for
+// it first: 6% of a burn-down worker's CPU) nor [16]byte (which pgx cannot
+// send in the exec and simple-protocol modes a transaction-pooling
+// PgBouncer needs, having no type for it without the server's description).
+func leaseToken(t [16]byte) pgtype.UUID { return pgtype.UUID{Bytes: t, Valid: true} }
 
 func truncate(s string, n int) string {
 	if len(s) <= n {

@@ -66,7 +66,7 @@ func BenchmarkClaimAfterChurn(b *testing.B) {
 				}
 				b.Cleanup(func() { tx.Rollback(ctx); conn.Release() }) //nolint:errcheck
 			}
-			c := &Client{pool: pool, own: pool, cfg: Config{ID: "bench", LeaseDuration: 30e9, PollInterval: time.Hour}}
+			c := &Client{pool: pool, own: pool, outcomes: pool, cfg: Config{ID: "bench", LeaseDuration: 30e9, PollInterval: time.Hour}}
 			c.completer = newCompleter(c)
 			q := &queue{client: c, name: DefaultQueue}
 			churnJobs(b, ctx, pool, c, q, churn)

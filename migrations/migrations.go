@@ -70,6 +70,9 @@ func migrateFS(ctx context.Context, sqldb *sql.DB, fsys fs.FS) (Result, error) {
 		return Result{}, fmt.Errorf("migrations: connect: %w", err)
 	}
 	defer conn.Close()
+	if err := refuseTxPooling(ctx, sqldb, conn); err != nil {
+		return Result{}, err
+	}
 	if err := lockMigrations(ctx, conn); err != nil {
 		return Result{}, err
 	}
@@ -99,6 +102,50 @@ func migrateFS(ctx context.Context, sqldb *sql.DB, fsys fs.FS) (Result, error) {
 		return res, fmt.Errorf("migrations: apply: %w", err)
 	}
 	return res, nil
+}
+
+// ErrTxPooled says the migrations were given connections that a proxy
+// pools per transaction (PgBouncer's pool_mode=transaction): the migration
+// lock is a session advisory lock, which there would stay on whichever
+// server connection took it, held for the next client, and two migrators
+// could both take it. Migrations need a URL that reaches the server
+// directly (or through session pooling).
+var ErrTxPooled = errors.New("migrations: the connections are pooled per transaction (PgBouncer pool_mode=transaction?): migrations hold a session advisory lock and need a URL that reaches the server directly (docs/deploy.md)")
+
+// refuseTxPooling returns ErrTxPooled when conn, idle between statements,
+// and another connection of sqldb in a transaction are served by the same
+// backend: a transaction-pooling proxy hands its most recently used server
+// connection to the next transaction. Directly, or through session
+// pooling, two connections never share a backend.
+func refuseTxPooling(ctx context.Context, sqldb *sql.DB, conn *sql.Conn) error {
+	other, err := sqldb.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("migrations: connect: %w", err)
+	}
+	defer other.Close()
+	var a, b int32
+	if err := conn.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&a); err != nil {
+		return fmt.Errorf("migrations: probe the connection: %w", err)
+	}
+	tx, err := other.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("migrations: probe the connection: %w", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // read-only
+	if err := tx.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&b); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && (pgErr.Code == "42P05" || pgErr.Code == "26000") {
+			// The driver's prepared statement met the first connection's
+			// on the same backend (duplicate_prepared_statement), or
+			// missed it on another (invalid_sql_statement_name).
+			return ErrTxPooled
+		}
+		return fmt.Errorf("migrations: probe the connection: %w", err)
+	}
+	if a == b {
+		return ErrTxPooled
+	}
+	return nil
 }
 
 // lockMigrations takes the migration lock on conn, trying again until it

@@ -579,7 +579,8 @@ func superviseProof(ctx context.Context, pool *pgxpool.Pool, fleet *workerFleet,
 }
 
 // terminateBackends kills perSecond random connections of this run's
-// workers (application_name appName, in this database) every second for d,
+// workers (application_name appName or one of the names their clients
+// derive from it, in this database) every second for d,
 // counting those it killed.
 func terminateBackends(ctx context.Context, pool *pgxpool.Pool, appName string, perSecond int, d time.Duration, killed *atomic.Int64) {
 	end := time.Now().Add(d)
@@ -587,7 +588,7 @@ func terminateBackends(ctx context.Context, pool *pgxpool.Pool, appName string, 
 		var n int64
 		err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM (
 			SELECT pid FROM pg_stat_activity
-			WHERE application_name = $1 AND datname = current_database() AND pid <> pg_backend_pid()
+			WHERE application_name LIKE $1 || '%' AND datname = current_database() AND pid <> pg_backend_pid()
 			ORDER BY random() LIMIT $2) AS victims`, appName, perSecond).Scan(&n)
 		if err == nil {
 			killed.Add(n)

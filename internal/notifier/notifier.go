@@ -17,6 +17,10 @@ import (
 // Config describes what to listen to and where to report.
 type Config struct {
 	Pool     *pgxpool.Pool // its connection settings are used; no pool slot is held
+	// ConnConfig, when set, is used instead of Pool's settings: a direct
+	// connection to the server when Pool goes through a transaction-pooling
+	// proxy, where a LISTEN does not outlive its transaction.
+	ConnConfig *pgx.ConnConfig
 	Channels []string
 	// OnNotify is called for every notification, on the listener goroutine:
 	// it must not block.
@@ -53,7 +57,12 @@ func Run(ctx context.Context, cfg Config) {
 // listen connects, LISTENs and delivers notifications until an error. It
 // reports whether it got as far as listening.
 func listen(ctx context.Context, cfg Config) (bool, error) {
-	cc := cfg.Pool.Config().ConnConfig.Copy()
+	var cc *pgx.ConnConfig
+	if cfg.ConnConfig != nil {
+		cc = cfg.ConnConfig.Copy()
+	} else {
+		cc = cfg.Pool.Config().ConnConfig.Copy()
+	}
 	if cfg.AppName != "" {
 		cc.RuntimeParams["application_name"] = cfg.AppName
 	}

@@ -1,0 +1,133 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// ErrStatementCache says the client's connections are pooled per
+// transaction (a PgBouncer in pool_mode transaction, say) while pgx caches
+// prepared statements on them, which cannot work there: a statement
+// prepared on one server connection is missing on the next, or already
+// there under another client's name.
+var ErrStatementCache = errors.New("core: the connections are pooled per transaction (PgBouncer pool_mode=transaction?) but pgx prepares and caches statements on them: add default_query_exec_mode=exec (or simple_protocol, cache_describe, describe_exec) to the database URL (docs/deploy.md)")
+
+// AppName is the application_name a connection Relay opens for one of its
+// own roles (worker, listener, completer, scheduler, dispatcher, serve)
+// gives itself: "relay-<role>", after the user's own application_name when
+// set (so "billing relay-worker"), then id when given, cut to the 63 bytes
+// PostgreSQL keeps.
+func AppName(user, role, id string) string {
+	name := "relay-" + role
+	if user != "" {
+		name = user + " " + name
+	}
+	if id != "" {
+		name += " " + id
+	}
+	if len(name) > 63 {
+		name = name[:63]
+	}
+	return name
+}
+
+// startupRefused says whether err is a server (or pooler) refusing a
+// startup parameter: PgBouncer accepts only a few ("unsupported startup
+// parameter: lock_timeout") unless told to ignore them.
+func startupRefused(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && strings.Contains(pgErr.Message, "unsupported startup parameter")
+}
+
+// probe is what Start learns about the client's connections.
+type probe struct {
+	// reached: the probe connected; the rest is known.
+	reached bool
+	// noStartupLock: the server refused lock_timeout as a startup
+	// parameter, and the bookkeeping pool goes without it.
+	noStartupLock bool
+	// txPooled: two client connections were handed the same server
+	// connection one after the other: the connections are pooled per
+	// transaction (or per statement), and no session state survives a
+	// transaction.
+	txPooled bool
+}
+
+// probeConnections connects twice with cc, bounded by a few seconds, and
+// tells whether a pooler in between refuses lock_timeout as a startup
+// parameter (cc is then changed to go without it) and whether it pools per
+// transaction: the first connection's server goes back to the pooler once
+// its statement ends, and PgBouncer hands its most recently used server to
+// the next transaction, the second connection's, which then reports the
+// same backend. A server that cannot be reached leaves the probe unknown
+// (reached false): the loops report that themselves.
+func probeConnections(ctx context.Context, cc *pgx.ConnConfig) probe {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var p probe
+	first, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil && startupRefused(err) {
+		if _, ok := cc.RuntimeParams["lock_timeout"]; ok {
+			delete(cc.RuntimeParams, "lock_timeout")
+			p.noStartupLock = true
+			first, err = pgx.ConnectConfig(ctx, cc)
+		}
+	}
+	if err != nil {
+		return p
+	}
+	defer first.Close(context.WithoutCancel(ctx))
+	second, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		return p
+	}
+	defer second.Close(context.WithoutCancel(ctx))
+	var a, b int32
+	if err := first.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&a); err != nil {
+		return p
+	}
+	err = pgx.BeginFunc(ctx, second, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&b)
+	})
+	if err != nil {
+		return p
+	}
+	p.reached, p.txPooled = true, a == b
+	return p
+}
+
+// cachesStatements says whether mode prepares named statements on the
+// connection, which a transaction-pooling proxy cannot keep.
+func cachesStatements(mode pgx.QueryExecMode) bool {
+	return mode == pgx.QueryExecModeCacheStatement
+}
+
+// checkPooling probes the client's connections at Start (see
+// probeConnections) and applies what it found to the bookkeeping pools'
+// settings cc: an error when they cannot work (ErrStatementCache), else
+// whether to listen, each finding said in one log line.
+func (c *Client) checkPooling(ctx context.Context, cc *pgx.ConnConfig) (listen bool, err error) {
+	p := probeConnections(ctx, cc)
+	if p.noStartupLock {
+		c.logger.Info("relay: the server refused lock_timeout as a startup parameter (a pooler such as PgBouncer); the bookkeeping connections go without it: set lock_timeout on the role instead (docs/deploy.md)",
+			"client_id", c.cfg.ID)
+	}
+	if !p.txPooled {
+		return true, nil
+	}
+	if cachesStatements(c.pool.Config().ConnConfig.DefaultQueryExecMode) {
+		return false, fmt.Errorf("core: start: %w", ErrStatementCache)
+	}
+	if c.cfg.ListenerURL == "" {
+		c.logger.Warn("relay: the connections are pooled per transaction and Config.ListenerURL is empty: not listening; workers find new jobs by polling every PollInterval, and cancellations of running jobs at their next heartbeat (docs/deploy.md)",
+			"client_id", c.cfg.ID, "poll_interval", c.cfg.PollInterval)
+		return false, nil
+	}
+	return true, nil
+}
