@@ -16,12 +16,12 @@ import (
 
 // Config describes what to listen to and where to report.
 type Config struct {
-	Pool     *pgxpool.Pool // its connection settings are used; no pool slot is held
+	Pool *pgxpool.Pool // its connection settings are used; no pool slot is held
 	// ConnConfig, when set, is used instead of Pool's settings: a direct
 	// connection to the server when Pool goes through a transaction-pooling
 	// proxy, where a LISTEN does not outlive its transaction.
 	ConnConfig *pgx.ConnConfig
-	Channels []string
+	Channels   []string
 	// OnNotify is called for every notification, on the listener goroutine:
 	// it must not block.
 	OnNotify func(channel, payload string)
