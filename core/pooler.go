@@ -18,6 +18,30 @@ import (
 // there under another client's name.
 var ErrStatementCache = errors.New("core: the connections are pooled per transaction (PgBouncer pool_mode=transaction?) but pgx prepares and caches statements on them: add default_query_exec_mode=exec (or simple_protocol, cache_describe, describe_exec) to the database URL (docs/deploy.md)")
 
+// ErrMissingGrants says the role the client connects as lacks a privilege
+// on one of Relay's tables that its work needs; the error wrapping it
+// names the role, each table and each privilege (docs/deploy.md lists the
+// grants).
+var ErrMissingGrants = errors.New("core: the role lacks privileges on Relay's tables")
+
+// sqlMissingGrants lists the privileges the connected role lacks on the
+// relay_* tables of the schema relay_jobs resolves to through search_path:
+// SELECT, INSERT, UPDATE and DELETE on each, but only SELECT on the
+// migrations' bookkeeping, which only the owner writes. Nothing when
+// relay_jobs is not found (an unmigrated database is another error).
+const sqlMissingGrants = `
+SELECT current_user::text, coalesce(string_agg(format('%s (%s)', relname, missing), '; ' ORDER BY relname), '')
+FROM (
+    SELECT c.relname, array_to_string(ARRAY(
+        SELECT p FROM unnest(CASE WHEN c.relname IN ('relay_migrations', 'relay_migration_locks')
+                                  THEN ARRAY['SELECT'] ELSE ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE'] END) AS p
+        WHERE NOT has_table_privilege(c.oid, p)), ', ') AS missing
+    FROM pg_class AS c
+    WHERE c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = to_regclass('relay_jobs'))
+      AND c.relname LIKE 'relay\_%' AND c.relkind IN ('r', 'p')
+) AS t
+WHERE missing <> ''`
+
 // AppName is the application_name a connection Relay opens for one of its
 // own roles (worker, listener, completer, scheduler, dispatcher, serve)
 // gives itself: "relay-<role>", after the user's own application_name when
@@ -52,6 +76,9 @@ type probe struct {
 	// noStartupLock: the server refused lock_timeout as a startup
 	// parameter, and the bookkeeping pool goes without it.
 	noStartupLock bool
+	// role and missing: the connected role, and the privileges it lacks
+	// (sqlMissingGrants), empty when it has them all.
+	role, missing string
 	// txPooled: two client connections were handed the same server
 	// connection one after the other: the connections are pooled per
 	// transaction (or per statement), and no session state survives a
@@ -60,7 +87,7 @@ type probe struct {
 }
 
 // probeConnections connects twice with cc, bounded by a few seconds, and
-// tells whether a pooler in between refuses lock_timeout as a startup
+// tells which privileges on Relay's tables the role lacks, whether a pooler in between refuses lock_timeout as a startup
 // parameter (cc is then changed to go without it) and whether it pools per
 // transaction: the first connection's server goes back to the pooler once
 // its statement ends, and PgBouncer hands its most recently used server to
@@ -83,6 +110,9 @@ func probeConnections(ctx context.Context, cc *pgx.ConnConfig) probe {
 		return p
 	}
 	defer first.Close(context.WithoutCancel(ctx))
+	if err := first.QueryRow(ctx, sqlMissingGrants, pgx.QueryExecModeSimpleProtocol).Scan(&p.role, &p.missing); err != nil {
+		return p
+	}
 	second, err := pgx.ConnectConfig(ctx, cc)
 	if err != nil {
 		return p
@@ -110,13 +140,17 @@ func cachesStatements(mode pgx.QueryExecMode) bool {
 
 // checkPooling probes the client's connections at Start (see
 // probeConnections) and applies what it found to the bookkeeping pools'
-// settings cc: an error when they cannot work (ErrStatementCache), else
+// settings cc: an error when they cannot work (ErrMissingGrants,
+// ErrStatementCache), else
 // whether to listen, each finding said in one log line.
 func (c *Client) checkPooling(ctx context.Context, cc *pgx.ConnConfig) (listen bool, err error) {
 	p := probeConnections(ctx, cc)
 	if p.noStartupLock {
 		c.logger.Info("relay: the server refused lock_timeout as a startup parameter (a pooler such as PgBouncer); the bookkeeping connections go without it: set lock_timeout on the role instead (docs/deploy.md)",
 			"client_id", c.cfg.ID)
+	}
+	if p.missing != "" {
+		return false, fmt.Errorf("core: start: %w: role %s lacks %s (grant them as docs/deploy.md lists)", ErrMissingGrants, p.role, p.missing)
 	}
 	if !p.txPooled {
 		return true, nil

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -375,7 +376,10 @@ func (s *Scheduler) fireIsolated(ctx context.Context, tx pgx.Tx, r *row) error {
 	if err := sp.Rollback(ctx); err != nil {
 		return errors.Join(ferr, fmt.Errorf("roll back to savepoint: %w", err))
 	}
-	if ctx.Err() != nil {
+	if ctx.Err() != nil || transient(ferr) {
+		// The tick fails and the next one fires it: a lock or statement
+		// timeout (a managed server's, set on the role), a serialization
+		// failure or a deadlock says nothing about the schedule.
 		return ferr
 	}
 	s.skip(r.name, failRecheck)
@@ -385,6 +389,21 @@ func (s *Scheduler) fireIsolated(ctx context.Context, tx pgx.Tx, r *row) error {
 		return fmt.Errorf("mark broken: %w", err)
 	}
 	return nil
+}
+
+// transient says whether err is the server giving up on a statement for
+// reasons outside the schedule: lock_timeout (55P03), statement_timeout or
+// a cancel (57014), a serialization failure (40001) or a deadlock (40P01).
+func transient(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code {
+	case "55P03", "57014", "40001", "40P01":
+		return true
+	}
+	return false
 }
 
 // failRecheck is how long a process leaves a schedule whose fire failed

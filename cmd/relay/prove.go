@@ -56,6 +56,8 @@ type proveConfig struct {
 	syncClaims   bool
 	timeout      time.Duration
 	keep         bool
+	pgbouncer    bool
+	spread       bool
 }
 
 // proveUsage lists the proofs; each one's flags come with
@@ -135,6 +137,8 @@ func runProve(ctx context.Context, args []string) error {
 	fs.BoolVar(&c.workFirst, "work-before-write", false, "handlers work (seen by the outside sink) before their first database write, as a handler calling an outside service first does")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Minute, "give up after this long")
 	fs.BoolVar(&c.keep, "keep", false, "keep the proof's schema afterwards")
+	fs.BoolVar(&c.pgbouncer, "pgbouncer", false, "run the workers through a PgBouncer in transaction pooling that the prover starts in front of the server (default_query_exec_mode=exec; each worker's LISTEN goes direct)")
+	fs.BoolVar(&c.spread, "spread", false, "enqueue the jobs over the run, at 80% of the fleet's capacity, instead of all at once: the pickup latency printed then measures the pickup, not a backlog")
 	if err := parseFlags(fs, args[1:]); err != nil {
 		return err
 	}
@@ -143,6 +147,9 @@ func runProve(ctx context.Context, args []string) error {
 	}
 	if c.partitionFor == 0 {
 		c.partitionFor = c.lease * 5 / 2
+	}
+	if c.pgbouncer && (c.partitions > 0 || c.failover) {
+		return errors.New("prove: --partition and --failover work on direct connections; they do not combine with --pgbouncer")
 	}
 	if c.partitionFor <= c.lease {
 		return errors.New("prove: --partition-for must be longer than --lease (a shorter cut tests nothing)")
@@ -172,10 +179,17 @@ func runProve(ctx context.Context, args []string) error {
 	if _, err := pool.Exec(ctx, proveSchema); err != nil {
 		return fmt.Errorf("prove: create proof tables: %w", err)
 	}
-	if !c.failover {
+	enqueued := make(chan error, 1)
+	switch {
+	case c.failover:
+		enqueued <- nil // a producer enqueues through the failover, below
+	case c.spread:
+		go func() { enqueued <- enqueueSpread(ctx, pool, c) }()
+	default:
 		if err := enqueueProofJobs(ctx, pool, c); err != nil {
 			return err
 		}
+		enqueued <- nil
 	}
 	fmt.Printf("prove: %d jobs, %d processes × %d, job time %s, lease %s, kills %d, sigterms %d\n",
 		c.jobs, c.processes, c.concurrency, c.jobTime, c.lease, c.kills, c.sigterms)
@@ -187,6 +201,16 @@ func runProve(ctx context.Context, args []string) error {
 		return fmt.Errorf("prove: %w", err)
 	}
 	appName := "relay-prove-worker " + u.Query().Get("search_path")
+	workerURL, listenURL, pooler := schemaURL, "", "direct"
+	if c.pgbouncer {
+		b, err := startProofBouncer(ctx, schemaURL, u.Query().Get("search_path"), c.processes*c.concurrency)
+		if err != nil {
+			return err
+		}
+		defer b.Stop() //nolint:errcheck
+		workerURL, listenURL, pooler = proofBouncerURL(b), schemaURL, "pgbouncer-transaction"
+		fmt.Printf("prove: workers through PgBouncer (pool_mode=transaction, default_query_exec_mode=exec) on 127.0.0.1:%d; their LISTEN direct\n", b.Port)
+	}
 	sink, err := startProofSink()
 	if err != nil {
 		return err
@@ -208,7 +232,7 @@ func runProve(ctx context.Context, args []string) error {
 
 	start := time.Now()
 	fleet := &workerFleet{lease: c.lease, sink: sink, argv: func(id string) []string {
-		return []string{"prove-worker", "--database-url", schemaURL, "--id", id,
+		return []string{"prove-worker", "--database-url", workerURL, "--listener-url", listenURL, "--id", id,
 			"--concurrency", fmt.Sprint(c.concurrency), "--lease", c.lease.String(), "--sink", sink.URL(), "--app-name", appName,
 			fmt.Sprint("--work-before-write=", c.workFirst), fmt.Sprint("--synchronous-claims=", c.syncClaims)}
 	}}
@@ -245,8 +269,15 @@ func runProve(ctx context.Context, args []string) error {
 	}
 	fleet.stopAll()
 	elapsed := time.Since(start)
+	if err := <-enqueued; err != nil {
+		return fmt.Errorf("prove: enqueue: %w", err)
+	}
 
 	res, err := audit(ctx, pool)
+	if err != nil {
+		return err
+	}
+	p50, p99, err := proofPickup(ctx, pool)
 	if err != nil {
 		return err
 	}
@@ -261,10 +292,10 @@ func runProve(ctx context.Context, args []string) error {
 		failoverFields = fmt.Sprintf(" replication=%s lost_enqueues=%d enqueue_retries=%d %s", c.replication, lostEnqueues, producer.retries, clock.summary())
 		producer.mu.Unlock()
 	}
-	fmt.Printf("proof: jobs=%d succeeded=%d dead=%d lost=%d duplicate_effects=%d overlapping_executions=%d external_overlaps=%d re_executions=%d fenced_attempts=%d kills=%d sigterms=%d pauses=%d partitions=%d locks=%d backend_kills=%d observed_attempts=%d%s elapsed=%s\n",
+	fmt.Printf("proof: jobs=%d succeeded=%d dead=%d lost=%d duplicate_effects=%d overlapping_executions=%d external_overlaps=%d re_executions=%d fenced_attempts=%d kills=%d sigterms=%d pauses=%d partitions=%d locks=%d backend_kills=%d observed_attempts=%d%s pooler=%s pickup_p50_ms=%.1f pickup_p99_ms=%.1f elapsed=%s\n",
 		res["jobs"], res["succeeded"], res["dead"], res["lost"], res["duplicate_effects"], res["overlapping_executions"], external, res["re_executions"],
 		res["fenced_attempts"], counts.kills, counts.terms, counts.pauses, counts.partitions, counts.locks.Load(), counts.backendKills.Load(), windows,
-		failoverFields, elapsed.Round(time.Millisecond))
+		failoverFields, pooler, p50, p99, elapsed.Round(time.Millisecond))
 	// Across a failover, attempts are promised not to overlap only with
 	// synchronous replication and synchronous claims (a claim committed
 	// asynchronously can be missing on the new primary, its job claimed
@@ -421,6 +452,74 @@ func enqueueProofJobs(ctx context.Context, pool *pgxpool.Pool, c proveConfig) er
 		done += n
 	}
 	return nil
+}
+
+// enqueueSpread enqueues the proof's jobs over the run, each due at once
+// (a notification wakes the workers), at 80% of the fleet's nominal
+// capacity: every 10 ms, the jobs due by then.
+func enqueueSpread(ctx context.Context, pool *pgxpool.Pool, c proveConfig) error {
+	gap := c.jobTime * 5 / 4 / time.Duration(c.processes*c.concurrency)
+	start := time.Now().Add(2 * time.Second) // the workers' start
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for done := 0; done < c.jobs; {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+		due := min(c.jobs, int(time.Since(start)/max(gap, time.Microsecond)))
+		if due <= done {
+			continue
+		}
+		params := make([]core.EnqueueParams, 0, due-done)
+		for i := done; i < due; i++ {
+			ms := int(float64(c.jobTime.Milliseconds()) * (0.5 + rand.Float64()))
+			params = append(params, core.EnqueueParams{Args: proveArgs{Seq: i, Ms: ms}, Opts: &core.EnqueueOpts{Queue: proveQueue, MaxAttempts: 100}})
+		}
+		if _, err := core.EnqueueMany(ctx, pool, params); err != nil {
+			return err
+		}
+		done = due
+	}
+	return nil
+}
+
+// proofPickup is the pickup latency of the proof's jobs, p50 and p99 in
+// milliseconds: from when a job was due (committed, or its run_at) to the
+// start of its first attempt's handler. With every job enqueued at once it
+// measures the backlog; with --spread, the pickup.
+func proofPickup(ctx context.Context, pool *pgxpool.Pool) (p50, p99 float64, err error) {
+	err = pool.QueryRow(ctx, `
+		SELECT coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms), 0), coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms), 0)
+		FROM (SELECT extract(epoch FROM min(a.started_at) - greatest(j.created_at, j.run_at)) * 1000 AS ms
+		      FROM relay_jobs AS j JOIN prove_attempts AS a ON a.job_id = j.id
+		      WHERE j.kind = 'prove.job' GROUP BY j.id) AS s`).Scan(&p50, &p99)
+	if err != nil {
+		return 0, 0, fmt.Errorf("prove: pickup latency: %w", err)
+	}
+	return p50, p99, nil
+}
+
+// startProofBouncer starts a PgBouncer in transaction pooling in front of
+// the proof's server, its server connections set to the proof's schema
+// (PgBouncer refuses search_path as a startup parameter).
+func startProofBouncer(ctx context.Context, schemaURL, schema string, poolSize int) (*devpg.Bouncer, error) {
+	b, err := devpg.StartBouncer(ctx, schemaURL, devpg.BouncerOptions{ConnectQuery: "SET search_path = " + schema, PoolSize: max(poolSize, 20)})
+	if err != nil {
+		return nil, fmt.Errorf("prove: --pgbouncer: %w", err)
+	}
+	return b, nil
+}
+
+// proofBouncerURL is the workers' URL through b: exec mode (no prepared
+// statements), no startup parameter PgBouncer refuses.
+func proofBouncerURL(b *devpg.Bouncer) string {
+	u, _ := url.Parse(b.URL)
+	q := u.Query()
+	q.Set("default_query_exec_mode", "exec")
+	u.RawQuery = q.Encode()
+	return u.String()
 }
 
 // superviseProof shows progress, fires the faults at evenly spaced points of

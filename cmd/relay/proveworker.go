@@ -147,11 +147,12 @@ func runProveWorker(ctx context.Context, args []string) error {
 	appName := fs.String("app-name", "relay-prove-worker", "application_name of the worker's connections")
 	workFirst := fs.Bool("work-before-write", false, "work before the attempt's first database write")
 	syncClaims := fs.Bool("synchronous-claims", false, "claims commit synchronously (core.Config.SynchronousClaims)")
+	listenerURL := fs.String("listener-url", "", "PostgreSQL URL of the LISTEN connection (default: --database-url's)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	sc := newSinkClient(*sink, *id)
-	return runProofClientNamed(ctx, *url, *appName, *id, *concurrency, *lease, *drain, *syncClaims, func(ws *core.Workers, pool *pgxpool.Pool) {
+	return runProofClientNamed(ctx, *url, *listenerURL, *appName, *id, *concurrency, *lease, *drain, *syncClaims, func(ws *core.Workers, pool *pgxpool.Pool) {
 		core.MustAddWorker(ws, core.Worker[proveArgs](&proveWorker{pool: pool, id: *id, sink: sc, workFirst: *workFirst}))
 	})
 }
@@ -161,13 +162,14 @@ func runProveWorker(ctx context.Context, args []string) error {
 // register adds, until SIGTERM (main's signal context), then drains for at
 // most drain.
 func runProofClient(ctx context.Context, url, id string, concurrency int, lease, drain time.Duration, register func(*core.Workers, *pgxpool.Pool)) error {
-	return runProofClientNamed(ctx, url, "relay-prove-worker", id, concurrency, lease, drain, false, register)
+	return runProofClientNamed(ctx, url, "", "relay-prove-worker", id, concurrency, lease, drain, false, register)
 }
 
 // runProofClientNamed is runProofClient whose connections carry appName
 // (the queue proof names its run, so that --backend-kill hits no other),
-// its claims committing synchronously if syncClaims.
-func runProofClientNamed(ctx context.Context, url, appName, id string, concurrency int, lease, drain time.Duration, syncClaims bool,
+// its claims committing synchronously if syncClaims, listening on
+// listenerURL when set (core.Config.ListenerURL).
+func runProofClientNamed(ctx context.Context, url, listenerURL, appName, id string, concurrency int, lease, drain time.Duration, syncClaims bool,
 	register func(*core.Workers, *pgxpool.Pool)) error {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -185,6 +187,7 @@ func runProofClientNamed(ctx context.Context, url, appName, id string, concurren
 	client, err := core.NewClient(pool, &core.Config{
 		Workers:        ws,
 		ID:             id,
+		ListenerURL:    listenerURL,
 		Queues:         map[string]core.QueueConfig{proveQueue: {MaxWorkers: concurrency}},
 		LeaseDuration:  lease,
 		RescueInterval: lease / 4,

@@ -34,6 +34,10 @@ type BouncerOptions struct {
 	Users []string
 	// Extra lines appended to the [pgbouncer] section, as "key = value".
 	Extra []string
+	// ConnectQuery, when set, runs on every server connection PgBouncer
+	// opens (its connect_query): a way to give the pooled sessions a
+	// search_path, which PgBouncer refuses as a startup parameter.
+	ConnectQuery string
 }
 
 // Bouncer is a running PgBouncer in front of a server. Stop ends it and
@@ -42,7 +46,9 @@ type Bouncer struct {
 	Dir  string // holds pgbouncer.ini, the auth file and pgbouncer.log
 	Port int
 	// URL is the upstream URL with its host and port replaced by the
-	// bouncer's: the same user and database, through the pooler.
+	// bouncer's: the same user and database, through the pooler. Of the
+	// upstream's query only sslmode is kept: PgBouncer refuses most
+	// startup parameters (search_path among them).
 	URL string
 
 	cmd  *exec.Cmd
@@ -107,7 +113,7 @@ func StartBouncer(ctx context.Context, upstream string, opts BouncerOptions) (*B
 	}
 	ini := []string{
 		"[databases]",
-		fmt.Sprintf("* = host=%s port=%s", host, upPort),
+		fmt.Sprintf("* = host=%s port=%s", host, upPort) + connectQuery(opts.ConnectQuery),
 		"[pgbouncer]",
 		"listen_addr = 127.0.0.1",
 		"listen_port = " + strconv.Itoa(port),
@@ -141,6 +147,11 @@ func StartBouncer(ctx context.Context, upstream string, opts BouncerOptions) (*B
 	b := &Bouncer{Dir: dir, Port: port, done: make(chan struct{})}
 	bu := *u
 	bu.Host = "127.0.0.1:" + strconv.Itoa(port)
+	bq := url.Values{}
+	if m := u.Query().Get("sslmode"); m != "" {
+		bq.Set("sslmode", m)
+	}
+	bu.RawQuery = bq.Encode()
 	b.URL = bu.String()
 	b.cmd = exec.Command(bin, filepath.Join(dir, "pgbouncer.ini"))
 	b.cmd.Dir = dir
@@ -156,6 +167,15 @@ func StartBouncer(ctx context.Context, upstream string, opts BouncerOptions) (*B
 		return nil, err
 	}
 	return b, nil
+}
+
+// connectQuery is the connect_query clause of a [databases] entry for q,
+// quoted as PgBouncer's connection strings quote.
+func connectQuery(q string) string {
+	if q == "" {
+		return ""
+	}
+	return " connect_query='" + strings.ReplaceAll(q, "'", "''") + "'"
 }
 
 func (b *Bouncer) waitReady(ctx context.Context) error {

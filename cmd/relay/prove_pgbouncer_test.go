@@ -1,0 +1,50 @@
+package main
+
+import (
+	"errors"
+	"os"
+	"testing"
+
+	"github.com/relayq/relay/internal/devpg"
+	"github.com/relayq/relay/internal/testdb"
+)
+
+// needBouncer skips the test without a pgbouncer binary, except under
+// CI=true, where CI was to install it.
+func needBouncer(t *testing.T) {
+	t.Helper()
+	if _, err := devpg.BouncerBin(); errors.Is(err, devpg.ErrNoPgBouncer) {
+		if os.Getenv("CI") == "true" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+}
+
+// The queue proof, small, with its workers through a PgBouncer in
+// transaction pooling (exec mode, LISTEN direct) and jobs arriving over
+// the run, then straight to the server: both audits clean, and each
+// prints its pickup latency.
+func TestProveQueueThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	needBouncer(t)
+	bin := buildRelay(t)
+	url := testdb.URL(t)
+	for _, pooler := range []string{"pgbouncer-transaction", "direct"} {
+		args := []string{"queue", "--database-url", url, "--jobs", "600", "--processes", "2", "--concurrency", "4",
+			"--job-time", "30ms", "--lease", "1s", "--kill", "1", "--spread"}
+		if pooler != "direct" {
+			args = append(args, "--pgbouncer")
+		}
+		f := runProof(t, bin, args...)
+		for k, want := range map[string]string{"pooler": pooler, "jobs": "600", "succeeded": "600", "lost": "0", "duplicate_effects": "0",
+			"overlapping_executions": "0", "external_overlaps": "0", "kills": "1"} {
+			if f[k] != want {
+				t.Errorf("%s: %s=%s, want %s (%v)", pooler, k, f[k], want, f)
+			}
+		}
+		if f["pickup_p50_ms"] == "" || f["pickup_p99_ms"] == "" {
+			t.Errorf("%s: no pickup latency printed: %v", pooler, f)
+		}
+	}
+}
