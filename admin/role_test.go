@@ -199,7 +199,7 @@ func TestRunsAsRoleThatOwnsNothing(t *testing.T) {
 	if err := client.Start(ctx); err != nil {
 		t.Fatalf("start a worker client as the application role: %v", err)
 	}
-	defer client.Stop(context.Background())
+	defer stopBounded(t, client.Stop)
 
 	sched, err := scheduler.New(pool, &scheduler.Config{Schedules: []scheduler.Schedule{{Name: "role-every-second", Spec: "@every 1s", Args: roleJob{Via: "scheduler"}}}})
 	if err != nil {
@@ -208,7 +208,7 @@ func TestRunsAsRoleThatOwnsNothing(t *testing.T) {
 	if err := sched.Start(ctx); err != nil {
 		t.Fatalf("start the scheduler as the application role: %v", err)
 	}
-	defer sched.Stop(context.Background())
+	defer stopBounded(t, sched.Stop)
 	disp, err := outbox.NewDispatcher(pool, &outbox.Config{Subscriptions: []outbox.Subscription{{Topic: "role.topic", Kind: "role-event"}}, PollInterval: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -216,7 +216,7 @@ func TestRunsAsRoleThatOwnsNothing(t *testing.T) {
 	if err := disp.Start(ctx); err != nil {
 		t.Fatalf("start the outbox dispatcher as the application role: %v", err)
 	}
-	defer disp.Stop(context.Background())
+	defer stopBounded(t, disp.Stop)
 
 	if _, err := core.Enqueue(ctx, pool, roleJob{Via: "enqueue"}, nil); err != nil {
 		t.Fatalf("enqueue: %v", err)
@@ -271,7 +271,12 @@ func TestRunsAsRoleThatOwnsNothing(t *testing.T) {
 		t.Errorf("%d audit rows for the admin writes, want 2", n)
 	}
 
-	// A grant taken away: Start names the role, the table and the privilege.
+	// A grant taken away: Start names the role, the table and the
+	// privilege. (The others stop first: they could not record their
+	// jobs' outcomes without it.)
+	stopBounded(t, disp.Stop)
+	stopBounded(t, sched.Stop)
+	stopBounded(t, client.Stop)
 	if _, err := r.super.Exec(ctx, "REVOKE UPDATE ON relay.relay_jobs FROM "+r.app); err != nil {
 		t.Fatal(err)
 	}
@@ -281,7 +286,7 @@ func TestRunsAsRoleThatOwnsNothing(t *testing.T) {
 	}
 	err = other.Start(ctx)
 	if err == nil {
-		other.Stop(ctx)
+		stopBounded(t, other.Stop)
 	}
 	if !errors.Is(err, core.ErrMissingGrants) || !strings.Contains(err.Error(), r.app) || !strings.Contains(err.Error(), "relay_jobs (UPDATE)") {
 		t.Errorf("Start without UPDATE on relay_jobs: %v; want ErrMissingGrants naming %s and relay_jobs (UPDATE)", err, r.app)
@@ -399,7 +404,7 @@ func TestBookkeepingUnderRoleTimeouts(t *testing.T) {
 	if err := client.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	defer client.Stop(context.Background())
+	defer stopBounded(t, client.Stop)
 	sched, err := scheduler.New(pool, &scheduler.Config{Logger: logger, Schedules: []scheduler.Schedule{{Name: "timeouts-every-second", Spec: "@every 1s", Args: roleJob{Via: "scheduler"}}}})
 	if err != nil {
 		t.Fatal(err)
@@ -407,7 +412,7 @@ func TestBookkeepingUnderRoleTimeouts(t *testing.T) {
 	if err := sched.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	defer sched.Stop(context.Background())
+	defer stopBounded(t, sched.Stop)
 	disp, err := outbox.NewDispatcher(pool, &outbox.Config{Logger: logger, Subscriptions: []outbox.Subscription{{Topic: "timeouts.topic", Kind: "role-event"}}, PollInterval: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -415,7 +420,7 @@ func TestBookkeepingUnderRoleTimeouts(t *testing.T) {
 	if err := disp.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	defer disp.Stop(context.Background())
+	defer stopBounded(t, disp.Stop)
 
 	// A lease that expired with no worker: the rescuer's to requeue.
 	lost, err := core.Enqueue(ctx, pool, roleJob{Via: "rescued"}, &core.EnqueueOpts{Queue: "elsewhere"})
@@ -518,6 +523,15 @@ func TestBookkeepingUnderRoleTimeouts(t *testing.T) {
 	if logs.has("idle-in-transaction") {
 		t.Errorf("a session idled in a transaction past the role's timeout:\n%s", logs.buf.String())
 	}
+}
+
+// stopBounded stops a client, scheduler or dispatcher within 10 s (a
+// second stop is a no-op), so that a failed test ends rather than hangs.
+func stopBounded(t *testing.T, stop func(context.Context) error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stop(ctx) //nolint:errcheck // outcomes it could not record run again; the test checks what it needs
 }
 
 func waitState(t *testing.T, pool *pgxpool.Pool, id int64, want core.JobState) *core.JobRow {

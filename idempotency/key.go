@@ -172,10 +172,12 @@ func DeleteExpired(ctx context.Context, pool *pgxpool.Pool, limit int) (int64, e
 	return tag.RowsAffected(), nil
 }
 
-func encode(v any) ([]byte, error) {
+func encode(v any) (string, error) {
 	b, err := json.Marshal(v)
 	if err != nil {
-		return nil, fmt.Errorf("idempotency: encode result: %w", err)
+		return "", fmt.Errorf("idempotency: encode result: %w", err)
 	}
-	return b, nil
+	// A string, not []byte: in pgx's exec and simple-protocol modes (a
+	// transaction-pooling PgBouncer's) a []byte goes as bytea.
+	return string(b), nil
 }

@@ -48,3 +48,21 @@ func TestProveQueueThroughPgBouncer(t *testing.T) {
 		}
 	}
 }
+
+// The workflow proof, small, its workers through a transaction-pooling
+// PgBouncer (exec mode, LISTEN direct), with a SIGKILL: every run ends as
+// its input asked, compensations included, nothing duplicated or forked.
+func TestProveWorkflowThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	needBouncer(t)
+	bin := buildRelay(t)
+	url := testdb.URL(t)
+	f := runProof(t, bin, "workflow", "--database-url", url, "--pgbouncer", "--runs", "80", "--processes", "2", "--concurrency", "4",
+		"--kill", "1", "--lease", "1s", "--sleep", "200ms", "--stall-bound", "40s")
+	for k, want := range map[string]string{"runs": "80", "completed": "72", "compensated": "8", "lost": "0", "stalled": "0",
+		"duplicate_tx_effects": "0", "forked_runs": "0", "order_violations": "0", "kills": "1"} {
+		if f[k] != want {
+			t.Errorf("%s=%s, want %s (%v)", k, f[k], want, f)
+		}
+	}
+}

@@ -51,6 +51,7 @@ type proveWFConfig struct {
 	lag          time.Duration
 	timeout      time.Duration
 	keep         bool
+	pgbouncer    bool
 }
 
 // outageEvery: with --retry-failed, one run in this many books its payment
@@ -106,6 +107,7 @@ func runProveWorkflow(ctx context.Context, args []string) error {
 	fs.DurationVar(&c.lag, "replication-lag", 0, "with --failover: cut the standby's link to the primary this long before the primary is stopped (a standby behind)")
 	fs.DurationVar(&c.timeout, "timeout", 15*time.Minute, "give up after this long")
 	fs.BoolVar(&c.keep, "keep", false, "keep the proof's schema afterwards")
+	fs.BoolVar(&c.pgbouncer, "pgbouncer", false, "run the workers through a PgBouncer in transaction pooling that the prover starts in front of the server (default_query_exec_mode=exec; each worker's LISTEN goes direct)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -118,6 +120,9 @@ func runProveWorkflow(ctx context.Context, args []string) error {
 	}
 	if c.partitionFor <= c.lease {
 		return errors.New("prove workflow: --partition-for must be longer than --lease (a shorter cut tests nothing)")
+	}
+	if c.pgbouncer && (c.partitions > 0 || c.failover) {
+		return errors.New("prove workflow: --partition and --failover work on direct connections; they do not combine with --pgbouncer")
 	}
 	if c.url != "" && (c.pgRestart || c.pgCrash) {
 		return errors.New("prove workflow: --pg-restart and --pg-crash need the throwaway cluster (omit --database-url)")
@@ -249,9 +254,19 @@ func runProveWorkflow(ctx context.Context, args []string) error {
 		}
 	}
 
+	workerURL, listenURL := schemaURL, ""
+	if c.pgbouncer {
+		b, err := startProofBouncer(ctx, schemaURL, u.Query().Get("search_path"), 2*c.processes*c.concurrency)
+		if err != nil {
+			return err
+		}
+		defer b.Stop() //nolint:errcheck
+		workerURL, listenURL = proofBouncerURL(b), schemaURL
+		fmt.Printf("prove: workers through PgBouncer (pool_mode=transaction, default_query_exec_mode=exec) on 127.0.0.1:%d; their LISTEN direct\n", b.Port)
+	}
 	start := time.Now()
 	fleet := &workerFleet{lease: c.lease, argv: func(id string) []string {
-		return []string{"prove-workflow-worker", "--database-url", schemaURL, "--id", id, "--sink", sinkURL,
+		return []string{"prove-workflow-worker", "--database-url", workerURL, "--listener-url", listenURL, "--id", id, "--sink", sinkURL,
 			"--concurrency", strconv.Itoa(c.concurrency), "--lease", c.lease.String(), "--app-name", appName}
 	}}
 	if proxies != nil {

@@ -253,6 +253,7 @@ func (e *proveEnv) side(wctx workflow.Context, in sideIn, kind string) (string, 
 func runProveWorkflowWorker(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("prove-workflow-worker", flag.ContinueOnError)
 	dbURL := fs.String("database-url", "", "PostgreSQL URL")
+	listenerURL := fs.String("listener-url", "", "PostgreSQL URL of the LISTEN connection (default: --database-url's)")
 	id := fs.String("id", "", "worker id")
 	sinkURL := fs.String("sink", "", "sink URL")
 	concurrency := fs.Int("concurrency", 8, "executions at once per queue")
@@ -282,8 +283,9 @@ func runProveWorkflowWorker(ctx context.Context, args []string) error {
 		return err
 	}
 	client, err := core.NewClient(pool, &core.Config{
-		Workers: ws,
-		ID:      *id,
+		Workers:     ws,
+		ID:          *id,
+		ListenerURL: *listenerURL,
 		Queues: map[string]core.QueueConfig{
 			proveQueue:     {MaxWorkers: *concurrency},
 			proveSideQueue: {MaxWorkers: *concurrency},
