@@ -397,7 +397,7 @@ func TestBookkeepingUnderRoleTimeouts(t *testing.T) {
 	})
 	reg.AddWorkers(ws)
 	client, err := core.NewClient(pool, &core.Config{Workers: ws, Logger: logger, PollInterval: 100 * time.Millisecond,
-		LeaseDuration: 6 * time.Second, HeartbeatInterval: time.Second, RescueInterval: 200 * time.Millisecond})
+		LeaseDuration: 20 * time.Second, HeartbeatInterval: time.Second, RescueInterval: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -537,6 +537,11 @@ func stopBounded(t *testing.T, stop func(context.Context) error) {
 func waitState(t *testing.T, pool *pgxpool.Pool, id int64, want core.JobState) *core.JobRow {
 	t.Helper()
 	var j *core.JobRow
+	defer func() {
+		if t.Failed() && j != nil {
+			t.Logf("job %d (%s): state %s, attempt %d, errors %v", id, j.Kind, j.State, j.Attempt, j.History)
+		}
+	}()
 	testdb.WaitFor(t, fmt.Sprintf("job %d to be %s", id, want), func() bool {
 		var err error
 		if j, err = core.JobGet(context.Background(), pool, id); err != nil {
