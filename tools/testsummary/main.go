@@ -134,7 +134,13 @@ func printLeft(out io.Writer, output map[testKey][]string, pkg string) {
 		fmt.Fprint(out, strings.Join(output[k], ""))
 		delete(output, k)
 	}
-	fmt.Fprint(out, strings.Join(output[testKey{pkg, ""}], ""))
+	for _, l := range output[testKey{pkg, ""}] {
+		// go test's own result lines: summarize prints its own.
+		if l == "FAIL\n" || l == "PASS\n" || strings.HasPrefix(l, "FAIL\t"+pkg) || strings.HasPrefix(l, "ok  \t"+pkg) {
+			continue
+		}
+		fmt.Fprint(out, l)
+	}
 	delete(output, testKey{pkg, ""})
 }
 

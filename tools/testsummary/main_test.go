@@ -21,6 +21,8 @@ func TestSummarize(t *testing.T) {
 		`{"Action":"skip","Package":"p","Test":"TestBrowser"}`,
 		`{"Action":"output","Package":"p","Test":"TestBad","Output":"    bad_test.go:3: the one failure\n"}`,
 		`{"Action":"fail","Package":"p","Test":"TestBad"}`,
+		`{"Action":"output","Package":"p","Output":"FAIL\n"}`,
+		`{"Action":"output","Package":"p","Output":"FAIL\tp\t1.5s\n"}`,
 		`{"Action":"fail","Package":"p","Elapsed":1.5}`,
 		`{"Action":"start","Package":"q"}`,
 		`{"Action":"pass","Package":"q","Elapsed":0.5}`,
@@ -35,6 +37,9 @@ func TestSummarize(t *testing.T) {
 		if !strings.Contains(s, want) {
 			t.Errorf("output lacks %q:\n%s", want, s)
 		}
+	}
+	if strings.Count(s, "FAIL\tp\t") != 1 {
+		t.Errorf("the package's result is not printed once:\n%s", s)
 	}
 	if strings.Contains(s, "noise of a passing test") {
 		t.Errorf("a passing test's output was printed:\n%s", s)
