@@ -253,9 +253,9 @@ type Client struct {
 	// handler is cancelled: LeaseDuration less its leaseMarginDivisor-th part.
 	leaseBudget time.Duration
 	epoch       time.Time // local lease deadlines count from here (monotonic)
-	// refix asks refixLoop to take the hand-offs now (a 'keys' or 'wakes'
+	// handOffNow asks handOffLoop to take the hand-offs now (a 'keys' or 'wakes'
 	// notification, a connect of the listener).
-	refix chan struct{}
+	handOffNow chan struct{}
 }
 
 // startLease arms r's local lease deadline: leaseBudget after sent, when
@@ -345,7 +345,7 @@ func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if pool == nil {
 		return nil, errors.New("core: new client: nil pool")
 	}
-	c := &Client{pool: pool, queues: map[string]*queue{}, workers: map[string]*registration{}, epoch: time.Now(), refix: make(chan struct{}, 1)}
+	c := &Client{pool: pool, queues: map[string]*queue{}, workers: map[string]*registration{}, epoch: time.Now(), handOffNow: make(chan struct{}, 1)}
 	if cfg != nil {
 		c.cfg = *cfg
 	}
@@ -479,7 +479,7 @@ func (c *Client) Start(ctx context.Context) error {
 				ConnConfig: c.listener,
 				Channels:   []string{"relay_jobs", "relay_control"},
 				OnNotify:   c.onNotify,
-				OnConnect:  func() { c.wakeAll(); c.cancelMissed(bgCtx); c.refixSoon() },
+				OnConnect:  func() { c.wakeAll(); c.cancelMissed(bgCtx); c.handOffSoon() },
 				Logger:     c.logger,
 				AppName:    AppName(c.pool.Config().ConnConfig.RuntimeParams["application_name"], "listener", c.cfg.ID),
 			})
@@ -495,7 +495,7 @@ func (c *Client) Start(ctx context.Context) error {
 			}
 		}
 		c.loops.Add(1)
-		go func() { defer c.loops.Done(); c.refixLoop(loopCtx) }()
+		go func() { defer c.loops.Done(); c.handOffLoop(loopCtx) }()
 		// Heartbeats go on while a stopping client drains its jobs.
 		c.background.Add(1)
 		go func() { defer c.background.Done(); c.heartbeatLoop(bgCtx) }()
@@ -662,7 +662,7 @@ func (c *Client) onNotify(channel, payload string) {
 				r.cancel(ErrJobCancelled)
 			}
 		} else if payload == "keys" || payload == "wakes" {
-			c.refixSoon()
+			c.handOffSoon()
 		}
 	}
 }

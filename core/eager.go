@@ -30,9 +30,9 @@ import (
 // shutdown, and any worker continues the job.
 var ErrCallerGone = errors.New("core: the caller executing the job stopped waiting")
 
-// givenBack reports whether an attempt cancelled with cause goes back to
+// returnedUncounted reports whether an attempt cancelled with cause goes back to
 // the queue without being counted: a shutdown, or an eager caller gone.
-func givenBack(cause error) bool {
+func returnedUncounted(cause error) bool {
 	return errors.Is(cause, ErrShutdown) || errors.Is(cause, ErrCallerGone)
 }
 

@@ -31,9 +31,9 @@ const DefaultMaxAttempts = 25
 // MaxPriority is the largest (least urgent) priority.
 const MaxPriority = 32767
 
-// MaxMaxAttempts is the largest MaxAttempts (the column is a 32-bit
+// MaxAttemptsLimit is the largest MaxAttempts (the column is a 32-bit
 // integer).
-const MaxMaxAttempts = math.MaxInt32
+const MaxAttemptsLimit = math.MaxInt32
 
 // EnqueueOpts tune one enqueue. The zero value (or nil) means: queue
 // "default", priority 0, run now, 25 attempts, no metadata, no tags. Set
@@ -386,8 +386,8 @@ func prepareEnqueue(args JobArgs, opts *EnqueueOpts) (enqueueRow, error) {
 			return enqueueRow{}, &ValidationError{Field: "run at", Reason: fmt.Sprintf("year %d is outside 1..9999", y)}
 		}
 	}
-	if o.MaxAttempts < 0 || o.MaxAttempts > MaxMaxAttempts {
-		return enqueueRow{}, &ValidationError{Field: "max attempts", Reason: fmt.Sprintf("%d is outside 1..%d (0 means the default)", o.MaxAttempts, MaxMaxAttempts)}
+	if o.MaxAttempts < 0 || o.MaxAttempts > MaxAttemptsLimit {
+		return enqueueRow{}, &ValidationError{Field: "max attempts", Reason: fmt.Sprintf("%d is outside 1..%d (0 means the default)", o.MaxAttempts, MaxAttemptsLimit)}
 	}
 	encoded, err := json.Marshal(args)
 	if err != nil {

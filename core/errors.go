@@ -107,8 +107,8 @@ func IsPermanent(err error) bool {
 	return errors.As(err, &perm)
 }
 
-// RetryInDelay returns the delay asked for by a RetryIn error in err's chain.
-func RetryInDelay(err error) (time.Duration, bool) {
+// RetryInRequested returns the delay asked for by a RetryIn error in err's chain.
+func RetryInRequested(err error) (time.Duration, bool) {
 	var rin *retryInError
 	if errors.As(err, &rin) {
 		return rin.delay, true

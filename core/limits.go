@@ -82,10 +82,10 @@ func SetLimit(ctx context.Context, db DB, l Limit) error {
 	}
 	l.Per = cmpOr(l.Per, time.Second)
 	switch {
-	case l.MaxRunning < 0 || l.MaxRunning > MaxMaxAttempts:
-		return &ValidationError{Field: "max running", Reason: fmt.Sprintf("%d is outside 0..%d", l.MaxRunning, MaxMaxAttempts)}
-	case l.Rate < 0 || l.Rate > MaxMaxAttempts:
-		return &ValidationError{Field: "rate", Reason: fmt.Sprintf("%d is outside 0..%d", l.Rate, MaxMaxAttempts)}
+	case l.MaxRunning < 0 || l.MaxRunning > MaxAttemptsLimit:
+		return &ValidationError{Field: "max running", Reason: fmt.Sprintf("%d is outside 0..%d", l.MaxRunning, MaxAttemptsLimit)}
+	case l.Rate < 0 || l.Rate > MaxAttemptsLimit:
+		return &ValidationError{Field: "rate", Reason: fmt.Sprintf("%d is outside 0..%d", l.Rate, MaxAttemptsLimit)}
 	case l.Per < time.Millisecond:
 		return &ValidationError{Field: "per", Reason: fmt.Sprintf("%s is below 1ms", l.Per)}
 	}

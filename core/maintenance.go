@@ -204,49 +204,49 @@ func (c *Client) cleanup(ctx context.Context) {
 	}
 }
 
-// refixSoon asks refixLoop for a run of its hand-offs; it never blocks (one
+// handOffSoon asks handOffLoop for a run of its hand-offs; it never blocks (one
 // pending request is enough).
-func (c *Client) refixSoon() {
+func (c *Client) handOffSoon() {
 	select {
-	case c.refix <- struct{}{}:
+	case c.handOffNow <- struct{}{}:
 	default:
 	}
 }
 
-// handOffEvery is how often refixLoop takes the hand-offs left by
+// handOffEvery is how often handOffLoop takes the hand-offs left by
 // transactions that could not finish their work without waiting: ordering
 // keys the commit-time fix could not settle, wake-ups that stepped over a
 // held row. Each run is one indexed read of a table that is nearly always
 // empty.
 const handOffEvery = 5 * time.Second
 
-// refixLoop takes the hand-offs (refixKeys, rewake) on every 'keys' or
+// handOffLoop takes the hand-offs (takeKeyHandOffs, takeWakeHandOffs) on every 'keys' or
 // 'wakes' notification, on every (re)connect of the listener and every
 // handOffEvery, until ctx is done. It runs on its own, so a backlog of
 // hand-offs never holds up the rescuer.
-func (c *Client) refixLoop(ctx context.Context) {
+func (c *Client) handOffLoop(ctx context.Context) {
 	t := time.NewTicker(handOffEvery)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-c.refix:
+		case <-c.handOffNow:
 		case <-t.C:
 		}
-		c.refixKeys(ctx)
-		c.rewake(ctx)
+		c.takeKeyHandOffs(ctx)
+		c.takeWakeHandOffs(ctx)
 	}
 }
 
-// refixKeys re-fixes the ordering keys whose commit-time fix could not
+// takeKeyHandOffs re-fixes the ordering keys whose commit-time fix could not
 // settle them (docs/ordering-keys.md, "Who keeps the flag"), in batches,
 // until none is left or the rest are keys whose next job's row is still
 // locked (those wait for the next run).
-func (c *Client) refixKeys(ctx context.Context) {
+func (c *Client) takeKeyHandOffs(ctx context.Context) {
 	const batch = 1000
 	for ctx.Err() == nil {
-		taken, left, err := c.refixBatch(ctx, batch)
+		taken, left, err := c.keyHandOffBatch(ctx, batch)
 		if err != nil {
 			if ctx.Err() == nil { // not a stop
 				c.logger.Warn("relay: re-fix of ordering keys failed", "error", err)
@@ -259,13 +259,13 @@ func (c *Client) refixKeys(ctx context.Context) {
 	}
 }
 
-// rewake makes the wake-ups handed off by relay_jobs_wake (a wake-up that
+// takeWakeHandOffs makes the wake-ups handed off by relay_jobs_wake (a wake-up that
 // found the job's row held by another transaction, migration *_job_rewake),
 // in batches, until none is left or the rest are jobs whose rows are still
 // held. Most holders hold a row for a moment (a claim, a heartbeat, the
 // suspension of the run being woken), so those are tried again a few times
 // over about 600 ms; what is still held then waits for the next run.
-func (c *Client) rewake(ctx context.Context) {
+func (c *Client) takeWakeHandOffs(ctx context.Context) {
 	const batch = 1000
 	again := 10 * time.Millisecond
 	for ctx.Err() == nil {
@@ -301,10 +301,10 @@ func (c *Client) rewake(ctx context.Context) {
 	}
 }
 
-// refixBatch re-fixes up to limit handed-off keys in one READ COMMITTED
+// keyHandOffBatch re-fixes up to limit handed-off keys in one READ COMMITTED
 // transaction (the re-fix must read what is committed, whatever the
 // pool's default isolation).
-func (c *Client) refixBatch(ctx context.Context, limit int) (taken, left int, err error) {
+func (c *Client) keyHandOffBatch(ctx context.Context, limit int) (taken, left int, err error) {
 	qctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	tx, err := c.pool.BeginTx(qctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})

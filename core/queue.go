@@ -338,7 +338,7 @@ func (q *queue) finish(r *running) {
 	c := q.client
 	c.endLease(r)
 	c.inflight.CompareAndDelete(r.row.ID, r)
-	if givenBack(context.Cause(r.ctx)) {
+	if returnedUncounted(context.Cause(r.ctx)) {
 		c.completer.add(outcome{row: r.row, kind: outcomeRelease})
 	}
 	r.cancel(nil)
@@ -423,7 +423,7 @@ func (q *queue) executeOne(r *running) error {
 		log.Info("relay: running job was cancelled", "error", err)
 		c.metrics.cancelled.Add(context.Background(), 1, attrs)
 		endAttemptSpan(span, fmt.Errorf("%w: %w", ErrJobCancelled, err), StateCancelled, 0)
-	case givenBack(cause):
+	case returnedUncounted(cause):
 		c.completer.add(outcome{row: row, kind: outcomeRelease})
 		endAttemptSpan(span, fmt.Errorf("%w: %w", cause, err), StateQueued, 0)
 	case isSnooze(err):

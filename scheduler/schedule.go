@@ -166,7 +166,7 @@ func (s Schedule) validate() (*declared, error) {
 	if o.Priority != nil {
 		priority = *o.Priority
 	}
-	if priority < 0 || priority > core.MaxPriority || o.MaxAttempts < 0 || o.MaxAttempts > core.MaxMaxAttempts {
+	if priority < 0 || priority > core.MaxPriority || o.MaxAttempts < 0 || o.MaxAttempts > core.MaxAttemptsLimit {
 		return fail("priority %d or max attempts %d out of range", priority, o.MaxAttempts)
 	}
 	meta := json.RawMessage(`{}`)

@@ -272,7 +272,7 @@ func settleStep[T any](x *execution, p stepPlan, began, ended time.Time, out T, 
 		x.stop(&unwind{kind: unwindAbort, err: fmt.Errorf("workflow: run %s: step %q interrupted: %w", x.runID, p.key, context.Cause(x.ctx))})
 	}
 	msg := boundError(err.Error())
-	delay, retryIn := core.RetryInDelay(err)
+	delay, retryIn := core.RetryInRequested(err)
 	if !retryIn {
 		delay = p.policy.RetryDelay(p.n, err)
 	}

@@ -128,7 +128,7 @@ func TestKeyHeadFinishedInOlderSnapshotIsRefixed(t *testing.T) {
 					t.Logf("job %d was promoted at commit", next)
 				}
 				c := &Client{pool: pool, logger: slog.Default()}
-				waitClaim(t, pool, next, func() { c.refixKeys(context.Background()) })
+				waitClaim(t, pool, next, func() { c.takeKeyHandOffs(context.Background()) })
 				headsOK(t, pool)
 				var left int
 				if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM relay_job_key_refix`).Scan(&left); err != nil {
@@ -238,14 +238,14 @@ func TestKeyHeadFinishDoesNotWaitOnNextRowLock(t *testing.T) {
 				t.Fatal("completing the head waited for the transaction holding its successor's row")
 			}
 			c := &Client{pool: pool, logger: slog.Default()}
-			c.refixKeys(ctx) // the row is still held: handed off again
+			c.takeKeyHandOffs(ctx) // the row is still held: handed off again
 			if got := claimSQL(t, pool, 10); len(got) != 0 {
 				t.Fatalf("claimed %v while the successor's row is held", claimedIDs(got))
 			}
 			if err := h.end(ctx, holder); err != nil {
 				t.Fatal(err)
 			}
-			waitClaim(t, pool, next, func() { c.refixKeys(ctx) })
+			waitClaim(t, pool, next, func() { c.takeKeyHandOffs(ctx) })
 			headsOK(t, pool)
 		})
 	}
