@@ -87,6 +87,8 @@ type Dispatcher struct {
 	cfg  Config
 	id   string // this process in relay_outbox_processes
 	wake chan struct{}
+	// appName names the session while a batch is dispatched (core.AppName).
+	appName string
 
 	declareMu sync.Mutex
 	declared  bool
@@ -131,7 +133,8 @@ func NewDispatcher(pool *pgxpool.Pool, cfg *Config) (*Dispatcher, error) {
 	if _, err := rand.Read(id[:]); err != nil {
 		return nil, fmt.Errorf("outbox: process id: %w", err)
 	}
-	d := &Dispatcher{pool: pool, id: hex.EncodeToString(id[:]), wake: make(chan struct{}, 1)}
+	d := &Dispatcher{pool: pool, id: hex.EncodeToString(id[:]), wake: make(chan struct{}, 1),
+		appName: core.AppName(pool.Config().ConnConfig.RuntimeParams["application_name"], "dispatcher", "")}
 	subs := c.Subscriptions
 	c.Subscriptions = nil
 	seen := map[[2]string]bool{}
@@ -307,6 +310,11 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 		}
 		if !locked {
 			return nil
+		}
+		// Named for the rest of the transaction only: an operator finds a
+		// dispatch in pg_stat_activity as relay-dispatcher.
+		if _, err := tx.Exec(ctx, sqlNameSession, d.appName); err != nil {
+			return fmt.Errorf("name the session: %w", err)
 		}
 		rows, err := tx.Query(ctx, sqlPending, d.cfg.BatchSize)
 		if err != nil {

@@ -134,3 +134,8 @@ ORDER BY topic, id`
 const sqlListSubscriptions = `
 SELECT namespace, topic, kind, endpoint, queue, priority, max_attempts, metadata, created_at, retired_at
 FROM relay_outbox_subscriptions ORDER BY topic, id`
+
+// sqlNameSession sets application_name for the rest of the transaction
+// (transaction-local: nothing outlives it, through a transaction-pooling
+// proxy included).
+const sqlNameSession = `SELECT set_config('application_name', $1, true)`

@@ -173,3 +173,8 @@ UPDATE relay_schedules SET paused = true, updated_at = now() WHERE name = $1`
 const sqlResume = `
 UPDATE relay_schedules SET paused = false, next_fire_at = $2, updated_at = now()
 WHERE name = $1`
+
+// sqlNameSession sets application_name for the rest of the transaction
+// (transaction-local: nothing outlives it, through a transaction-pooling
+// proxy included).
+const sqlNameSession = `SELECT set_config('application_name', $1, true)`

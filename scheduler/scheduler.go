@@ -60,6 +60,8 @@ type Scheduler struct {
 	pool  *pgxpool.Pool
 	cfg   Config
 	id    string // this process in relay_scheduler_processes
+	// appName names the session while a tick fires (core.AppName).
+	appName string
 	decls []*declared
 	specs specCache
 
@@ -106,7 +108,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Scheduler, error) {
 	if _, err := rand.Read(id[:]); err != nil {
 		return nil, fmt.Errorf("scheduler: process id: %w", err)
 	}
-	s := &Scheduler{pool: pool, cfg: c, id: hex.EncodeToString(id[:]), broken: map[string]time.Time{}}
+	s := &Scheduler{pool: pool, cfg: c, id: hex.EncodeToString(id[:]), broken: map[string]time.Time{},
+		appName: core.AppName(pool.Config().ConnConfig.RuntimeParams["application_name"], "scheduler", "")}
 	var errs []error
 	seen := map[string]bool{}
 	for _, sc := range c.Schedules {
@@ -345,6 +348,13 @@ func (s *Scheduler) tick(ctx context.Context) (full bool, err error) {
 			return fmt.Errorf("lock due schedules: %w", err)
 		}
 		full = len(due) == s.cfg.BatchSize
+		if len(due) > 0 {
+			// Named for the rest of the transaction only: an operator finds
+			// a firing tick in pg_stat_activity as relay-scheduler.
+			if _, err := tx.Exec(ctx, sqlNameSession, s.appName); err != nil {
+				return fmt.Errorf("name the session: %w", err)
+			}
+		}
 		for _, r := range due {
 			if err := s.fireIsolated(ctx, tx, r); err != nil {
 				return fmt.Errorf("schedule %q: %w", r.name, err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/migrations"
 )
 
@@ -19,10 +20,25 @@ import (
 // With needSchema, a database with migrations pending is refused too
 // (migrations.ErrNotMigrated, naming `relay migrate`).
 func openPool(ctx context.Context, rawURL string, needSchema bool) (*pgxpool.Pool, error) {
+	return openPoolAs(ctx, rawURL, "", needSchema)
+}
+
+// openPoolAs is openPool whose connections name themselves for role
+// (core.AppName: "relay-serve", after the URL's own application_name) when
+// role is not empty.
+func openPoolAs(ctx context.Context, rawURL, role string, needSchema bool) (*pgxpool.Pool, error) {
 	if err := checkScheme(rawURL); err != nil {
 		return nil, err
 	}
-	pool, err := pgxpool.New(ctx, rawURL)
+	cfg, err := pgxpool.ParseConfig(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	if role != "" {
+		rp := cfg.ConnConfig.RuntimeParams
+		rp["application_name"] = core.AppName(rp["application_name"], role, "")
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}

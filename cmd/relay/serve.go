@@ -74,7 +74,7 @@ func runServe(ctx context.Context, args []string) error {
 		cfg.DashboardLogin = login
 	}
 
-	pool, err := openPool(ctx, *url, !*allowUnmigrated)
+	pool, err := openPoolAs(ctx, *url, "serve", !*allowUnmigrated)
 	if errors.Is(err, migrations.ErrNotMigrated) {
 		return fmt.Errorf("serve: %w (or pass --allow-unmigrated to serve anyway)", err)
 	}
@@ -83,7 +83,13 @@ func runServe(ctx context.Context, args []string) error {
 	}
 	defer pool.Close()
 	if *readURL != "" {
-		read, err := pgxpool.New(ctx, *readURL)
+		readCfg, err := pgxpool.ParseConfig(*readURL)
+		if err != nil {
+			return fmt.Errorf("serve: --read-database-url: %w", err)
+		}
+		rp := readCfg.ConnConfig.RuntimeParams
+		rp["application_name"] = core.AppName(rp["application_name"], "serve", "")
+		read, err := pgxpool.NewWithConfig(ctx, readCfg)
 		if err != nil {
 			return fmt.Errorf("serve: --read-database-url: %w", err)
 		}
