@@ -57,13 +57,13 @@ type Config struct {
 // Scheduler fires declared schedules: at each schedule's fire time, exactly
 // one process enqueues its job. Run one in as many processes as you like.
 type Scheduler struct {
-	pool  *pgxpool.Pool
-	cfg   Config
-	id    string // this process in relay_scheduler_processes
+	pool *pgxpool.Pool
+	cfg  Config
+	id   string // this process in relay_scheduler_processes
 	// appName names the session while a tick fires (core.AppName).
 	appName string
-	decls []*declared
-	specs specCache
+	decls   []*declared
+	specs   specCache
 
 	brokenMu sync.Mutex
 	broken   map[string]time.Time // schedules this process cannot evaluate → when to try again
