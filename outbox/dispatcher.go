@@ -87,8 +87,10 @@ type Dispatcher struct {
 	cfg  Config
 	id   string // this process in relay_outbox_processes
 	wake chan struct{}
-	// appName names the session while a batch is dispatched (core.AppName).
-	appName string
+	// appName names the session while a batch is dispatched (core.AppName),
+	// made at the first dispatch.
+	appName     string
+	appNameOnce sync.Once
 
 	declareMu sync.Mutex
 	declared  bool
@@ -133,8 +135,7 @@ func NewDispatcher(pool *pgxpool.Pool, cfg *Config) (*Dispatcher, error) {
 	if _, err := rand.Read(id[:]); err != nil {
 		return nil, fmt.Errorf("outbox: process id: %w", err)
 	}
-	d := &Dispatcher{pool: pool, id: hex.EncodeToString(id[:]), wake: make(chan struct{}, 1),
-		appName: core.AppName(pool.Config().ConnConfig.RuntimeParams["application_name"], "dispatcher", "")}
+	d := &Dispatcher{pool: pool, id: hex.EncodeToString(id[:]), wake: make(chan struct{}, 1)}
 	subs := c.Subscriptions
 	c.Subscriptions = nil
 	seen := map[[2]string]bool{}
@@ -313,6 +314,9 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 		}
 		// Named for the rest of the transaction only: an operator finds a
 		// dispatch in pg_stat_activity as relay-dispatcher.
+		d.appNameOnce.Do(func() {
+			d.appName = core.AppName(d.pool.Config().ConnConfig.RuntimeParams["application_name"], "dispatcher", "")
+		})
 		if _, err := tx.Exec(ctx, sqlNameSession, d.appName); err != nil {
 			return fmt.Errorf("name the session: %w", err)
 		}

@@ -57,13 +57,11 @@ type Config struct {
 // Scheduler fires declared schedules: at each schedule's fire time, exactly
 // one process enqueues its job. Run one in as many processes as you like.
 type Scheduler struct {
-	pool *pgxpool.Pool
-	cfg  Config
-	id   string // this process in relay_scheduler_processes
-	// appName names the session while a tick fires (core.AppName).
-	appName string
-	decls   []*declared
-	specs   specCache
+	pool  *pgxpool.Pool
+	cfg   Config
+	id    string // this process in relay_scheduler_processes
+	decls []*declared
+	specs specCache
 
 	brokenMu sync.Mutex
 	broken   map[string]time.Time // schedules this process cannot evaluate → when to try again
@@ -108,8 +106,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Scheduler, error) {
 	if _, err := rand.Read(id[:]); err != nil {
 		return nil, fmt.Errorf("scheduler: process id: %w", err)
 	}
-	s := &Scheduler{pool: pool, cfg: c, id: hex.EncodeToString(id[:]), broken: map[string]time.Time{},
-		appName: core.AppName(pool.Config().ConnConfig.RuntimeParams["application_name"], "scheduler", "")}
+	s := &Scheduler{pool: pool, cfg: c, id: hex.EncodeToString(id[:]), broken: map[string]time.Time{}}
 	var errs []error
 	seen := map[string]bool{}
 	for _, sc := range c.Schedules {
@@ -351,7 +348,8 @@ func (s *Scheduler) tick(ctx context.Context) (full bool, err error) {
 		if len(due) > 0 {
 			// Named for the rest of the transaction only: an operator finds
 			// a firing tick in pg_stat_activity as relay-scheduler.
-			if _, err := tx.Exec(ctx, sqlNameSession, s.appName); err != nil {
+			name := core.AppName(s.pool.Config().ConnConfig.RuntimeParams["application_name"], "scheduler", "")
+			if _, err := tx.Exec(ctx, sqlNameSession, name); err != nil {
 				return fmt.Errorf("name the session: %w", err)
 			}
 		}
