@@ -410,17 +410,22 @@ func (q *queue) executeOne(r *running) error {
 		return nil
 	}
 	cause := context.Cause(ctx)
-	log := c.logger.With(jobLogAttrs(row, "queue", row.Queue, "attempt", row.Attempt)...)
-	if sc := span.SpanContext(); sc.IsValid() {
-		log = log.With("trace_id", sc.TraceID().String(), "span_id", sc.SpanID().String())
+	// The attempt's logger, made only by the branches that log (a snooze,
+	// a workflow run's every suspension, does not).
+	logger := func() *slog.Logger {
+		log := c.logger.With(jobLogAttrs(row, "queue", row.Queue, "attempt", row.Attempt)...)
+		if sc := span.SpanContext(); sc.IsValid() {
+			log = log.With("trace_id", sc.TraceID().String(), "span_id", sc.SpanID().String())
+		}
+		return log
 	}
 
 	switch {
 	case errors.Is(cause, ErrLeaseLost):
-		log.Warn("relay: job lost its lease while running; its result is not recorded", "error", err)
+		logger().Warn("relay: job lost its lease while running; its result is not recorded", "error", err)
 		endAttemptSpan(span, fmt.Errorf("%w: %w", ErrLeaseLost, err), StateClaimed, 0)
 	case errors.Is(cause, ErrJobCancelled):
-		log.Info("relay: running job was cancelled", "error", err)
+		logger().Info("relay: running job was cancelled", "error", err)
 		c.metrics.cancelled.Add(context.Background(), 1, attrs)
 		endAttemptSpan(span, fmt.Errorf("%w: %w", ErrJobCancelled, err), StateCancelled, 0)
 	case returnedUncounted(cause):
@@ -432,7 +437,7 @@ func (q *queue) executeOne(r *running) error {
 		if ctx.Err() != nil && cause != nil && !errors.Is(err, cause) {
 			err = fmt.Errorf("%w (%v)", err, cause)
 		}
-		state, delay := c.fail(log, reg, row, err)
+		state, delay := c.fail(logger(), reg, row, err)
 		endAttemptSpan(span, err, state, delay)
 	}
 	return err
