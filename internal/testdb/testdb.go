@@ -103,38 +103,18 @@ func stopCluster() {
 
 // startCluster starts the throwaway cluster and records it for stopCluster.
 // Synchronous commit stays on, as on the servers Relay runs on: tests check
-// what Relay itself sets per transaction. Autovacuum is off: an ANALYZE at
-// a moment of its choosing changes the plans that EXPLAIN-guarded tests set
-// up with statistics of their own (a test that wants a vacuum runs it).
+// what Relay itself sets per transaction. Autovacuum stays on, as on a
+// real server (a client warns when it is off); a test whose plans depend on
+// statistics of its own turns it off for its table.
 func startCluster(ctx context.Context, maxConns int) (*devpg.Cluster, error) {
 	c, err := devpg.Start(ctx, devpg.Options{Fast: true, SynchronousCommit: true, MaxConnections: maxConns})
 	if err != nil {
-		return nil, err
-	}
-	if err := noAutovacuum(ctx, c.URL); err != nil {
-		c.Stop() //nolint:errcheck // the error below says what failed
 		return nil, err
 	}
 	clusterMu.Lock()
 	defer clusterMu.Unlock()
 	cluster = c
 	return c, nil
-}
-
-// noAutovacuum turns autovacuum off on the server at u.
-func noAutovacuum(ctx context.Context, u string) error {
-	c, err := connect(ctx, u)
-	if err != nil {
-		return fmt.Errorf("testdb: connect to the throwaway cluster: %w", err)
-	}
-	defer c.Close(ctx)
-	if _, err := c.Exec(ctx, `ALTER SYSTEM SET autovacuum = off`); err != nil {
-		return fmt.Errorf("testdb: turn autovacuum off: %w", err)
-	}
-	if _, err := c.Exec(ctx, `SELECT pg_reload_conf()`); err != nil {
-		return fmt.Errorf("testdb: reload the configuration: %w", err)
-	}
-	return nil
 }
 
 // MainOwnCluster is Main. (Every package now runs on a throwaway cluster
