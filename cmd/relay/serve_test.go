@@ -298,3 +298,41 @@ func TestServeLoopbackRuleResolvesNames(t *testing.T) {
 		t.Error("localhost resolving to 10.1.2.3 counted as loopback")
 	}
 }
+
+// relay serve --read-database-url reads the API's lists through a pool of
+// its own: GET /v1/replica says a read pool is configured (here the same
+// server, so not a standby).
+func TestServeReadDatabaseURL(t *testing.T) {
+	t.Setenv("RELAY_JWT_SECRET", "")
+	pool := testdb.New(t)
+	addr := freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	url := pool.Config().ConnString()
+	go func() {
+		done <- runServe(ctx, []string{"--database-url", url, "--read-database-url", url, "--listen", addr, "--no-auth"})
+	}()
+	var body string
+	testdb.WaitFor(t, "relay serve to answer GET /v1/replica", func() bool {
+		resp, err := http.Get("http://" + addr + "/v1/replica")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		body = string(b)
+		return resp.StatusCode == 200
+	})
+	if !strings.Contains(body, `"configured":true`) || !strings.Contains(body, `"in_recovery":false`) {
+		t.Errorf("GET /v1/replica: %s", body)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("relay serve did not stop")
+	}
+}
