@@ -19,6 +19,7 @@ import (
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/internal/devpg"
 	"github.com/relayq/relay/internal/testdb"
+	"github.com/relayq/relay/migrations"
 )
 
 type pooledArgs struct {
@@ -197,6 +198,31 @@ func TestStartRefusesStatementCacheThroughTransactionPooling(t *testing.T) {
 	t.Parallel()
 	b := testdb.PgBouncer(t, devpg.BouncerOptions{})
 	pool := openPool(t, testdb.Through(b, testdb.URL(t)))
+	c, err := core.NewClient(pool, &core.Config{Workers: core.NewWorkers()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = c.Start(context.Background())
+	if !errors.Is(err, core.ErrStatementCache) {
+		c.Stop(context.Background())
+		t.Fatalf("Start: %v, want ErrStatementCache", err)
+	}
+}
+
+// The same when the server connection already holds another client's
+// prepared statements (one server connection, another client's schema
+// check first): the schema check's statement collides with theirs, and
+// Start still says ErrStatementCache rather than "prepared statement
+// already exists".
+func TestStartRefusesStatementCacheAfterAnotherClient(t *testing.T) {
+	t.Parallel()
+	b := testdb.PgBouncer(t, devpg.BouncerOptions{PoolSize: 1})
+	url := testdb.Through(b, testdb.URL(t))
+	other := openPool(t, url)
+	if err := migrations.Check(context.Background(), other); err != nil {
+		t.Fatal(err)
+	}
+	pool := openPool(t, url)
 	c, err := core.NewClient(pool, &core.Config{Workers: core.NewWorkers()})
 	if err != nil {
 		t.Fatal(err)
