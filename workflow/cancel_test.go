@@ -267,3 +267,41 @@ func TestCompletedRefusedWhileCancelRequested(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A cancel that commits while the parent is about to start a child (after
+// the parent last read the cancel flag) still cancels that child: a
+// cancelled run leaves no child running.
+func TestCancelRacingChildStart(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	sleeper := workflow.MustRegister(b.reg, "sleeper", func(wctx workflow.Context, _ int) (int, error) {
+		_, _, err := workflow.WaitSignal[int](wctx, "never", 0)
+		return 0, err
+	})
+	gate := make(chan struct{})
+	entered := make(chan struct{})
+	wf := workflow.MustRegister(b.reg, "racing-parent", func(wctx workflow.Context, _ int) (int, error) {
+		if _, err := workflow.Step(wctx, "gate", func(ctx context.Context) (int, error) {
+			close(entered)
+			<-gate
+			return 0, nil
+		}, nil); err != nil {
+			return 0, err
+		}
+		return workflow.Child(wctx, "kid", sleeper, 0, nil).Get(wctx)
+	})
+	b.start()
+	h, _ := workflow.Start(ctx, b.pool, wf, 0, &workflow.StartOpts{ID: "p"})
+	<-entered
+	if err := workflow.Cancel(ctx, b.pool, h.ID); err != nil {
+		t.Fatal(err)
+	}
+	close(gate)
+	if _, err := result[int](t, b.pool, h.ID); !errors.Is(err, workflow.ErrRunCancelled) {
+		t.Fatalf("parent: want cancelled, got %v", err)
+	}
+	if _, err := result[int](t, b.pool, "p/kid"); !errors.Is(err, workflow.ErrRunCancelled) {
+		t.Fatalf("child: want cancelled, got %v", err)
+	}
+}

@@ -184,3 +184,143 @@ func TestChildStartWakesItsQueue(t *testing.T) {
 		t.Fatalf("%q, %v", out, err)
 	}
 }
+
+// A child run deleted before its parent read its outcome is the parent's
+// *ChildError (which it can handle, or compensate), not an error of every
+// execution that spends the parent's attempts.
+func TestDeletedChildIsAChildError(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	kid := workflow.MustRegister(b.reg, "quick-kid", func(wctx workflow.Context, n int) (int, error) { return n, nil })
+	var undone atomic.Int32
+	wf := workflow.MustRegister(b.reg, "forgetful", func(wctx workflow.Context, _ int) (int, error) {
+		workflow.Compensate(wctx, "undo", func(ctx context.Context) error { undone.Add(1); return nil })
+		f := workflow.Child(wctx, "kid", kid, 7, nil)
+		if _, _, err := workflow.WaitSignal[int](wctx, "go", 0); err != nil {
+			return 0, err
+		}
+		return f.Get(wctx)
+	})
+	b.start()
+	h, _ := workflow.Start(ctx, b.pool, wf, 0, &workflow.StartOpts{ID: "forgetful"})
+	b.waitFor("the child finished", func() bool {
+		return b.count(`SELECT count(*) FROM relay_workflow_runs WHERE id = 'forgetful/kid' AND state = 'completed'`) == 1
+	})
+	if err := workflow.Delete(ctx, b.pool, "forgetful/kid"); err != nil {
+		t.Fatal(err)
+	}
+	if err := workflow.Signal(ctx, b.pool, h.ID, "go", 1); err != nil {
+		t.Fatal(err)
+	}
+	_, err := result[int](t, b.pool, h.ID)
+	if !errors.Is(err, workflow.ErrRunCompensated) || !strings.Contains(err.Error(), "forgetful/kid") {
+		t.Fatalf("want compensated by a child error, got %v", err)
+	}
+	if n := b.count(`SELECT j.attempt FROM relay_jobs j JOIN relay_workflow_runs r ON r.job_id = j.id WHERE r.id = $1`, h.ID); n != 1 {
+		t.Fatalf("parent job attempt %d, want 1", n)
+	}
+	if undone.Load() != 1 {
+		t.Fatalf("compensation ran %d times", undone.Load())
+	}
+}
+
+// A parent that ends without collecting a child's outcome (it completes,
+// fails, or fails and compensates) cancels that child in the transaction
+// that records its end: the child, waiting on a signal, ends cancelled and
+// its own compensation runs, as for Cancel.
+func TestParentEndCancelsUncollectedChildren(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	var unreserved, refunded atomic.Int32
+	child := workflow.MustRegister(b.reg, "orphan", func(wctx workflow.Context, _ int) (int, error) {
+		if _, err := workflow.Step(wctx, "reserve", func(ctx context.Context) (int, error) { return 1, nil }, nil); err != nil {
+			return 0, err
+		}
+		workflow.Compensate(wctx, "unreserve", func(ctx context.Context) error { unreserved.Add(1); return nil })
+		_, _, err := workflow.WaitSignal[int](wctx, "never", 0)
+		return 0, err
+	})
+	parent := func(end string) *workflow.Workflow[int, int] {
+		return workflow.MustRegister(b.reg, "parent-"+end, func(wctx workflow.Context, _ int) (int, error) {
+			workflow.Child(wctx, "c", child, 0, nil)
+			if end == "compensates" {
+				if _, err := workflow.Step(wctx, "charge", func(ctx context.Context) (int, error) { return 1, nil }, nil); err != nil {
+					return 0, err
+				}
+				workflow.Compensate(wctx, "refund", func(ctx context.Context) error { refunded.Add(1); return nil })
+			}
+			// Ends once the child waits, so that its compensation is due.
+			if _, _, err := workflow.WaitSignal[int](wctx, "end", 0); err != nil {
+				return 0, err
+			}
+			if end == "completes" {
+				return 1, nil // returns without Get
+			}
+			return 0, errors.New("parent gives up")
+		})
+	}
+	ends := map[string]error{"completes": nil, "fails": workflow.ErrRunFailed, "compensates": workflow.ErrRunCompensated}
+	wfs := map[string]*workflow.Workflow[int, int]{}
+	for end := range ends {
+		wfs[end] = parent(end)
+	}
+	b.start()
+	for end, want := range ends {
+		h, err := workflow.Start(ctx, b.pool, wfs[end], 0, &workflow.StartOpts{ID: end})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.waitFor(end+": child waiting", func() bool {
+			return b.count(`SELECT count(*) FROM relay_workflow_steps WHERE run_id = $1 AND key = 'signal:never#1' AND state = 'waiting'`, h.ID+"/c") == 1
+		})
+		if err := workflow.Signal(ctx, b.pool, h.ID, "end", 0); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := result[int](t, b.pool, h.ID); (want == nil && err != nil) || (want != nil && !errors.Is(err, want)) {
+			t.Fatalf("%s: parent: want %v, got %v", end, want, err)
+		}
+		if _, err := result[int](t, b.pool, h.ID+"/c"); !errors.Is(err, workflow.ErrRunCancelled) {
+			t.Fatalf("%s: child: want cancelled, got %v", end, err)
+		}
+	}
+	if unreserved.Load() != 3 || refunded.Load() != 1 {
+		t.Fatalf("child compensations ran %d times (want 3), parent's %d (want 1)", unreserved.Load(), refunded.Load())
+	}
+}
+
+// A child collected by Get is not touched by its parent's end, and a run
+// continuing as new cancels the children of the generation it leaves.
+func TestContinueAsNewCancelsUncollectedChildren(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	done := workflow.MustRegister(b.reg, "quick", func(wctx workflow.Context, _ int) (int, error) { return 5, nil })
+	waits := workflow.MustRegister(b.reg, "waits", func(wctx workflow.Context, _ int) (int, error) {
+		_, _, err := workflow.WaitSignal[int](wctx, "never", 0)
+		return 0, err
+	})
+	wf := workflow.MustRegister(b.reg, "looper", func(wctx workflow.Context, gen int) (int, error) {
+		if gen == 1 {
+			return 1, nil
+		}
+		v, err := workflow.Child(wctx, "quick", done, 0, nil).Get(wctx)
+		if err != nil || v != 5 {
+			return 0, errors.New("quick child did not complete")
+		}
+		workflow.Child(wctx, "waits", waits, 0, nil)
+		return 0, workflow.ContinueAsNew(wctx, 1)
+	})
+	b.start()
+	h, _ := workflow.Start(ctx, b.pool, wf, 0, &workflow.StartOpts{ID: "loop"})
+	if out, err := result[int](t, b.pool, h.ID); err != nil || out != 1 {
+		t.Fatal(out, err)
+	}
+	if _, err := result[int](t, b.pool, "loop/waits"); !errors.Is(err, workflow.ErrRunCancelled) {
+		t.Fatalf("child of the old generation: want cancelled, got %v", err)
+	}
+	if out, err := result[int](t, b.pool, "loop/quick"); err != nil || out != 5 {
+		t.Fatal("collected child:", out, err)
+	}
+}

@@ -2,11 +2,14 @@ package workflow_test
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/relayq/relay/workflow"
 )
@@ -139,5 +142,152 @@ func TestEventsAndContinueAsNew(t *testing.T) {
 	}
 	if _, ok, _ := workflow.GetEvent[int](ctx, b.pool, h.ID, "missing"); ok {
 		t.Fatal("missing event found")
+	}
+}
+
+// A replay that returns while history holds steps after the point it
+// returned at (a step removed from the end, a branch on something not
+// recorded) is non-determinism, not a completed run.
+func TestReturnBeforeHistoryEndsIsNonDeterminism(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	var v2 atomic.Bool
+	wf := workflow.MustRegister(b.reg, "shrunk", func(wctx workflow.Context, _ int) (int, error) {
+		a, err := workflow.Step(wctx, "a", func(ctx context.Context) (int, error) { return 1, nil }, nil)
+		if err != nil || v2.Load() {
+			return a, err // v2: "b" and the wait were removed
+		}
+		if _, err := workflow.Step(wctx, "b", func(ctx context.Context) (int, error) { return 2, nil }, nil); err != nil {
+			return 0, err
+		}
+		_, _, err = workflow.WaitSignal[int](wctx, "go", 0)
+		return 3, err
+	})
+	b.start()
+	h, _ := workflow.Start(ctx, b.pool, wf, 0, &workflow.StartOpts{ID: "shrinking"})
+	b.waitFor("the run waiting", func() bool {
+		return b.count(`SELECT count(*) FROM relay_workflow_steps WHERE run_id = $1 AND state = 'waiting'`, h.ID) == 1
+	})
+	v2.Store(true)
+	if err := workflow.Signal(ctx, b.pool, h.ID, "go", 1); err != nil {
+		t.Fatal(err)
+	}
+	_, err := result[int](t, b.pool, h.ID)
+	if !errors.Is(err, workflow.ErrRunFailed) {
+		t.Fatalf("want a failed run, got %v", err)
+	}
+	for _, want := range []string{"non-determinism", "shrinking", "position 1", `"step:b"`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q lacks %q", err, want)
+		}
+	}
+}
+
+// One patch guards several places of a workflow (as Temporal's GetVersion
+// with one change id): every Patch call of that name in a run answers the
+// same, the first place's answer. A run started on v1 takes the old path at
+// both places; a new one the new path at both.
+func TestPatchUsedAtTwoPlaces(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	var v2 atomic.Bool
+	step := func(wctx workflow.Context, key string) string {
+		out, _ := workflow.Step(wctx, key, func(ctx context.Context) (string, error) { return key, nil }, nil)
+		return out
+	}
+	wf := workflow.MustRegister(b.reg, "twice-patched", func(wctx workflow.Context, _ int) (string, error) {
+		first := "a"
+		if v2.Load() && workflow.Patch(wctx, "p") {
+			first = "a2"
+		}
+		out := step(wctx, first)
+		if _, _, err := workflow.WaitSignal[int](wctx, "go", 0); err != nil {
+			return "", err
+		}
+		second := "b"
+		if v2.Load() && workflow.Patch(wctx, "p") {
+			second = "b2"
+		}
+		return out + "+" + step(wctx, second), nil
+	})
+	b.start()
+	old, _ := workflow.Start(ctx, b.pool, wf, 0, &workflow.StartOpts{ID: "old"})
+	b.waitFor("v1 run waiting", func() bool {
+		return b.count(`SELECT count(*) FROM relay_workflow_steps WHERE run_id = 'old' AND key = 'signal:go#1'`) == 1
+	})
+	v2.Store(true)
+	fresh, _ := workflow.Start(ctx, b.pool, wf, 0, &workflow.StartOpts{ID: "new"})
+	for _, id := range []string{old.ID, fresh.ID} {
+		b.waitFor("run waiting", func() bool {
+			return b.count(`SELECT count(*) FROM relay_workflow_steps WHERE run_id = $1 AND key = 'signal:go#1'`, id) == 1
+		})
+		if err := workflow.Signal(ctx, b.pool, id, "go", 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out, err := result[string](t, b.pool, old.ID); err != nil || out != "a+b" {
+		t.Fatalf("v1 run finished by v2: %q, %v", out, err)
+	}
+	if out, err := result[string](t, b.pool, fresh.ID); err != nil || out != "a2+b2" {
+		t.Fatalf("v2 run: %q, %v", out, err)
+	}
+}
+
+// A key given in code that starts with a prefix the package generates keys
+// with is refused at the call: the run fails with ErrReservedKey naming
+// the key, and the primitive does nothing.
+func TestReservedKeysRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	var ran atomic.Int32
+	noop := func(ctx context.Context) (int, error) { ran.Add(1); return 0, nil }
+	kid := workflow.MustRegister(b.reg, "kid", func(wctx workflow.Context, _ int) (int, error) { ran.Add(1); return 0, nil })
+	cases := map[string]func(wctx workflow.Context) error{
+		"compensate:refund": func(wctx workflow.Context) error {
+			workflow.Compensate(wctx, "refund", func(ctx context.Context) error { return nil })
+			_, err := workflow.Step(wctx, "compensate:refund", noop, nil)
+			return err
+		},
+		"signal:go#1": func(wctx workflow.Context) error {
+			_, err := workflow.StepTx(wctx, "signal:go#1", func(ctx context.Context, tx pgx.Tx) (int, error) { return noop(ctx) }, nil)
+			return err
+		},
+		"patch:v2": func(wctx workflow.Context) error {
+			_, err := workflow.Go(wctx, "patch:v2", noop, nil).Get(wctx)
+			return err
+		},
+		"event:status#1": func(wctx workflow.Context) error { return workflow.Sleep(wctx, "event:status#1", 0) },
+		"compensate:t":   func(wctx workflow.Context) error { workflow.Now(wctx, "compensate:t"); return nil },
+		"2/kid": func(wctx workflow.Context) error {
+			_, err := workflow.Child(wctx, "2/kid", kid, 0, nil).Get(wctx)
+			return err
+		},
+	}
+	ids := map[string]string{}
+	for key, call := range cases {
+		wf := workflow.MustRegister(b.reg, "reserved-"+key, func(wctx workflow.Context, _ int) (int, error) {
+			return 0, call(wctx)
+		})
+		h, err := workflow.Start(ctx, b.pool, wf, 0, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[key] = h.ID
+	}
+	b.start()
+	for key, id := range ids {
+		_, err := result[int](t, b.pool, id)
+		if !errors.Is(err, workflow.ErrRunFailed) || !strings.Contains(err.Error(), workflow.ErrReservedKey.Error()) || !strings.Contains(err.Error(), `"`+key+`"`) {
+			t.Fatalf("key %q: want failed with ErrReservedKey naming it, got %v", key, err)
+		}
+		if n := b.count(`SELECT count(*) FROM relay_workflow_steps WHERE run_id = $1`, id); n != 0 {
+			t.Fatalf("key %q: %d steps recorded", key, n)
+		}
+	}
+	if ran.Load() != 0 {
+		t.Fatalf("%d refused steps or children ran", ran.Load())
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/workflow"
 )
 
@@ -283,4 +284,67 @@ func TestCancelBusyRun(t *testing.T) {
 	if undone.Load() != 1 {
 		t.Fatalf("compensation ran %d times", undone.Load())
 	}
+}
+
+// Each attempt of a step's function is kept in the step's attempt log
+// (start, end, error), the latest 20, and Get shows it: the admin timeline
+// can show a step's retries.
+func TestStepAttemptLog(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	now := core.RetryPolicyFunc(func(int, error) time.Duration { return 0 })
+	var flaky atomic.Int32
+	wf := workflow.MustRegister(b.reg, "retries", func(wctx workflow.Context, _ int) (int, error) {
+		v, err := workflow.Step(wctx, "flaky", func(ctx context.Context) (int, error) {
+			if n := flaky.Add(1); n < 3 {
+				return 0, errors.New("flaky " + itoa(int(n)))
+			}
+			return 3, nil
+		}, &workflow.StepOpts{MaxAttempts: 5, Retry: now})
+		if err != nil {
+			return 0, err
+		}
+		if _, err := workflow.StepTx(wctx, "tx", func(ctx context.Context, tx pgx.Tx) (int, error) { return 1, nil }, nil); err != nil {
+			return 0, err
+		}
+		_, err = workflow.Step(wctx, "hopeless", func(ctx context.Context) (int, error) {
+			return 0, errors.New("no luck")
+		}, &workflow.StepOpts{MaxAttempts: 23, Retry: now})
+		return v, err
+	})
+	b.start()
+	h, _ := workflow.Start(ctx, b.pool, wf, 0, nil)
+	if _, err := result[int](t, b.pool, h.ID); !errors.Is(err, workflow.ErrRunFailed) {
+		t.Fatalf("want failed by hopeless, got %v", err)
+	}
+	run, err := workflow.Get(ctx, b.pool, h.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := map[string][]workflow.StepAttempt{}
+	for _, s := range run.Steps {
+		logs[s.Key] = s.AttemptLog
+	}
+	check := func(key string, first, n int, errFor func(attempt int) string) {
+		t.Helper()
+		log := logs[key]
+		if len(log) != n {
+			t.Fatalf("%s: %d attempts logged, want %d: %+v", key, len(log), n, log)
+		}
+		for i, a := range log {
+			if a.Attempt != first+i || a.StartedAt.IsZero() || a.FinishedAt.Before(a.StartedAt) || a.Error != errFor(a.Attempt) ||
+				(i > 0 && a.StartedAt.Before(log[i-1].FinishedAt)) {
+				t.Fatalf("%s: attempt %d logged as %+v", key, first+i, a)
+			}
+		}
+	}
+	check("flaky", 1, 3, func(n int) string {
+		if n < 3 {
+			return "flaky " + itoa(n)
+		}
+		return ""
+	})
+	check("tx", 1, 1, func(int) string { return "" })
+	check("hopeless", 4, 20, func(int) string { return "no luck" }) // the latest 20 of 23
 }

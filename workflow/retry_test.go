@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -420,5 +421,132 @@ func TestRetryOfARunFailedBeforeTheResumePointExisted(t *testing.T) {
 	}
 	if n := c.b.count(`SELECT count(*) FROM bookings WHERE run_id = $1`, h.ID); n != 1 || verify.Load() != 2 {
 		t.Fatalf("booked %d times (want 1), verify ran %d times (want 2)", n, verify.Load())
+	}
+}
+
+// Retrying a run that failed in its compensations resumes the
+// compensations: the step that failed the run is not run again, and the
+// compensations that ran are not repeated.
+func TestRetryAfterFailedCompensation(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	var report, unreserve, refund atomic.Int32
+	wf := workflow.MustRegister(b.reg, "saga-retry", func(wctx workflow.Context, _ int) (int, error) {
+		noop := func(ctx context.Context) (int, error) { return 0, nil }
+		if _, err := workflow.Step(wctx, "charge", noop, nil); err != nil {
+			return 0, err
+		}
+		workflow.Compensate(wctx, "refund", func(ctx context.Context) error {
+			if refund.Add(1) == 1 {
+				return core.Permanent(errors.New("bank down"))
+			}
+			return nil
+		})
+		if _, err := workflow.Step(wctx, "reserve", noop, nil); err != nil {
+			return 0, err
+		}
+		workflow.Compensate(wctx, "unreserve", func(ctx context.Context) error { unreserve.Add(1); return nil })
+		return workflow.Step(wctx, "report", func(ctx context.Context) (int, error) {
+			report.Add(1)
+			return 0, core.Permanent(errors.New("report broken"))
+		}, nil)
+	})
+	b.start()
+	h, _ := workflow.Start(ctx, b.pool, wf, 0, nil)
+	if _, err := result[int](t, b.pool, h.ID); !errors.Is(err, workflow.ErrRunFailed) || !strings.Contains(err.Error(), "bank down") {
+		t.Fatalf("want failed by the refund, got %v", err)
+	}
+	if err := workflow.Retry(ctx, b.pool, h.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := result[int](t, b.pool, h.ID); !errors.Is(err, workflow.ErrRunCompensated) {
+		t.Fatalf("want compensated after retry, got %v", err)
+	}
+	if report.Load() != 1 || unreserve.Load() != 1 || refund.Load() != 2 {
+		t.Fatalf("report %d, unreserve %d, refund %d calls; want 1 1 2", report.Load(), unreserve.Load(), refund.Load())
+	}
+}
+
+// Retry queues the run's new job as Start placed the first: its priority
+// and its bound on crashed executions are kept.
+func TestRetryKeepsPriorityAndMaxAttempts(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	wf := workflow.MustRegister(b.reg, "placed", func(wctx workflow.Context, _ int) (int, error) {
+		return workflow.Step(wctx, "fail", func(ctx context.Context) (int, error) {
+			return 0, core.Permanent(errors.New("no"))
+		}, nil)
+	})
+	b.start()
+	h, _ := workflow.Start(ctx, b.pool, wf, 0, &workflow.StartOpts{Priority: 3, MaxAttempts: 2})
+	if _, err := result[int](t, b.pool, h.ID); !errors.Is(err, workflow.ErrRunFailed) {
+		t.Fatal(err)
+	}
+	first := b.count(`SELECT job_id FROM relay_workflow_runs WHERE id = $1`, h.ID)
+	if err := workflow.Retry(ctx, b.pool, h.ID); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.count(`SELECT count(*) FROM relay_jobs j JOIN relay_workflow_runs r ON r.job_id = j.id
+		WHERE r.id = $1 AND j.id <> $2 AND j.priority = 3 AND j.max_attempts = 2 + 3`, h.ID, first); n != 1 {
+		t.Fatal("the retried run's job lost the run's priority or max attempts")
+	}
+}
+
+// A cancelled run whose compensation failed ends failed; Retry runs again
+// only the compensation that failed, with the cancel still asked for, so
+// the run ends cancelled. It used to forget the cancel: the replay went on
+// with the function past the point where the cancel stopped it (here into
+// its hour-long sleep, and then the steps after it).
+func TestRetryCancelledRunResumesItsCompensations(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	var undos, after atomic.Int32
+	wf := workflow.MustRegister(b.reg, "cancel-undo", func(wctx workflow.Context, _ int) (int, error) {
+		if _, err := workflow.Step(wctx, "a", func(ctx context.Context) (int, error) { return 1, nil }, nil); err != nil {
+			return 0, err
+		}
+		workflow.Compensate(wctx, "undo-a", func(ctx context.Context) error {
+			if undos.Add(1) == 1 {
+				return core.Permanent(errors.New("undo a broken"))
+			}
+			return nil
+		})
+		if err := workflow.Sleep(wctx, "nap", time.Hour); err != nil {
+			return 0, err
+		}
+		return workflow.Step(wctx, "after", func(ctx context.Context) (int, error) { after.Add(1); return 2, nil }, nil)
+	})
+	b.start()
+	h, err := workflow.Start(ctx, b.pool, wf, 0, &workflow.StartOpts{ID: "cancel-undo"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.suspendedJob(h.ID)
+	if err := workflow.Cancel(ctx, b.pool, h.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := result[int](t, b.pool, h.ID); !errors.Is(err, workflow.ErrRunFailed) || !strings.Contains(err.Error(), "undo a broken") {
+		t.Fatalf("want failed by its compensation, got %v", err)
+	}
+	if err := workflow.Retry(ctx, b.pool, h.ID); err != nil {
+		t.Fatal(err)
+	}
+	// Ended, or suspended again in its sleep (the cancel forgotten).
+	b.waitFor("the retried run to end or sleep", func() bool {
+		return b.count(`SELECT count(*) FROM relay_workflow_runs AS r WHERE r.id = $1 AND (r.finished_at IS NOT NULL
+			OR EXISTS (SELECT 1 FROM relay_jobs AS j WHERE j.id = r.job_id AND j.state = 'queued' AND j.run_at > now() + interval '10 minutes'))`, h.ID) == 1
+	})
+	run, err := workflow.Get(ctx, b.pool, h.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if run.State != workflow.StateCancelled {
+		t.Fatalf("after retry: want cancelled, got %s (%s)", run.State, run.Error)
+	}
+	if undos.Load() != 2 || after.Load() != 0 {
+		t.Fatalf("undo ran %d times (want 2), the step after the sleep %d (want 0)", undos.Load(), after.Load())
 	}
 }

@@ -482,3 +482,75 @@ func TestResultWaitingAcrossRegistryClose(t *testing.T) {
 		t.Fatalf("%d, %v", r.out, r.err)
 	}
 }
+
+// A run of a workflow this process does not know (a rolling deploy: the
+// run was started by newer code) is put back without spending the run's
+// attempts, and a process that knows it runs it.
+func TestUnregisteredWorkflowWaitsForAProcessThatKnowsIt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	newer := workflow.NewRegistry(b.pool, nil)
+	wf := workflow.MustRegister(newer, "new-flow", func(wctx workflow.Context, n int) (int, error) {
+		return workflow.Step(wctx, "double", func(ctx context.Context) (int, error) { return 2 * n, nil }, nil)
+	})
+	h, err := workflow.Start(ctx, b.pool, wf, 21, &workflow.StartOpts{MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := b.start() // b.reg does not know "new-flow"
+	b.waitFor("an execution by the old process, put back", func() bool {
+		return b.reg.Stats().Executions >= 1 &&
+			b.count(`SELECT count(*) FROM relay_jobs j JOIN relay_workflow_runs r ON r.job_id = j.id WHERE r.id = $1 AND j.state <> 'claimed'`, h.ID) == 1
+	})
+	if n := b.count(`SELECT j.attempt FROM relay_jobs j JOIN relay_workflow_runs r ON r.job_id = j.id WHERE r.id = $1`, h.ID); n != 0 {
+		t.Fatalf("run job attempt %d: an unknown workflow spent the run's attempts", n)
+	}
+	if n := b.count(`SELECT count(*) FROM relay_workflow_runs WHERE id = $1 AND state = 'pending'`, h.ID); n != 1 {
+		t.Fatal("the run did not stay pending")
+	}
+	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	old.Stop(stopCtx)
+	ws := core.NewWorkers()
+	if err := newer.AddWorkers(ws); err != nil {
+		t.Fatal(err)
+	}
+	c, err := core.NewClient(b.pool, &core.Config{Workers: ws, PollInterval: 50 * time.Millisecond,
+		Queues: map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: 2}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Stop(stopCtx) })
+	if _, err := b.pool.Exec(ctx, `UPDATE relay_jobs SET run_at = now() WHERE id = (SELECT job_id FROM relay_workflow_runs WHERE id = $1) AND state = 'queued'`, h.ID); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := result[int](t, b.pool, h.ID); err != nil || out != 42 {
+		t.Fatal(out, err)
+	}
+}
+
+// A registry made without a pool (a process that only starts runs) waits
+// for results by polling: its Handle.Result has no listener to start.
+func TestResultFromARegistryWithoutPool(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	fn := func(wctx workflow.Context, n int) (int, error) { return n + 1, nil }
+	workflow.MustRegister(b.reg, "inc", fn)
+	starter := workflow.NewRegistry(nil, nil)
+	wf := workflow.MustRegister(starter, "inc", fn)
+	b.start()
+	h, err := workflow.Start(ctx, b.pool, wf, 41, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if out, err := h.Result(rctx, b.pool); err != nil || out != 42 {
+		t.Fatal(out, err)
+	}
+}

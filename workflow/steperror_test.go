@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/workflow"
@@ -236,5 +237,51 @@ func TestUndecodableStoredStepErrorFailsItsRun(t *testing.T) {
 		case want != "" && (!errors.Is(err, workflow.ErrRunFailed) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), id)):
 			t.Errorf("%s: %v; want failed with %q", id, err, want)
 		}
+	}
+}
+
+// A run's and a step's error text are stored bounded: a 10 MB error is cut
+// on a UTF-8 boundary to MaxErrorBytes, ending with a marker; NUL bytes
+// (which PostgreSQL text refuses) do not stop the run from failing.
+func TestErrorTextBounded(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	huge := strings.Repeat("é", 5<<20) // 10 MiB of two-byte runes
+	direct := workflow.MustRegister(b.reg, "huge-error", func(wctx workflow.Context, _ int) (int, error) {
+		return 0, errors.New("x" + huge) // odd length: a cut at a fixed byte count splits a rune
+	})
+	inStep := workflow.MustRegister(b.reg, "huge-step-error", func(wctx workflow.Context, _ int) (int, error) {
+		return workflow.Step(wctx, "s", func(ctx context.Context) (int, error) {
+			return 0, core.Permanent(errors.New("nul\x00" + huge))
+		}, nil)
+	})
+	b.start()
+	check := func(what, s string) {
+		t.Helper()
+		if len(s) > workflow.MaxErrorBytes || !utf8.ValidString(s) || strings.ContainsRune(s, 0) ||
+			!strings.HasSuffix(s, "bytes)") || !strings.Contains(s, "…(truncated, ") {
+			t.Fatalf("%s: %d bytes, valid UTF-8 %v, ends %q", what, len(s), utf8.ValidString(s), s[max(0, len(s)-40):])
+		}
+	}
+	for _, wf := range []*workflow.Workflow[int, int]{direct, inStep} {
+		h, _ := workflow.Start(ctx, b.pool, wf, 0, nil)
+		_, err := result[int](t, b.pool, h.ID)
+		var re *workflow.RunError
+		if !errors.As(err, &re) || re.State != workflow.StateFailed {
+			t.Fatalf("%s: want a failed run, got %.200v", wf.Name(), err)
+		}
+		check(wf.Name()+": run error", re.Message)
+		run, err := workflow.Get(ctx, b.pool, h.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(wf.Name()+": stored run error", run.Error)
+		for _, s := range run.Steps {
+			check(wf.Name()+": step error", s.Error)
+		}
+	}
+	if n := b.count(`SELECT max(octet_length(error)) FROM relay_workflow_runs`); n > workflow.MaxErrorBytes {
+		t.Fatalf("a stored error has %d bytes", n)
 	}
 }

@@ -264,3 +264,49 @@ func TestInfiniteStoredTimeFailsItsRunOnly(t *testing.T) {
 		t.Errorf("good: %v, %v; want completed", out, err)
 	}
 }
+
+// A stored step output or run input that no longer decodes into the code's
+// types fails that run alone, with the decoding error; the worker and the
+// other runs go on.
+func TestCorruptStoredRowsFailTheirRunAlone(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	wf := workflow.MustRegister(b.reg, "typed", func(wctx workflow.Context, in int) (int, error) {
+		n, err := workflow.Step(wctx, "n", func(ctx context.Context) (int, error) { return in + 1, nil }, nil)
+		if err != nil {
+			return 0, err
+		}
+		_, _, err = workflow.WaitSignal[int](wctx, "go", 0)
+		return n, err
+	})
+	b.start()
+	for _, id := range []string{"bad-output", "bad-input", "good"} {
+		if _, err := workflow.Start(ctx, b.pool, wf, 1, &workflow.StartOpts{ID: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.waitFor("three runs waiting", func() bool {
+		return b.count(`SELECT count(*) FROM relay_workflow_steps WHERE state = 'waiting'`) == 3
+	})
+	if _, err := b.pool.Exec(ctx, `UPDATE relay_workflow_steps SET output = '"two"' WHERE run_id = 'bad-output' AND key = 'n'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(ctx, `UPDATE relay_workflow_runs SET input = '{"x": 1}' WHERE id = 'bad-input'`); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"bad-output", "bad-input", "good"} {
+		if err := workflow.Signal(ctx, b.pool, id, "go", 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := result[int](t, b.pool, "bad-output"); !errors.Is(err, workflow.ErrRunFailed) || !strings.Contains(err.Error(), `decode stored output of step "n"`) {
+		t.Fatalf("bad-output: %v", err)
+	}
+	if _, err := result[int](t, b.pool, "bad-input"); !errors.Is(err, workflow.ErrRunFailed) || !strings.Contains(err.Error(), "decode input") {
+		t.Fatalf("bad-input: %v", err)
+	}
+	if out, err := result[int](t, b.pool, "good"); err != nil || out != 2 {
+		t.Fatalf("good: %d, %v", out, err)
+	}
+}
