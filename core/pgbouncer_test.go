@@ -170,7 +170,9 @@ func TestThroughPgBouncerTransactionPooling(t *testing.T) {
 			// listener, that it polls. One line each.
 			var said []string
 			for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
-				if !strings.Contains(line, "job failed; will retry") {
+				// (The server's autovacuum setting is the test cluster's
+				// business, and its warning is not about pooling.)
+				if !strings.Contains(line, "job failed; will retry") && !strings.Contains(line, "autovacuum") {
 					said = append(said, line)
 				}
 			}
