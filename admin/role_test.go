@@ -359,12 +359,13 @@ func TestBookkeepingUnderRoleTimeouts(t *testing.T) {
 		ranMu.Unlock()
 	}
 	longStarted := make(chan struct{})
+	var longOnce sync.Once
 	ws := core.NewWorkers()
 	core.MustAddWorker(ws, core.WorkFunc[roleJob](func(ctx context.Context, j *core.Job[roleJob]) error {
 		if j.Args.Via == "long" {
 			// Runs through the lock: its lease must be renewed after a
 			// heartbeat failed on it, for it to finish once.
-			close(longStarted)
+			longOnce.Do(func() { close(longStarted) })
 			select {
 			case <-time.After(4 * time.Second):
 			case <-ctx.Done():
@@ -461,6 +462,7 @@ func TestBookkeepingUnderRoleTimeouts(t *testing.T) {
 		})
 	}()
 	<-lockHeld
+	lockedAt := time.Now()
 	_, err = core.Enqueue(ctx, pool, roleJob{Via: "enqueue"}, nil)
 	if !strings.Contains(fmt.Sprint(err), "55P03") {
 		t.Errorf("an enqueue during the lock: %v; want the role's lock_timeout (55P03)", err)
@@ -482,6 +484,10 @@ func TestBookkeepingUnderRoleTimeouts(t *testing.T) {
 		}
 	}
 	unlock()
+	// A lock held past the lease (waiting for every layer's line on a
+	// loaded machine) lets the long job's lease expire, and it rightly runs
+	// again: at-least-once. Its once-only check holds only within a lease.
+	longOnceOnly := time.Since(lockedAt) < 20*time.Second
 	if err := <-locked; err != nil && !errors.Is(err, context.Canceled) {
 		t.Fatalf("lock holder: %v", err)
 	}
@@ -502,7 +508,14 @@ func TestBookkeepingUnderRoleTimeouts(t *testing.T) {
 			t.Fatalf("run %d: %d, %v", i, out, err)
 		}
 	}
-	for _, id := range append(ids, long.ID) {
+	once := ids
+	if longOnceOnly {
+		once = append(once, long.ID)
+	} else {
+		waitState(t, pool, long.ID, core.StateSucceeded)
+		t.Logf("the lock outlasted the long job's lease: it may run again")
+	}
+	for _, id := range once {
 		if j := waitState(t, pool, id, core.StateSucceeded); j.Attempt != 1 {
 			t.Errorf("job %d ran %d times", id, j.Attempt)
 		}
@@ -517,7 +530,7 @@ func TestBookkeepingUnderRoleTimeouts(t *testing.T) {
 	})
 	ranMu.Lock()
 	defer ranMu.Unlock()
-	if ran["long"] != 1 || ran["outbox"] != 1 || ran["rescued"] != 1 {
+	if (longOnceOnly && ran["long"] != 1) || ran["long"] < 1 || ran["outbox"] != 1 || ran["rescued"] != 1 {
 		t.Errorf("handlers ran: %v; want the long job, the rescued job and the event once each", ran)
 	}
 	if logs.has("idle-in-transaction") {
