@@ -20,7 +20,29 @@ type StepFuture[T any] struct {
 	ended  bool             // Get has settled it
 	cancel func()           // ends the attempt's context
 	began  time.Time
+	// returnedCh is closed once the attempt's outcome is in res (Select's
+	// OnStep looks at it).
+	returnedCh chan struct{}
 }
+
+// returned reports whether Get would return without waiting for fn: the
+// attempt has returned, or history answers.
+func (f *StepFuture[T]) returned() bool {
+	if f.stored != nil || f.failed != nil || f.ended || f.returnedCh == nil {
+		return true
+	}
+	if f.gate != nil && f.ctx.Err() != nil {
+		return true // past its timeout: Get returns the timeout
+	}
+	select {
+	case <-f.returnedCh:
+		return true
+	default:
+		return false
+	}
+}
+
+func (f *StepFuture[T]) returnedChan() <-chan struct{} { return f.returnedCh }
 
 // goResult is what a Go step's attempt returned.
 type goResult[T any] struct {
@@ -68,6 +90,7 @@ func Go[T any](wctx Context, key string, fn func(ctx context.Context) (T, error)
 	}
 	f.ctx, f.cancel = ctx, cancel
 	f.res = make(chan goResult[T], 1) // an abandoned attempt's send never blocks
+	f.returnedCh = make(chan struct{})
 	f.began = time.Now()
 	x.goroutines.Add(1)
 	x.cancels = append(x.cancels, cancel)
@@ -80,6 +103,7 @@ func Go[T any](wctx Context, key string, fn func(ctx context.Context) (T, error)
 			}
 			endSpan(span, r.err)
 			f.res <- r
+			close(f.returnedCh)
 			if f.gate.commit() {
 				x.goroutines.Done()
 			} else {
