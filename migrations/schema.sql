@@ -501,6 +501,7 @@ WITH RECURSIVE tree AS (
     FOR NO KEY UPDATE OF r
 )
 UPDATE relay_workflow_runs AS r
+SET cancel_requested = true
 FROM locked
 WHERE r.id = locked.id
 RETURNING coalesce(r.job_id, 0)
