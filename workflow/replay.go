@@ -549,8 +549,10 @@ func (x *execution) logOutcome(state RunState, msg string) {
 }
 
 // stepSpan starts the span of one attempt of a step, under the execution's.
+// The context carries the step's idempotency key (StepIdempotencyKey).
 func (x *execution) stepSpan(kind, key string, attempt int) (context.Context, trace.Span) {
-	return x.r.tracer.Start(x.ctx, "workflow."+kind+" "+key, trace.WithAttributes(
+	ctx := context.WithValue(x.ctx, stepKeyCtx{}, x.stepIdempotencyKey(key))
+	return x.r.tracer.Start(ctx, "workflow."+kind+" "+key, trace.WithAttributes(
 		attribute.String("relay.workflow.run_id", x.runID),
 		attribute.String("relay.workflow.step", key),
 		attribute.Int("relay.workflow.position", x.pos-1),
