@@ -1,5 +1,6 @@
-// Command payment-flow is Relay's workflow example: charge the payment,
-// then send the receipt email and write the report as child runs on their
+// Command payment-flow is Relay's workflow example: charge the payment at
+// a fake HTTP provider (once per order, by the step's idempotency key),
+// record it, then send the receipt email and write the report as child runs on their
 // own queue, then notify once the customer confirms. When the report fails,
 // the charge is refunded (a compensation) and the run ends compensated.
 //
@@ -14,10 +15,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/relayq/relay/core"
@@ -36,13 +40,14 @@ type Order struct {
 
 // Receipt is the flow's output.
 type Receipt struct {
+	ChargeID  string `json:"charge_id"` // the provider's
 	PaymentID int64  `json:"payment_id"`
 	EmailID   string `json:"email_id"`
 	Report    string `json:"report"`
 }
 
 const schema = `
-CREATE TABLE IF NOT EXISTS payments (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, order_id text UNIQUE, amount int);
+CREATE TABLE IF NOT EXISTS payments (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, order_id text UNIQUE, amount int, charge_id text);
 CREATE TABLE IF NOT EXISTS refunds  (order_id text PRIMARY KEY, amount int);
 CREATE TABLE IF NOT EXISTS emails   (order_id text PRIMARY KEY, address text, message_id text);
 CREATE TABLE IF NOT EXISTS reports  (order_id text PRIMARY KEY, line text);`
@@ -73,59 +78,20 @@ func run(ctx context.Context, url string, out io.Writer) error {
 	reg := workflow.NewRegistry(pool, &workflow.Config{TracerProvider: tp})
 	defer reg.Close()
 
-	// The receipt email: a StepTx records the email row with the step, so
-	// a retried run never records two.
-	sendEmail := workflow.MustRegister(reg, "send-email", func(wctx workflow.Context, o Order) (string, error) {
-		return workflow.StepTx(wctx, "send", func(ctx context.Context, tx pgx.Tx) (string, error) {
-			id := "msg-" + o.ID
-			_, err := tx.Exec(ctx, `INSERT INTO emails VALUES ($1, $2, $3)`, o.ID, o.Email, id)
-			return id, err
-		}, nil)
-	})
-	writeReport := workflow.MustRegister(reg, "write-report", func(wctx workflow.Context, o Order) (string, error) {
-		return workflow.StepTx(wctx, "write", func(ctx context.Context, tx pgx.Tx) (string, error) {
-			if o.FailReport {
-				return "", core.Permanent(errors.New("report store rejected the order"))
-			}
-			line := fmt.Sprintf("%s paid %d.%02d", o.ID, o.Amount/100, o.Amount%100)
-			_, err := tx.Exec(ctx, `INSERT INTO reports VALUES ($1, $2)`, o.ID, line)
-			return line, err
-		}, nil)
-	})
-	payment := workflow.MustRegister(reg, "payment-flow", func(wctx workflow.Context, o Order) (Receipt, error) {
-		var r Receipt
-		var err error
-		// The charge's row commits with its checkpoint: charged exactly once.
-		r.PaymentID, err = workflow.StepTx(wctx, "charge", func(ctx context.Context, tx pgx.Tx) (int64, error) {
-			var id int64
-			err := tx.QueryRow(ctx, `INSERT INTO payments (order_id, amount) VALUES ($1, $2) RETURNING id`, o.ID, o.Amount).Scan(&id)
-			return id, err
-		}, nil)
-		if err != nil {
-			return r, err
-		}
-		workflow.Compensate(wctx, "refund", func(ctx context.Context) error {
-			_, err := pool.Exec(ctx, `INSERT INTO refunds VALUES ($1, $2) ON CONFLICT DO NOTHING`, o.ID, o.Amount)
-			return err
-		})
-		// Email and report in parallel, on the "email" queue.
-		email := workflow.Child(wctx, "email", sendEmail, o, &workflow.ChildOpts{Queue: "email"})
-		report := workflow.Child(wctx, "report", writeReport, o, &workflow.ChildOpts{Queue: "email"})
-		if r.EmailID, err = email.Get(wctx); err != nil {
-			return r, err
-		}
-		if r.Report, err = report.Get(wctx); err != nil {
-			return r, err // the refund runs; the run ends compensated
-		}
-		workflow.SetEvent(wctx, "status", "waiting for confirmation")
-		if err := workflow.Sleep(wctx, "cool-off", 200*time.Millisecond); err != nil {
-			return r, err
-		}
-		if _, ok, err := workflow.WaitSignal[string](wctx, "confirmed", time.Minute); err != nil || !ok {
-			return r, errors.Join(err, errors.New("not confirmed in time"))
-		}
-		return r, nil
-	})
+	// The fake payment provider, on loopback: it charges once per
+	// Idempotency-Key.
+	provider := NewProvider()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: provider, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln) //nolint:errcheck // ends with Close
+	defer srv.Close()
+	payment, err := register(reg, pool, "http://"+ln.Addr().String())
+	if err != nil {
+		return err
+	}
 
 	ws := core.NewWorkers()
 	if err := reg.AddWorkers(ws); err != nil {
@@ -187,7 +153,83 @@ func run(ctx context.Context, url string, out io.Writer) error {
 	var refunds int
 	pool.QueryRow(ctx, `SELECT count(*) FROM refunds`).Scan(&refunds) //nolint:errcheck
 	fmt.Fprintf(out, "refunds: %d\n", refunds)
+	charges := provider.Charges()
+	fmt.Fprintf(out, "provider: %d charge requests, charges order-1=%d order-2=%d\n", provider.Requests(), charges["order-1"], charges["order-2"])
 	return nil
+}
+
+// register registers the flow and its children in reg: the charge goes to
+// the provider at providerURL, its other writes to pool.
+func register(reg *workflow.Registry, pool *pgxpool.Pool, providerURL string) (*workflow.Workflow[Order, Receipt], error) {
+	// The receipt email: a StepTx records the email row with the step, so
+	// a retried run never records two.
+	sendEmail, err := workflow.Register(reg, "send-email", func(wctx workflow.Context, o Order) (string, error) {
+		return workflow.StepTx(wctx, "send", func(ctx context.Context, tx pgx.Tx) (string, error) {
+			id := "msg-" + o.ID
+			_, err := tx.Exec(ctx, `INSERT INTO emails VALUES ($1, $2, $3)`, o.ID, o.Email, id)
+			return id, err
+		}, nil)
+	})
+	if err != nil {
+		return nil, err
+	}
+	writeReport, err := workflow.Register(reg, "write-report", func(wctx workflow.Context, o Order) (string, error) {
+		return workflow.StepTx(wctx, "write", func(ctx context.Context, tx pgx.Tx) (string, error) {
+			if o.FailReport {
+				return "", core.Permanent(errors.New("report store rejected the order"))
+			}
+			line := fmt.Sprintf("%s paid %d.%02d", o.ID, o.Amount/100, o.Amount%100)
+			_, err := tx.Exec(ctx, `INSERT INTO reports VALUES ($1, $2)`, o.ID, line)
+			return line, err
+		}, nil)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return workflow.Register(reg, "payment-flow", func(wctx workflow.Context, o Order) (Receipt, error) {
+		var r Receipt
+		// The charge is an outside call, at least once: a worker killed
+		// after the provider charged and before this checkpoint commits
+		// calls again. The step's idempotency key is the same on every
+		// attempt ("<order>/charge"), so the provider charges once.
+		ch, err := workflow.Step(wctx, "charge", func(ctx context.Context) (Charge, error) {
+			return charge(ctx, providerURL, workflow.StepIdempotencyKey(ctx), o.ID, o.Amount)
+		}, nil)
+		if err != nil {
+			return r, err
+		}
+		r.ChargeID = ch.ID
+		// The payment's row commits with its checkpoint: recorded exactly once.
+		r.PaymentID, err = workflow.StepTx(wctx, "record", func(ctx context.Context, tx pgx.Tx) (int64, error) {
+			var id int64
+			err := tx.QueryRow(ctx, `INSERT INTO payments (order_id, amount, charge_id) VALUES ($1, $2, $3) RETURNING id`, o.ID, o.Amount, ch.ID).Scan(&id)
+			return id, err
+		}, nil)
+		if err != nil {
+			return r, err
+		}
+		workflow.Compensate(wctx, "refund", func(ctx context.Context) error {
+			_, err := pool.Exec(ctx, `INSERT INTO refunds VALUES ($1, $2) ON CONFLICT DO NOTHING`, o.ID, o.Amount)
+			return err
+		})
+		// Email and report in parallel, on the "email" queue.
+		email := workflow.Child(wctx, "email", sendEmail, o, &workflow.ChildOpts{Queue: "email"})
+		report := workflow.Child(wctx, "report", writeReport, o, &workflow.ChildOpts{Queue: "email"})
+		if r.EmailID, err = email.Get(wctx); err != nil {
+			return r, err
+		}
+		if r.Report, err = report.Get(wctx); err != nil {
+			return r, err // the refund runs; the run ends compensated
+		}
+		workflow.SetEvent(wctx, "status", "waiting for confirmation")
+		if err := workflow.Sleep(wctx, "cool-off", 200*time.Millisecond); err != nil {
+			return r, err
+		}
+		if _, ok, err := workflow.WaitSignal[string](wctx, "confirmed", time.Minute); err != nil || !ok {
+			return r, errors.Join(err, errors.New("not confirmed in time"))
+		}
+		return r, nil
+	})
 }
 
 // confirm waits for the run to publish its status, then sends the signal
