@@ -433,6 +433,12 @@ BEGIN
 END;
 $$;
 
+-- Name: relay_process_live(timestamp with time zone, double precision); Type: FUNCTION; Schema: public
+
+CREATE FUNCTION public.relay_process_live(heartbeat_at timestamp with time zone, liveness_secs double precision) RETURNS boolean
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$ SELECT heartbeat_at > now() - make_interval(secs => liveness_secs) $$;
+
 -- Name: relay_workflow_cancel_tree(text, boolean); Type: FUNCTION; Schema: public
 
 CREATE FUNCTION public.relay_workflow_cancel_tree(text, boolean) RETURNS integer
@@ -764,17 +770,6 @@ ALTER TABLE public.relay_outbox ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY
     CACHE 1
 );
 
--- Name: relay_outbox_processes; Type: TABLE; Schema: public
-
-CREATE TABLE public.relay_outbox_processes (
-    id text NOT NULL,
-    namespace text NOT NULL,
-    subscriptions text[] NOT NULL,
-    started_at timestamp with time zone DEFAULT now() NOT NULL,
-    heartbeat_at timestamp with time zone DEFAULT now() NOT NULL,
-    liveness_secs double precision DEFAULT 60 NOT NULL
-);
-
 -- Name: relay_outbox_subscriptions; Type: TABLE; Schema: public
 
 CREATE TABLE public.relay_outbox_subscriptions (
@@ -790,6 +785,25 @@ CREATE TABLE public.relay_outbox_subscriptions (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     retired_at timestamp with time zone
+);
+
+-- Name: relay_processes; Type: TABLE; Schema: public
+
+CREATE TABLE public.relay_processes (
+    id text NOT NULL,
+    role text NOT NULL,
+    name text DEFAULT ''::text NOT NULL,
+    namespace text DEFAULT ''::text NOT NULL,
+    declares text[] DEFAULT '{}'::text[] NOT NULL,
+    host text DEFAULT ''::text NOT NULL,
+    pid integer DEFAULT 0 NOT NULL,
+    version text DEFAULT ''::text NOT NULL,
+    queues jsonb DEFAULT '{}'::jsonb NOT NULL,
+    started_at timestamp with time zone DEFAULT now() NOT NULL,
+    heartbeat_at timestamp with time zone DEFAULT now() NOT NULL,
+    liveness_secs double precision DEFAULT 60 NOT NULL,
+    CONSTRAINT relay_processes_liveness_check CHECK ((liveness_secs > (0)::double precision)),
+    CONSTRAINT relay_processes_role_check CHECK (((role <> ''::text) AND (length(role) <= 64)))
 );
 
 -- Name: relay_queue_pauses; Type: TABLE; Schema: public
@@ -812,17 +826,6 @@ CREATE TABLE public.relay_schedule_fires (
     CONSTRAINT relay_schedule_fires_outcome_check CHECK ((outcome = ANY (ARRAY['enqueued'::text, 'skipped_overlap'::text, 'triggered'::text])))
 )
 WITH (autovacuum_vacuum_scale_factor='0.05', autovacuum_analyze_scale_factor='0.05');
-
--- Name: relay_scheduler_processes; Type: TABLE; Schema: public
-
-CREATE TABLE public.relay_scheduler_processes (
-    id text NOT NULL,
-    namespace text NOT NULL,
-    schedules text[] NOT NULL,
-    started_at timestamp with time zone DEFAULT now() NOT NULL,
-    heartbeat_at timestamp with time zone DEFAULT now() NOT NULL,
-    liveness_secs double precision DEFAULT 60 NOT NULL
-);
 
 -- Name: relay_schedules; Type: TABLE; Schema: public
 
@@ -989,15 +992,15 @@ ALTER TABLE ONLY public.relay_migrations
 ALTER TABLE ONLY public.relay_outbox
     ADD CONSTRAINT relay_outbox_pkey PRIMARY KEY (id);
 
--- Name: relay_outbox_processes relay_outbox_processes_pkey; Type: CONSTRAINT; Schema: public
-
-ALTER TABLE ONLY public.relay_outbox_processes
-    ADD CONSTRAINT relay_outbox_processes_pkey PRIMARY KEY (id);
-
 -- Name: relay_outbox_subscriptions relay_outbox_subscriptions_pkey; Type: CONSTRAINT; Schema: public
 
 ALTER TABLE ONLY public.relay_outbox_subscriptions
     ADD CONSTRAINT relay_outbox_subscriptions_pkey PRIMARY KEY (id);
+
+-- Name: relay_processes relay_processes_pkey; Type: CONSTRAINT; Schema: public
+
+ALTER TABLE ONLY public.relay_processes
+    ADD CONSTRAINT relay_processes_pkey PRIMARY KEY (id);
 
 -- Name: relay_queue_pauses relay_queue_pauses_pkey; Type: CONSTRAINT; Schema: public
 
@@ -1008,11 +1011,6 @@ ALTER TABLE ONLY public.relay_queue_pauses
 
 ALTER TABLE ONLY public.relay_schedule_fires
     ADD CONSTRAINT relay_schedule_fires_pkey PRIMARY KEY (schedule, fire_time);
-
--- Name: relay_scheduler_processes relay_scheduler_processes_pkey; Type: CONSTRAINT; Schema: public
-
-ALTER TABLE ONLY public.relay_scheduler_processes
-    ADD CONSTRAINT relay_scheduler_processes_pkey PRIMARY KEY (id);
 
 -- Name: relay_schedules relay_schedules_pkey; Type: CONSTRAINT; Schema: public
 
@@ -1075,21 +1073,17 @@ CREATE UNIQUE INDEX relay_jobs_unique_idx ON public.relay_jobs USING btree (uniq
 
 CREATE INDEX relay_outbox_pending_idx ON public.relay_outbox USING btree (id) WHERE (dispatched_at IS NULL);
 
--- Name: relay_outbox_processes_namespace_idx; Type: INDEX; Schema: public
-
-CREATE INDEX relay_outbox_processes_namespace_idx ON public.relay_outbox_processes USING btree (namespace);
-
 -- Name: relay_outbox_subscriptions_active_idx; Type: INDEX; Schema: public
 
 CREATE INDEX relay_outbox_subscriptions_active_idx ON public.relay_outbox_subscriptions USING btree (topic) WHERE (retired_at IS NULL);
 
+-- Name: relay_processes_role_namespace_idx; Type: INDEX; Schema: public
+
+CREATE INDEX relay_processes_role_namespace_idx ON public.relay_processes USING btree (role, namespace);
+
 -- Name: relay_schedule_fires_recorded_idx; Type: INDEX; Schema: public
 
 CREATE INDEX relay_schedule_fires_recorded_idx ON public.relay_schedule_fires USING btree (recorded_at);
-
--- Name: relay_scheduler_processes_namespace_idx; Type: INDEX; Schema: public
-
-CREATE INDEX relay_scheduler_processes_namespace_idx ON public.relay_scheduler_processes USING btree (namespace);
 
 -- Name: relay_schedules_due_idx; Type: INDEX; Schema: public
 

@@ -2,8 +2,6 @@ package outbox
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,6 +21,7 @@ import (
 
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/internal/background"
+	"github.com/relayq/relay/internal/liveness"
 	"github.com/relayq/relay/internal/notifier"
 )
 
@@ -85,7 +84,7 @@ type Config struct {
 type Dispatcher struct {
 	pool *pgxpool.Pool
 	cfg  Config
-	id   string // this process in relay_outbox_processes
+	proc *liveness.Process // this process's entry, declaring the subscriptions
 	wake chan struct{}
 	// appName names the session while a batch is dispatched (core.AppName),
 	// made at the first dispatch.
@@ -131,11 +130,7 @@ func NewDispatcher(pool *pgxpool.Pool, cfg *Config) (*Dispatcher, error) {
 	if c.LivenessTimeout <= 0 {
 		c.LivenessTimeout = time.Minute
 	}
-	var id [12]byte
-	if _, err := rand.Read(id[:]); err != nil {
-		return nil, fmt.Errorf("outbox: process id: %w", err)
-	}
-	d := &Dispatcher{pool: pool, id: hex.EncodeToString(id[:]), wake: make(chan struct{}, 1)}
+	d := &Dispatcher{pool: pool, wake: make(chan struct{}, 1)}
 	subs := c.Subscriptions
 	c.Subscriptions = nil
 	seen := map[[2]string]bool{}
@@ -160,6 +155,16 @@ func NewDispatcher(pool *pgxpool.Pool, cfg *Config) (*Dispatcher, error) {
 		c.Subscriptions = append(c.Subscriptions, s)
 	}
 	d.cfg = c
+	ids := make([]string, 0, len(c.Subscriptions))
+	for _, s := range c.Subscriptions {
+		ids = append(ids, subscriptionID(s))
+	}
+	proc, err := liveness.New(pool, liveness.Entry{Role: liveness.RoleDispatcher, Namespace: c.Namespace,
+		Declares: ids, Timeout: c.LivenessTimeout})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: %w", err)
+	}
+	d.proc = proc
 	return d, nil
 }
 
@@ -220,16 +225,10 @@ func (d *Dispatcher) Stop(ctx context.Context) error {
 	declared := d.declared
 	d.declareMu.Unlock()
 	if declared {
-		// Bounded by ctx while it lasts and by 5 s in any case (also once
-		// ctx ended): an unresponsive database cannot hold Stop for ever.
-		uctx := ctx
-		if ctx.Err() != nil {
-			uctx = context.WithoutCancel(ctx)
-		}
-		uctx, cancel := context.WithTimeout(uctx, 5*time.Second)
-		defer cancel()
-		if _, uerr := d.pool.Exec(uctx, sqlUnregister, d.id); uerr != nil {
-			err = errors.Join(err, fmt.Errorf("outbox: unregister dispatcher: %w", uerr))
+		// Bounded even once ctx has ended (Unregister): an unresponsive
+		// database cannot hold Stop for ever.
+		if uerr := d.proc.Unregister(ctx); uerr != nil {
+			err = errors.Join(err, fmt.Errorf("outbox: %w", uerr))
 		}
 	}
 	return err

@@ -57,11 +57,6 @@ DELETE FROM relay_outbox WHERE ctid = ANY (ARRAY(
     WHERE dispatched_at < now() - make_interval(secs => $1)
     LIMIT $2))`
 
-// sqlLockNamespace serializes the declarations and sweeps of one
-// namespace's dispatchers, so that a sweep never misses a declaration
-// committed while it ran.
-const sqlLockNamespace = `SELECT pg_advisory_xact_lock(hashtext('relay.outbox:' || $1))`
-
 // sqlDeclareSubscription upserts one declared subscription and un-retires
 // it. A subscription of another namespace ($9) is taken over only when no
 // live process of that namespace declares it (live: within that process's
@@ -76,51 +71,22 @@ ON CONFLICT (id) DO UPDATE SET
     max_attempts = excluded.max_attempts, metadata = excluded.metadata,
     namespace = excluded.namespace, retired_at = NULL, updated_at = now()
 WHERE s.namespace = excluded.namespace OR NOT EXISTS (
-    SELECT 1 FROM relay_outbox_processes p
-    WHERE p.namespace = s.namespace AND s.id = ANY (p.subscriptions)
-      AND p.heartbeat_at > now() - make_interval(secs => p.liveness_secs))
+    SELECT 1 FROM relay_processes p
+    WHERE p.role = 'dispatcher' AND p.namespace = s.namespace AND s.id = ANY (p.declares)
+      AND relay_process_live(p.heartbeat_at, p.liveness_secs))
 RETURNING id`
 
 const sqlSubscriptionOwner = `SELECT namespace FROM relay_outbox_subscriptions WHERE id = $1`
 
-// sqlLockSubscriptions serializes the declarations of the subscription
-// ids $1 across namespaces (the namespace lock covers only one), so that a
-// declaration's upsert starts after a concurrent one of the same id has
-// committed and sees its owner's live process (ErrOwned) instead of taking
-// it over. Locks are taken in key order, apart from the namespace locks.
-const sqlLockSubscriptions = `
-SELECT pg_advisory_xact_lock(hashtext('relay.outbox.subscription'), k)
-FROM (SELECT DISTINCT hashtext(id) AS k FROM unnest($1::text[]) AS id) AS keys
-ORDER BY k`
-
-// sqlRegister records (or refreshes) this dispatcher and what it declares.
-const sqlRegister = `
-INSERT INTO relay_outbox_processes (id, namespace, subscriptions, liveness_secs)
-VALUES ($1, $2, $3, $4)
-ON CONFLICT (id) DO UPDATE SET
-    namespace = excluded.namespace, subscriptions = excluded.subscriptions,
-    liveness_secs = excluded.liveness_secs, heartbeat_at = now()`
-
-// sqlHeartbeat says this dispatcher is alive; no row means it was swept as
-// dead and must declare again.
-const sqlHeartbeat = `UPDATE relay_outbox_processes SET heartbeat_at = now() WHERE id = $1`
-
-const sqlUnregister = `DELETE FROM relay_outbox_processes WHERE id = $1`
-
-// sqlDeleteDead removes the namespace's processes not seen within their own
-// liveness timeouts (a sweeper's timeout says nothing of another's
-// heartbeat interval).
-const sqlDeleteDead = `
-DELETE FROM relay_outbox_processes
-WHERE namespace = $1 AND heartbeat_at <= now() - make_interval(secs => liveness_secs)`
-
 // sqlRetire retires the namespace's subscriptions no live process declares.
-// Run after sqlDeleteDead, under sqlLockNamespace.
+// Run under the namespace's lock (internal/liveness), where a heartbeat that
+// finds its dispatcher expired declares again.
 const sqlRetire = `
 UPDATE relay_outbox_subscriptions s SET retired_at = now(), updated_at = now()
 WHERE s.namespace = $1 AND s.retired_at IS NULL AND NOT EXISTS (
-    SELECT 1 FROM relay_outbox_processes p
-    WHERE p.namespace = s.namespace AND s.id = ANY (p.subscriptions))
+    SELECT 1 FROM relay_processes p
+    WHERE p.role = 'dispatcher' AND p.namespace = s.namespace AND s.id = ANY (p.declares)
+      AND relay_process_live(p.heartbeat_at, p.liveness_secs))
 RETURNING topic, kind, endpoint`
 
 // sqlActiveSubscriptions is the fan-out, read in the dispatch transaction:

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/liveness"
 )
 
 // Subscriptions are stored in relay_outbox_subscriptions, declared by the
@@ -81,59 +82,55 @@ func subscriptionID(s Subscription) string {
 // DispatchOnce of a dispatcher never started; called alone, its
 // declarations count for one LivenessTimeout.
 func (d *Dispatcher) Declare(ctx context.Context) error {
-	err := pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, sqlLockNamespace, d.cfg.Namespace); err != nil {
-			return fmt.Errorf("lock namespace %q: %w", d.cfg.Namespace, err)
-		}
-		ids := make([]string, 0, len(d.cfg.Subscriptions))
-		for _, s := range d.cfg.Subscriptions {
-			ids = append(ids, subscriptionID(s))
-		}
-		if _, err := tx.Exec(ctx, sqlLockSubscriptions, ids); err != nil {
-			return fmt.Errorf("lock subscriptions: %w", err)
-		}
-		for _, s := range d.cfg.Subscriptions {
-			id := subscriptionID(s)
-			o := core.EnqueueOpts{}
-			if s.Opts != nil {
-				o = *s.Opts
-			}
-			meta := []byte("{}")
-			if len(o.Metadata) > 0 {
-				var err error
-				if meta, err = json.Marshal(o.Metadata); err != nil {
-					return fmt.Errorf("subscription %s → %s: encode metadata: %w", s.Topic, s.Kind, err)
-				}
-			}
-			rows, err := tx.Query(ctx, sqlDeclareSubscription, id, s.Topic, s.Kind, s.Endpoint, o.Queue, o.Priority, o.MaxAttempts,
-				string(meta), d.cfg.Namespace)
-			if err != nil {
-				return fmt.Errorf("declare subscription %s → %s: %w", s.Topic, s.Kind, err)
-			}
-			stored, err := pgx.CollectRows(rows, pgx.RowTo[string])
-			if err != nil {
-				return fmt.Errorf("declare subscription %s → %s: %w", s.Topic, s.Kind, err)
-			}
-			if len(stored) == 0 {
-				var owner string
-				if err := tx.QueryRow(ctx, sqlSubscriptionOwner, id).Scan(&owner); err != nil {
-					return fmt.Errorf("declare subscription %s → %s: read its owner: %w", s.Topic, s.Kind, err)
-				}
-				return fmt.Errorf("declare subscription %s → %s in namespace %q: %w %q, whose live dispatchers declare it",
-					s.Topic, s.Kind, d.cfg.Namespace, ErrOwned, owner)
-			}
-		}
-		if _, err := tx.Exec(ctx, sqlRegister, d.id, d.cfg.Namespace, ids, d.cfg.LivenessTimeout.Seconds()); err != nil {
-			return fmt.Errorf("register dispatcher: %w", err)
-		}
-		return d.retire(ctx, tx)
-	})
-	if err != nil {
+	if err := d.proc.Declare(ctx, d.declarations()); err != nil {
 		return fmt.Errorf("outbox: %w", err)
 	}
 	d.declareMu.Lock()
 	d.declared = true
 	d.declareMu.Unlock()
+	return nil
+}
+
+// declarations is the dispatcher's part of the declaration protocol
+// (internal/liveness): its upsert of the subscriptions and its retirement.
+func (d *Dispatcher) declarations() liveness.Declarations {
+	return liveness.Declarations{Upsert: d.upsert, Retire: d.retire}
+}
+
+// upsert stores every declared subscription in tx; one a live dispatcher
+// of another namespace declares is ErrOwned.
+func (d *Dispatcher) upsert(ctx context.Context, tx pgx.Tx) error {
+	for _, s := range d.cfg.Subscriptions {
+		id := subscriptionID(s)
+		o := core.EnqueueOpts{}
+		if s.Opts != nil {
+			o = *s.Opts
+		}
+		meta := []byte("{}")
+		if len(o.Metadata) > 0 {
+			var err error
+			if meta, err = json.Marshal(o.Metadata); err != nil {
+				return fmt.Errorf("subscription %s → %s: encode metadata: %w", s.Topic, s.Kind, err)
+			}
+		}
+		rows, err := tx.Query(ctx, sqlDeclareSubscription, id, s.Topic, s.Kind, s.Endpoint, o.Queue, o.Priority, o.MaxAttempts,
+			string(meta), d.cfg.Namespace)
+		if err != nil {
+			return fmt.Errorf("declare subscription %s → %s: %w", s.Topic, s.Kind, err)
+		}
+		stored, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return fmt.Errorf("declare subscription %s → %s: %w", s.Topic, s.Kind, err)
+		}
+		if len(stored) == 0 {
+			var owner string
+			if err := tx.QueryRow(ctx, sqlSubscriptionOwner, id).Scan(&owner); err != nil {
+				return fmt.Errorf("declare subscription %s → %s: read its owner: %w", s.Topic, s.Kind, err)
+			}
+			return fmt.Errorf("declare subscription %s → %s in namespace %q: %w %q, whose live dispatchers declare it",
+				s.Topic, s.Kind, d.cfg.Namespace, ErrOwned, owner)
+		}
+	}
 	return nil
 }
 
@@ -148,12 +145,9 @@ func (d *Dispatcher) ensureDeclared(ctx context.Context) error {
 	return d.Declare(ctx)
 }
 
-// retire deletes the namespace's dead dispatchers and retires the
-// subscriptions no live one declares. The caller holds the namespace lock.
+// retire retires the subscriptions of the namespace no live dispatcher
+// declares. The caller holds the namespace lock.
 func (d *Dispatcher) retire(ctx context.Context, tx pgx.Tx) error {
-	if _, err := tx.Exec(ctx, sqlDeleteDead, d.cfg.Namespace); err != nil {
-		return fmt.Errorf("delete dead dispatchers: %w", err)
-	}
 	rows, err := tx.Query(ctx, sqlRetire, d.cfg.Namespace)
 	if err != nil {
 		return fmt.Errorf("retire undeclared subscriptions: %w", err)
@@ -174,38 +168,11 @@ func (d *Dispatcher) retire(ctx context.Context, tx pgx.Tx) error {
 }
 
 // heartbeat keeps this dispatcher's declarations alive and retires what no
-// live dispatcher of the namespace declares any more.
+// live dispatcher of the namespace declares any more; one found expired
+// declares again.
 func (d *Dispatcher) heartbeat(ctx context.Context) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(d.cfg.LivenessTimeout / 4):
-		}
-		err := pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, sqlLockNamespace, d.cfg.Namespace); err != nil {
-				return fmt.Errorf("lock namespace: %w", err)
-			}
-			tag, err := tx.Exec(ctx, sqlHeartbeat, d.id)
-			if err != nil {
-				return fmt.Errorf("heartbeat: %w", err)
-			}
-			if tag.RowsAffected() == 0 {
-				return errSwept
-			}
-			return d.retire(ctx, tx)
-		})
-		if errors.Is(err, errSwept) {
-			d.cfg.Logger.Warn("relay: outbox dispatcher was taken for dead; declaring again", "namespace", d.cfg.Namespace)
-			err = d.Declare(ctx)
-		}
-		if err != nil && ctx.Err() == nil {
-			d.cfg.Logger.Error("relay: outbox dispatcher heartbeat failed", "err", err)
-		}
-	}
+	d.proc.KeepDeclared(ctx, d.declarations(), d.cfg.Logger, "outbox dispatcher")
 }
-
-var errSwept = errors.New("dispatcher swept as dead")
 
 // activeSubscriptions reads the stored fan-out in the dispatch transaction.
 // A stored subscription the core would refuse (written behind Declare: a

@@ -134,7 +134,7 @@ func TestSubscriptionOwners(t *testing.T) {
 		t.Fatal(err)
 	}
 	testdb.WaitFor(t, "mail's heartbeats", func() bool {
-		return count(t, pool, `SELECT count(*) FROM relay_outbox_processes WHERE namespace = 'mail' AND heartbeat_at > $1::timestamptz + interval '600 ms'`, before) == 1
+		return count(t, pool, `SELECT count(*) FROM relay_processes WHERE role = 'dispatcher' AND namespace = 'mail' AND heartbeat_at > $1::timestamptz + interval '600 ms'`, before) == 1
 	})
 	if a := active(t, pool); !a["invoice.make"] || !a["mail.send"] {
 		t.Fatalf("with shop down, mail retired its subscription: %v", a)
@@ -167,7 +167,7 @@ func TestShortTimeoutDoesNotSweepALiveDispatcher(t *testing.T) {
 	}
 	defer fast.Stop(ctx)
 	testdb.WaitFor(t, "the fast dispatcher to sweep well past its own timeout", func() bool {
-		return count(t, pool, `SELECT count(*) FROM relay_outbox_processes WHERE heartbeat_at > $1::timestamptz + interval '4 s'`, t0) > 0
+		return count(t, pool, `SELECT count(*) FROM relay_processes WHERE role = 'dispatcher' AND heartbeat_at > $1::timestamptz + interval '4 s'`, t0) > 0
 	})
 	if a := active(t, pool); !a["slow.only"] {
 		t.Fatalf("the live slow-heartbeat dispatcher's subscription was retired: %v", a)

@@ -39,7 +39,7 @@ func enabled(t *testing.T, pool *pgxpool.Pool) map[string]bool {
 // sweep).
 func heartbeats(t *testing.T, pool *pgxpool.Pool, ns string, n int) {
 	t.Helper()
-	q := `SELECT coalesce(max(heartbeat_at), 'epoch') FROM relay_scheduler_processes WHERE namespace = $1`
+	q := `SELECT coalesce(max(heartbeat_at), 'epoch') FROM relay_processes WHERE role = 'scheduler' AND namespace = $1`
 	var last time.Time
 	for range n {
 		var before time.Time
@@ -229,7 +229,7 @@ func TestShortTimeoutDoesNotSweepALiveProcess(t *testing.T) {
 	}
 	start(t, pool, &scheduler.Config{Schedules: []scheduler.Schedule{every("shared")}, LivenessTimeout: 2 * time.Second})
 	waitFor(t, "the fast process to sweep well past its own timeout", func() bool {
-		return count(t, pool, `SELECT count(*) FROM relay_scheduler_processes WHERE heartbeat_at > $1::timestamptz + interval '4 s'`, t0) > 0
+		return count(t, pool, `SELECT count(*) FROM relay_processes WHERE role = 'scheduler' AND heartbeat_at > $1::timestamptz + interval '4 s'`, t0) > 0
 	})
 	if e := enabled(t, pool); !e["slow-only"] {
 		t.Fatalf("the live slow-heartbeat process's schedule was retired: %v", e)

@@ -1,6 +1,7 @@
 package scheduler
 
-// All of the scheduler's SQL. Tables: migrations/*_scheduler.tx.up.sql.
+// All of the scheduler's SQL. Tables: migrations/*_scheduler.tx.up.sql;
+// its processes' entries are internal/liveness's.
 
 // sqlDeclare upserts one declared schedule. The next fire is kept unless the
 // timing changed (spec or zone) or the schedule comes back from being
@@ -33,62 +34,24 @@ ON CONFLICT (name) DO UPDATE SET
     namespace = excluded.namespace,
     updated_at = now()
 WHERE s.namespace = excluded.namespace OR NOT EXISTS (
-    SELECT 1 FROM relay_scheduler_processes p
-    WHERE p.namespace = s.namespace AND s.name = ANY (p.schedules)
-      AND p.heartbeat_at > now() - make_interval(secs => p.liveness_secs))
+    SELECT 1 FROM relay_processes p
+    WHERE p.role = 'scheduler' AND p.namespace = s.namespace AND s.name = ANY (p.declares)
+      AND relay_process_live(p.heartbeat_at, p.liveness_secs))
 RETURNING name`
 
 // sqlOwner names the namespace a schedule belongs to.
 const sqlOwner = `SELECT namespace FROM relay_schedules WHERE name = $1`
 
-// sqlLockNamespace serializes the declarations and sweeps of one namespace,
-// so that a sweep never misses a declaration committed while it ran.
-const sqlLockNamespace = `SELECT pg_advisory_xact_lock(hashtext('relay.scheduler:' || $1))`
-
-// sqlLockNames serializes the declarations of the names $1 across
-// namespaces (the namespace lock covers only one): a declaration's upsert
-// then starts after a concurrent one of the same name has committed, so
-// its snapshot sees that owner's live process and refuses (ErrOwned)
-// instead of taking the name over. Locks are taken in one order (by key) so
-// that two declarations of overlapping sets do not deadlock; the two-key
-// form keeps them apart from the namespace locks.
-const sqlLockNames = `
-SELECT pg_advisory_xact_lock(hashtext('relay.scheduler.name'), k)
-FROM (SELECT DISTINCT hashtext(n) AS k FROM unnest($1::text[]) AS n) AS keys
-ORDER BY k`
-
-// sqlRegister records (or refreshes) this process and what it declares.
-const sqlRegister = `
-INSERT INTO relay_scheduler_processes (id, namespace, schedules, liveness_secs)
-VALUES ($1, $2, $3, $4)
-ON CONFLICT (id) DO UPDATE SET
-    namespace = excluded.namespace, schedules = excluded.schedules,
-    liveness_secs = excluded.liveness_secs, heartbeat_at = now()`
-
-// sqlHeartbeat says this process is alive; no row means it was swept as
-// dead (a long pause) and must declare again.
-const sqlHeartbeat = `
-UPDATE relay_scheduler_processes SET heartbeat_at = now() WHERE id = $1`
-
-// sqlUnregister removes this process at Stop: its declarations no longer
-// keep schedules alive.
-const sqlUnregister = `DELETE FROM relay_scheduler_processes WHERE id = $1`
-
-// sqlDeleteDead removes the processes of a namespace not seen within their
-// own liveness timeouts (a sweeper's timeout says nothing of another's
-// heartbeat interval).
-const sqlDeleteDead = `
-DELETE FROM relay_scheduler_processes
-WHERE namespace = $1 AND heartbeat_at <= now() - make_interval(secs => liveness_secs)`
-
 // sqlRetire disables the schedules of a namespace that no live process of
-// it declares: removed from code everywhere it runs. Run after
-// sqlDeleteDead, under sqlLockNamespace.
+// it declares: removed from code everywhere it runs. Run under the
+// namespace's lock (internal/liveness), where a heartbeat that finds its
+// process expired declares again.
 const sqlRetire = `
 UPDATE relay_schedules s SET disabled_at = now(), updated_at = now()
 WHERE s.namespace = $1 AND s.disabled_at IS NULL AND NOT EXISTS (
-    SELECT 1 FROM relay_scheduler_processes p
-    WHERE p.namespace = s.namespace AND s.name = ANY (p.schedules))
+    SELECT 1 FROM relay_processes p
+    WHERE p.role = 'scheduler' AND p.namespace = s.namespace AND s.name = ANY (p.declares)
+      AND relay_process_live(p.heartbeat_at, p.liveness_secs))
 RETURNING name`
 
 // sqlNow reads the database's clock: all due checks use it.

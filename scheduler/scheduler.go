@@ -2,8 +2,6 @@ package scheduler
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +17,7 @@ import (
 
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/internal/background"
+	"github.com/relayq/relay/internal/liveness"
 )
 
 // Config configures a Scheduler. Only Schedules is needed; the zero value of
@@ -59,7 +58,7 @@ type Config struct {
 type Scheduler struct {
 	pool  *pgxpool.Pool
 	cfg   Config
-	id    string // this process in relay_scheduler_processes
+	proc  *liveness.Process // this process's entry, declaring the schedules
 	decls []*declared
 	specs specCache
 
@@ -102,11 +101,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Scheduler, error) {
 	if c.LivenessTimeout <= 0 {
 		c.LivenessTimeout = time.Minute
 	}
-	var id [12]byte
-	if _, err := rand.Read(id[:]); err != nil {
-		return nil, fmt.Errorf("scheduler: process id: %w", err)
-	}
-	s := &Scheduler{pool: pool, cfg: c, id: hex.EncodeToString(id[:]), broken: map[string]time.Time{}}
+	s := &Scheduler{pool: pool, cfg: c, broken: map[string]time.Time{}}
 	var errs []error
 	seen := map[string]bool{}
 	for _, sc := range c.Schedules {
@@ -124,6 +119,16 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Scheduler, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
+	names := make([]string, 0, len(s.decls))
+	for _, d := range s.decls {
+		names = append(names, d.name)
+	}
+	proc, err := liveness.New(pool, liveness.Entry{Role: liveness.RoleScheduler, Namespace: c.Namespace,
+		Declares: names, Timeout: c.LivenessTimeout})
+	if err != nil {
+		return nil, fmt.Errorf("scheduler: %w", err)
+	}
+	s.proc = proc
 	return s, nil
 }
 
@@ -141,29 +146,15 @@ func (s *Scheduler) Start(ctx context.Context) error {
 func (s *Scheduler) Stop(ctx context.Context) error {
 	err := s.runner.Stop(ctx, "scheduler")
 	// This process no longer declares anything; the live ones retire what
-	// only it declared at their next heartbeat.
+	// only it declared at their next heartbeat. Bounded even once ctx has
+	// ended (Unregister).
 	if s.registered.Load() {
-		uctx, cancel := unregisterContext(ctx)
-		defer cancel()
-		if _, uerr := s.pool.Exec(uctx, sqlUnregister, s.id); uerr != nil {
-			err = errors.Join(err, fmt.Errorf("scheduler: unregister: %w", uerr))
+		if uerr := s.proc.Unregister(ctx); uerr != nil {
+			err = errors.Join(err, fmt.Errorf("scheduler: %w", uerr))
 		}
 	}
 	return err
 }
-
-// unregisterContext bounds Stop's unregistering: by ctx while it lasts (a
-// caller's deadline holds), and by unregisterTimeout in any case, also
-// after ctx ended (the loops' stop used it up), so that an unresponsive
-// database cannot hold Stop for ever.
-func unregisterContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	if ctx.Err() != nil {
-		ctx = context.WithoutCancel(ctx)
-	}
-	return context.WithTimeout(ctx, unregisterTimeout)
-}
-
-const unregisterTimeout = 5 * time.Second
 
 // Declare stores the schedules without firing them: it upserts every
 // declared schedule, records this process as declaring them, and retires the
@@ -172,62 +163,59 @@ const unregisterTimeout = 5 * time.Second
 // declarations count for one LivenessTimeout.
 func (s *Scheduler) Declare(ctx context.Context) error {
 	s.registered.Store(true) // set first: Stop may remove a row this commits
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, sqlLockNamespace, s.cfg.Namespace); err != nil {
-			return fmt.Errorf("scheduler: lock namespace %q: %w", s.cfg.Namespace, err)
-		}
-		names := make([]string, 0, len(s.decls))
-		for _, d := range s.decls {
-			names = append(names, d.name)
-		}
-		if _, err := tx.Exec(ctx, sqlLockNames, names); err != nil {
-			return fmt.Errorf("scheduler: lock schedule names: %w", err)
-		}
-		var now time.Time
-		if err := tx.QueryRow(ctx, sqlNow).Scan(&now); err != nil {
-			return fmt.Errorf("scheduler: read the database clock: %w", err)
-		}
-		for _, d := range s.decls {
-			next := d.parsed.Next(now)
-			rows, err := tx.Query(ctx, sqlDeclare, d.name, d.spec, d.timezone, d.kind, string(d.args), d.queue,
-				d.priority, d.maxAttempts, string(d.metadata), d.catchUp, d.catchUpLimit, d.overlap, next,
-				s.cfg.Namespace)
-			if err != nil {
-				return fmt.Errorf("scheduler: declare schedule %q: %w", d.name, err)
-			}
-			stored, err := pgx.CollectRows(rows, pgx.RowTo[string])
-			if err != nil {
-				return fmt.Errorf("scheduler: declare schedule %q: %w", d.name, err)
-			}
-			if len(stored) == 0 {
-				var owner string
-				if err := tx.QueryRow(ctx, sqlOwner, d.name).Scan(&owner); err != nil {
-					return fmt.Errorf("scheduler: declare schedule %q: read its owner: %w", d.name, err)
-				}
-				return fmt.Errorf("scheduler: declare schedule %q in namespace %q: %w %q, whose live processes declare it",
-					d.name, s.cfg.Namespace, ErrOwned, owner)
-			}
-		}
-		if _, err := tx.Exec(ctx, sqlRegister, s.id, s.cfg.Namespace, names, s.cfg.LivenessTimeout.Seconds()); err != nil {
-			return fmt.Errorf("scheduler: register process: %w", err)
-		}
-		return s.retire(ctx, tx)
-	})
+	if err := s.proc.Declare(ctx, s.declarations()); err != nil {
+		return fmt.Errorf("scheduler: %w", err)
+	}
+	return nil
 }
 
-// retire deletes the namespace's dead processes and disables the schedules
-// no live one declares. The caller holds the namespace lock.
-func (s *Scheduler) retire(ctx context.Context, tx pgx.Tx) error {
-	if _, err := tx.Exec(ctx, sqlDeleteDead, s.cfg.Namespace); err != nil {
-		return fmt.Errorf("scheduler: delete dead processes: %w", err)
+// declarations is the scheduler's part of the declaration protocol
+// (internal/liveness): its upsert of the schedules and its retirement.
+func (s *Scheduler) declarations() liveness.Declarations {
+	return liveness.Declarations{Upsert: s.upsert, Retire: s.retire}
+}
+
+// upsert stores every declared schedule in tx; a name a live process of
+// another namespace declares is ErrOwned.
+func (s *Scheduler) upsert(ctx context.Context, tx pgx.Tx) error {
+	var now time.Time
+	if err := tx.QueryRow(ctx, sqlNow).Scan(&now); err != nil {
+		return fmt.Errorf("read the database clock: %w", err)
 	}
+	for _, d := range s.decls {
+		next := d.parsed.Next(now)
+		rows, err := tx.Query(ctx, sqlDeclare, d.name, d.spec, d.timezone, d.kind, string(d.args), d.queue,
+			d.priority, d.maxAttempts, string(d.metadata), d.catchUp, d.catchUpLimit, d.overlap, next,
+			s.cfg.Namespace)
+		if err != nil {
+			return fmt.Errorf("declare schedule %q: %w", d.name, err)
+		}
+		stored, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return fmt.Errorf("declare schedule %q: %w", d.name, err)
+		}
+		if len(stored) == 0 {
+			var owner string
+			if err := tx.QueryRow(ctx, sqlOwner, d.name).Scan(&owner); err != nil {
+				return fmt.Errorf("declare schedule %q: read its owner: %w", d.name, err)
+			}
+			return fmt.Errorf("declare schedule %q in namespace %q: %w %q, whose live processes declare it",
+				d.name, s.cfg.Namespace, ErrOwned, owner)
+		}
+	}
+	return nil
+}
+
+// retire disables the schedules of the namespace that no live process
+// declares. The caller holds the namespace lock.
+func (s *Scheduler) retire(ctx context.Context, tx pgx.Tx) error {
 	rows, err := tx.Query(ctx, sqlRetire, s.cfg.Namespace)
 	if err != nil {
-		return fmt.Errorf("scheduler: retire undeclared schedules: %w", err)
+		return fmt.Errorf("retire undeclared schedules: %w", err)
 	}
 	disabled, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return fmt.Errorf("scheduler: retire undeclared schedules: %w", err)
+		return fmt.Errorf("retire undeclared schedules: %w", err)
 	}
 	if len(disabled) > 0 {
 		s.cfg.Logger.Info("relay: disabled schedules no live process declares",
@@ -237,40 +225,11 @@ func (s *Scheduler) retire(ctx context.Context, tx pgx.Tx) error {
 }
 
 // heartbeat keeps this process's declarations alive and retires what no
-// live process of the namespace declares any more. A process found swept as
-// dead (it paused longer than the timeout) declares again.
+// live process of the namespace declares any more. A process found expired
+// (it paused longer than the timeout) declares again.
 func (s *Scheduler) heartbeat(ctx context.Context) {
-	every := s.cfg.LivenessTimeout / 4
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(every):
-		}
-		err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, sqlLockNamespace, s.cfg.Namespace); err != nil {
-				return fmt.Errorf("lock namespace: %w", err)
-			}
-			tag, err := tx.Exec(ctx, sqlHeartbeat, s.id)
-			if err != nil {
-				return fmt.Errorf("heartbeat: %w", err)
-			}
-			if tag.RowsAffected() == 0 {
-				return errSwept
-			}
-			return s.retire(ctx, tx)
-		})
-		if errors.Is(err, errSwept) {
-			s.cfg.Logger.Warn("relay: scheduler was taken for dead; declaring again", "namespace", s.cfg.Namespace)
-			err = s.Declare(ctx)
-		}
-		if err != nil && ctx.Err() == nil {
-			s.cfg.Logger.Error("relay: scheduler heartbeat failed", "err", err)
-		}
-	}
+	s.proc.KeepDeclared(ctx, s.declarations(), s.cfg.Logger, "scheduler")
 }
-
-var errSwept = errors.New("process swept as dead")
 
 // brokenRecheck is how long a process leaves a schedule it could not
 // evaluate before trying (and logging) again.
