@@ -22,7 +22,7 @@ import (
 // package: a core client with spec.Workers slots on one queue executes the
 // runs, in the harness's process; callers Start a run on that queue and
 // wait with Result (LISTEN/NOTIFY, polling as a fallback). With Eager,
-// callers use workflow.Execute instead: the run is inserted already claimed
+// callers use workflow.RunNow instead: the run is inserted already claimed
 // by that client and executed in the caller's goroutine (an eager start).
 type RelayWorkflow struct {
 	Eager bool
@@ -42,7 +42,7 @@ func (r RelayWorkflow) LatencyOnly() bool { return r.Eager }
 
 func (r RelayWorkflow) Describe(spec WorkflowSpec) string {
 	if r.Eager {
-		return fmt.Sprintf("workflow.Execute (eager start: run and job inserted in one round trip, the job claimed by a core client with MaxWorkers %d on queue %q, executed in the caller's goroutine; a queued start when no slot is free), Step per step",
+		return fmt.Sprintf("workflow.RunNow (eager start: run and job inserted in one round trip, the job claimed by a core client with MaxWorkers %d on queue %q, executed in the caller's goroutine; a queued start when no slot is free), Step per step",
 			spec.Workers, relayWFQueue)
 	}
 	return fmt.Sprintf("workflow.Start on queue %q + a core client executing it (MaxWorkers %d, defaults otherwise: FetchLimit 1000, LISTEN/NOTIFY); callers wait with workflow.Result; Step per step, Sleep(0) for sleeps, Child+Get for child runs",
@@ -179,7 +179,7 @@ func (e *relayWFEngine) Finished(ctx context.Context) (n int64, err error) {
 
 func (e *relayWFEngine) Call(ctx context.Context, shape Shape) error {
 	if e.eager {
-		_, err := workflow.Execute(ctx, e.client, e.chain, shape, &workflow.StartOpts{Queue: relayWFQueue})
+		_, err := workflow.RunNow(ctx, e.client, e.chain, shape, &workflow.StartOpts{Queue: relayWFQueue})
 		return err
 	}
 	h, err := workflow.Start(ctx, e.pool, e.chain, shape, &workflow.StartOpts{Queue: relayWFQueue})

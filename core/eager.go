@@ -15,7 +15,7 @@ import (
 // Eager execution: a caller inserts a job already claimed by a Client and
 // runs it in its own goroutine, with no queue hop (no NOTIFY, no claim, no
 // hand-over to an executor). The workflow layer's eager start
-// (workflow.Execute) is built on it, after Temporal's Eager Workflow Start.
+// (workflow.RunNow) is built on it, after Temporal's Eager Workflow Start.
 //
 // From the moment its claim commits the job is a claimed job of the client
 // like any other: it holds one of its queue's worker slots, its lease is

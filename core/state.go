@@ -11,10 +11,11 @@ var transitions = map[JobState][]JobState{
 	StateSucceeded: nil,
 }
 
-// CanTransition reports whether the state machine allows from → to.
-func CanTransition(from, to JobState) bool {
-	for _, s := range transitions[from] {
-		if s == to {
+// CanTransitionTo reports whether the job state machine lets a job in state s
+// move to state to.
+func (s JobState) CanTransitionTo(to JobState) bool {
+	for _, next := range transitions[s] {
+		if next == to {
 			return true
 		}
 	}

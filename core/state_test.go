@@ -35,7 +35,7 @@ var pathTo = map[core.JobState][]core.JobState{
 }
 
 // TestStateMachine walks every pair of states through raw SQL: the database
-// allows exactly the transitions of core.CanTransition, and those are exactly
+// allows exactly the transitions of core.JobState.CanTransitionTo, and those are exactly
 // the rows of docs/state-machine.md.
 func TestStateMachine(t *testing.T) {
 	t.Parallel()
@@ -60,7 +60,7 @@ func TestStateMachine(t *testing.T) {
 				}
 			}
 			err := set(id, to)
-			legal := core.CanTransition(from, to)
+			legal := from.CanTransitionTo(to)
 			var pgErr *pgconn.PgError
 			switch {
 			case legal && err != nil:
@@ -96,7 +96,7 @@ func TestStateMachine(t *testing.T) {
 	}
 	for _, from := range core.States() {
 		for _, to := range core.States() {
-			if core.CanTransition(from, to) != documented[[2]core.JobState{from, to}] {
+			if from.CanTransitionTo(to) != documented[[2]core.JobState{from, to}] {
 				t.Errorf("docs/state-machine.md and core disagree on %s → %s", from, to)
 			}
 		}

@@ -23,8 +23,8 @@ type ChildOpts struct {
 	MaxAttempts int
 }
 
-// Future is a child run started by Child. Get waits for its outcome.
-type Future[Out any] struct {
+// ChildFuture is a child run started by Child. Get waits for its outcome.
+type ChildFuture[Out any] struct {
 	x   *execution
 	pos int
 	// RunID is the child run's id: "<parent id>/<key>" (with the parent's
@@ -51,15 +51,15 @@ type Future[Out any] struct {
 // child's id is taken as the child only if this parent started it at this
 // position. Any other holder is left alone, and Get returns a *ChildError
 // matching ErrIDInUse (on this execution and every replay).
-func Child[In, Out any](wctx Context, key string, wf *Workflow[In, Out], in In, opts *ChildOpts) *Future[Out] {
+func Child[In, Out any](wctx Context, key string, wf *Workflow[In, Out], in In, opts *ChildOpts) *ChildFuture[Out] {
 	x := wctx.x
 	if err := x.enter("Child"); err != nil {
-		return &Future[Out]{x: x, pos: -1, err: err}
+		return &ChildFuture[Out]{x: x, pos: -1, err: err}
 	}
 	x.userKey("child", key)
 	pos, h := x.next("child", key)
 	if h != nil {
-		return &Future[Out]{x: x, pos: pos, RunID: h.childID}
+		return &ChildFuture[Out]{x: x, pos: pos, RunID: h.childID}
 	}
 	x.checkCancel()
 	input, err := encode("input of child "+key, in)
@@ -106,17 +106,17 @@ func Child[In, Out any](wctx Context, key string, wf *Workflow[In, Out], in In, 
 		link.wake(ctx, x.r.pool)
 		cancel()
 	}
-	return &Future[Out]{x: x, pos: pos, RunID: id}
+	return &ChildFuture[Out]{x: x, pos: pos, RunID: id}
 }
 
 // Get returns the child's output, suspending the parent until the child
 // finishes. A child that failed, was compensated or cancelled returns a
 // *ChildError. The outcome is checkpointed in the parent: replays return
 // it without reading the child again.
-func (f *Future[Out]) Get(wctx Context) (Out, error) {
+func (f *ChildFuture[Out]) Get(wctx Context) (Out, error) {
 	x := f.x
 	var zero Out
-	if err := x.enter("Future.Get"); err != nil {
+	if err := x.enter("ChildFuture.Get"); err != nil {
 		return zero, err
 	}
 	if f.err != nil {

@@ -17,7 +17,7 @@ import (
 	"github.com/relayq/relay/internal/eager"
 )
 
-// Execute starts a run of wf and waits for its outcome, executing it in the
+// RunNow starts a run of wf and waits for its outcome, executing it in the
 // caller's goroutine: an eager start, Relay's twin of Temporal's Eager
 // Workflow Start and of DBOS's RunWorkflow. The run's row and its job are
 // written in one round trip with the job already claimed by c (as if c's
@@ -31,22 +31,22 @@ import (
 // the start's commit. If the process dies, the job's lease expires and the
 // rescuer hands the run to any worker; if the run suspends (Sleep,
 // WaitSignal, a child's Get) or its execution fails and is retried, the job
-// goes back to the queue as usual and Execute waits for the run's result, as
+// goes back to the queue as usual and RunNow waits for the run's result, as
 // Handle.Result does. A run id that exists (StartOpts.ID) starts nothing:
-// Execute returns that run's result (ErrIDInUse if it is another workflow's).
+// RunNow returns that run's result (ErrIDInUse if it is another workflow's).
 //
 // c must serve opts.Queue with the workers of wf's registry (AddWorkers):
-// otherwise Execute fails with ErrNotWorked and starts nothing. Execute falls
+// otherwise RunNow fails with ErrNotWorked and starts nothing. RunNow falls
 // back to an ordinary start (Start, then the result) when c cannot take the
 // run now: every worker slot of the queue busy, or c not running (stopping,
 // say). A paused queue or a global limit on the queue or on RunKind is
-// never bypassed: the run is then started queued, and Execute waits for it.
+// never bypassed: the run is then started queued, and RunNow waits for it.
 //
 // ctx bounds the wait. If it ends while the run executes here, the
 // execution is cancelled and its job returned to the queue (the attempt
 // not counted) for any worker to continue; the run goes on without the
 // caller.
-func Execute[In, Out any](ctx context.Context, c *core.Client, wf *Workflow[In, Out], in In, opts *StartOpts) (Out, error) {
+func RunNow[In, Out any](ctx context.Context, c *core.Client, wf *Workflow[In, Out], in In, opts *StartOpts) (Out, error) {
 	var zero Out
 	if wf == nil || c == nil {
 		return zero, errors.New("workflow: run: nil workflow or client")
@@ -100,7 +100,7 @@ func Execute[In, Out any](ctx context.Context, c *core.Client, wf *Workflow[In, 
 type eagerKey struct{}
 
 // eagerSink receives the outcome of the eager caller's run when the
-// caller's own execution records it (execution.finish), so that Execute
+// caller's own execution records it (execution.finish), so that RunNow
 // returns it without reading it back.
 type eagerSink struct {
 	runID string

@@ -46,7 +46,7 @@ func TestEagerRunCompletesInCaller(t *testing.T) {
 		return in, nil
 	})
 	c := b.startWith(&core.Config{ID: "eager-caller"})
-	out, err := workflow.Execute(callerCtx(t), c, wf, 10, &workflow.StartOpts{ID: "eager-1"})
+	out, err := workflow.RunNow(callerCtx(t), c, wf, 10, &workflow.StartOpts{ID: "eager-1"})
 	if err != nil || out != 13 {
 		t.Fatalf("Execute: %d, %v", out, err)
 	}
@@ -100,7 +100,7 @@ func TestEagerRunSleepsThenFinishesViaQueue(t *testing.T) {
 		}, nil)
 	})
 	c := b.start()
-	out, err := workflow.Execute(callerCtx(t), c, wf, 0, nil)
+	out, err := workflow.RunNow(callerCtx(t), c, wf, 0, nil)
 	if err != nil || out != "woke" {
 		t.Fatalf("Execute: %q, %v", out, err)
 	}
@@ -136,7 +136,7 @@ func TestEagerRunKilledIsRecovered(t *testing.T) {
 	})
 	client := b.startWith(&core.Config{RescueInterval: 50 * time.Millisecond,
 		Queues: map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: 1}}})
-	out, err := workflow.Execute(callerCtx(t), client, wf, 0, nil)
+	out, err := workflow.RunNow(callerCtx(t), client, wf, 0, nil)
 	if err != nil || out != 11 {
 		t.Fatalf("Execute: %d, %v", out, err)
 	}
@@ -162,13 +162,13 @@ func TestEagerDuplicateRunID(t *testing.T) {
 	c := b.start()
 	ctx := callerCtx(t)
 	opts := &workflow.StartOpts{ID: "order-7"}
-	if out, err := workflow.Execute(ctx, c, wf, 21, opts); err != nil || out != 42 {
+	if out, err := workflow.RunNow(ctx, c, wf, 21, opts); err != nil || out != 42 {
 		t.Fatalf("first: %d, %v", out, err)
 	}
-	if out, err := workflow.Execute(ctx, c, wf, 99, opts); err != nil || out != 42 {
+	if out, err := workflow.RunNow(ctx, c, wf, 99, opts); err != nil || out != 42 {
 		t.Fatalf("again: %d, %v (want the existing run's 42)", out, err)
 	}
-	if _, err := workflow.Execute(ctx, c, other, 1, opts); !errors.Is(err, workflow.ErrIDInUse) {
+	if _, err := workflow.RunNow(ctx, c, other, 1, opts); !errors.Is(err, workflow.ErrIDInUse) {
 		t.Fatalf("another workflow's id: %v, want ErrIDInUse", err)
 	}
 	if calls.Load() != 1 {
@@ -184,14 +184,14 @@ func TestEagerDuplicateRunID(t *testing.T) {
 	})
 	first := make(chan error, 1)
 	go func() {
-		_, err := workflow.Execute(ctx, c, slow, 0, &workflow.StartOpts{ID: "slow-1"})
+		_, err := workflow.RunNow(ctx, c, slow, 0, &workflow.StartOpts{ID: "slow-1"})
 		first <- err
 	}()
 	b.waitFor("the slow run started", func() bool {
 		return b.count(`SELECT count(*) FROM relay_workflow_runs WHERE id = 'slow-1'`) == 1
 	})
 	time.AfterFunc(50*time.Millisecond, func() { close(release) })
-	if out, err := workflow.Execute(ctx, c, slow, 0, &workflow.StartOpts{ID: "slow-1"}); err != nil || out != 5 {
+	if out, err := workflow.RunNow(ctx, c, slow, 0, &workflow.StartOpts{ID: "slow-1"}); err != nil || out != 5 {
 		t.Fatalf("duplicate of a running run: %d, %v", out, err)
 	}
 	if err := <-first; err != nil {
@@ -221,10 +221,10 @@ func TestEagerFallsBackToQueuedStart(t *testing.T) {
 	ctx := callerCtx(t)
 	opts := func() *workflow.StartOpts { return &workflow.StartOpts{Queue: "one"} }
 	first := make(chan error, 1)
-	go func() { _, err := workflow.Execute(ctx, c, wf, true, opts()); first <- err }()
+	go func() { _, err := workflow.RunNow(ctx, c, wf, true, opts()); first <- err }()
 	b.waitFor("the first run holds the slot", func() bool { return callerRuns.Load() == 1 })
 	second := make(chan error, 1)
-	go func() { _, err := workflow.Execute(ctx, c, wf, false, opts()); second <- err }()
+	go func() { _, err := workflow.RunNow(ctx, c, wf, false, opts()); second <- err }()
 	b.waitFor("the second run started queued", func() bool {
 		return b.count(`SELECT count(*) FROM relay_jobs WHERE state = 'queued'`) == 1
 	})
@@ -244,7 +244,7 @@ func TestEagerFallsBackToQueuedStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	paused := make(chan error, 1)
-	go func() { _, err := workflow.Execute(ctx, c, wf, false, opts()); paused <- err }()
+	go func() { _, err := workflow.RunNow(ctx, c, wf, false, opts()); paused <- err }()
 	b.waitFor("the run started queued on the paused queue", func() bool {
 		return b.count(`SELECT count(*) FROM relay_jobs WHERE state = 'queued'`) == 1
 	})
@@ -259,7 +259,7 @@ func TestEagerFallsBackToQueuedStart(t *testing.T) {
 	}
 
 	// A queue the client does not serve is an error, and nothing is written.
-	if _, err := workflow.Execute(ctx, c, wf, false, &workflow.StartOpts{Queue: "elsewhere"}); !errors.Is(err, workflow.ErrNotWorked) {
+	if _, err := workflow.RunNow(ctx, c, wf, false, &workflow.StartOpts{Queue: "elsewhere"}); !errors.Is(err, workflow.ErrNotWorked) {
 		t.Fatalf("unserved queue: %v, want workflow.ErrNotWorked", err)
 	}
 	if n := b.count(`SELECT count(*) FROM relay_workflow_runs WHERE queue = 'elsewhere'`); n != 0 {
@@ -284,7 +284,7 @@ func TestEagerCallerGoneRunContinues(t *testing.T) {
 		}, nil)
 	})
 	c := b.start()
-	if _, err := workflow.Execute(ctx, c, wf, 0, &workflow.StartOpts{ID: "left"}); !errors.Is(err, context.Canceled) {
+	if _, err := workflow.RunNow(ctx, c, wf, 0, &workflow.StartOpts{ID: "left"}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Execute after its caller left: %v", err)
 	}
 	if out, err := result[int](t, b.pool, "left"); err != nil || out != 7 {

@@ -31,7 +31,7 @@ var (
 	ErrTooLarge = errors.New("workflow: payload too large")
 	// ErrTooDeep: a signal's payload nests deeper than MaxSignalDepth.
 	ErrTooDeep = errors.New("workflow: payload nested too deep")
-	// ErrNotWorked: Execute was given a client that does not serve the
+	// ErrNotWorked: RunNow was given a client that does not serve the
 	// run's queue with the workers of the workflow's registry, so it cannot
 	// claim the run. Nothing was written.
 	ErrNotWorked = eager.ErrNotWorked
@@ -157,7 +157,7 @@ func (e *RunError) Is(target error) bool {
 }
 
 // ChildError is a child run's outcome when it did not complete, returned by
-// its Future's Get. State is empty when the child never started because
+// its ChildFuture's Get. State is empty when the child never started because
 // another run holds its id (one not started by this parent at this
 // position): the error then matches ErrIDInUse (errors.Is), and Message
 // says who holds the id.

@@ -19,9 +19,10 @@ import (
 // subscription of Kind StartKind with StartMetadata) start workflows.
 const StartKind = "relay.workflow.start"
 
-// MetaWorkflow is the job metadata key naming the workflow a StartKind job
-// starts when its args do not (an outbox delivery).
-const MetaWorkflow = "relay.workflow"
+// MetaWorkflowName is the job metadata key naming the workflow a StartKind
+// job starts when its args do not (an outbox delivery). Its value is not
+// RunKind's: one is a metadata key, the other a job kind.
+const MetaWorkflowName = "relay.workflow_name"
 
 // StartArgs are the args of a StartKind job. The run's id is ID, or
 // "<workflow>-job-<job id>" so that the job's retries start one run.
@@ -51,7 +52,7 @@ func (StartArgs) Kind() string { return StartKind }
 
 // StartMetadata is the job metadata that makes a StartKind job without a
 // workflow in its args (an outbox subscription's) start workflow name.
-func StartMetadata(name string) map[string]any { return map[string]any{MetaWorkflow: name} }
+func StartMetadata(name string) map[string]any { return map[string]any{MetaWorkflowName: name} }
 
 // unregisteredGrace is how long a start job naming a workflow this process
 // does not know is put back for another process before it dies.
@@ -67,14 +68,14 @@ func (w startWorker) Work(ctx context.Context, job *core.Job[StartArgs]) error {
 	if name == "" {
 		var meta map[string]any
 		json.Unmarshal(job.Metadata, &meta) //nolint:errcheck // checked below
-		name, _ = meta[MetaWorkflow].(string)
+		name, _ = meta[MetaWorkflowName].(string)
 		input = a.Payload
 		if id == "" && a.EventID != 0 {
 			id = name + "-event-" + strconv.FormatInt(a.EventID, 10)
 		}
 	}
 	if name == "" {
-		return core.Permanent(fmt.Errorf("workflow: start job %d names no workflow (args or metadata %q)", job.ID, MetaWorkflow))
+		return core.Permanent(fmt.Errorf("workflow: start job %d names no workflow (args or metadata %q)", job.ID, MetaWorkflowName))
 	}
 	if !w.r.Registered(name) {
 		err := fmt.Errorf("%w: %q (start job %d)", ErrUnregistered, name, job.ID)

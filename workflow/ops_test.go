@@ -227,7 +227,7 @@ func TestRunStateMachine(t *testing.T) {
 			if from == to {
 				continue
 			}
-			allowed := workflow.CanTransition(from, to)
+			allowed := from.CanTransitionTo(to)
 			if documented[[2]workflow.RunState{from, to}] != allowed {
 				t.Errorf("%s -> %s: Go says %v, docs say %v", from, to, allowed, !allowed)
 			}

@@ -335,10 +335,10 @@ const sqlWakeParent = `SELECT relay_workflow_wake(ARRAY[$1::bigint])`
 // closes its children and goes on).
 const sqlRequestCancelChildren = `SELECT relay_workflow_cancel_tree($1, false)`
 
-// sqlEagerInsertRun inserts an eagerly started run (Execute) in the batch that
+// sqlEagerInsertRun inserts an eagerly started run (RunNow) in the batch that
 // inserts its job already claimed (internal/eager), after the
 // job's insert: job_id is that job's id. No ON CONFLICT: a run id in use
-// fails the batch, rolling the job back with it, and Execute then reads the
+// fails the batch, rolling the job back with it, and RunNow then reads the
 // existing run.
 // The job_id expression is eager.InsertedJobID (TestEagerInsertRunNamesTheJob).
 const sqlEagerInsertRun = `

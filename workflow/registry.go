@@ -51,7 +51,7 @@ type Registry struct {
 	errs  []declaredError
 	types []declaredType
 	// eager holds the eager inserter of each core.Client made with this
-	// registry's workers (runWorker.AttachEager), by client: Execute
+	// registry's workers (runWorker.AttachEager), by client: RunNow
 	// inserts its runs' jobs claimed through it.
 	eagerMu sync.Mutex
 	eager   map[any]eagerInserter

@@ -42,10 +42,11 @@ var transitions = map[RunState][]RunState{
 	StateCancelled:    nil,
 }
 
-// CanTransition reports whether a run may move from → to.
-func CanTransition(from, to RunState) bool {
-	for _, s := range transitions[from] {
-		if s == to {
+// CanTransitionTo reports whether the run state machine lets a run in state
+// s move to state to.
+func (s RunState) CanTransitionTo(to RunState) bool {
+	for _, next := range transitions[s] {
+		if next == to {
 			return true
 		}
 	}

@@ -47,7 +47,7 @@ func runBench(ctx context.Context, args []string) error {
 	wfRuns := fs.Int("runs", 20000, "--workflow: runs started up front, then drained (0: skip)")
 	wfShape := fs.String("shape", "chain", "--workflow: chain (3 no-op steps), sleep (a Sleep(0) between steps) or child (each step a child run)")
 	wfCallers := fs.String("callers", "32,1", "--workflow: caller counts for the latency runs (empty: skip)")
-	wfEager := fs.Bool("eager", false, "--workflow: run each latency measurement a second time with eager start (workflow.Execute: the run executed in the caller's goroutine)")
+	wfEager := fs.Bool("eager", false, "--workflow: run each latency measurement a second time with eager start (workflow.RunNow: the run executed in the caller's goroutine)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
