@@ -23,7 +23,7 @@ func callerCtx(t *testing.T) context.Context {
 
 func inCaller(ctx context.Context) bool { return ctx.Value(eagerCallerKey{}) != nil }
 
-// A run started with Execute runs to its end in the caller's own call:
+// A run started with RunNow runs to its end in the caller's own call:
 // one execution, its job claimed by the caller's client at insert (attempt
 // 1) and recorded succeeded, the output returned.
 func TestEagerRunCompletesInCaller(t *testing.T) {
@@ -48,7 +48,7 @@ func TestEagerRunCompletesInCaller(t *testing.T) {
 	c := b.startWith(&core.Config{ID: "eager-caller"})
 	out, err := workflow.RunNow(callerCtx(t), c, wf, 10, &workflow.StartOpts{ID: "eager-1"})
 	if err != nil || out != 13 {
-		t.Fatalf("Execute: %d, %v", out, err)
+		t.Fatalf("RunNow: %d, %v", out, err)
 	}
 	if outside.Load() != 0 {
 		t.Fatalf("%d steps ran outside the caller's execution", outside.Load())
@@ -79,7 +79,7 @@ func TestEagerRunCompletesInCaller(t *testing.T) {
 }
 
 // A run that sleeps suspends as usual: its job goes back to the queue, a
-// worker's execution finishes it, and Execute returns that result.
+// worker's execution finishes it, and RunNow returns that result.
 func TestEagerRunSleepsThenFinishesViaQueue(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -102,7 +102,7 @@ func TestEagerRunSleepsThenFinishesViaQueue(t *testing.T) {
 	c := b.start()
 	out, err := workflow.RunNow(callerCtx(t), c, wf, 0, nil)
 	if err != nil || out != "woke" {
-		t.Fatalf("Execute: %q, %v", out, err)
+		t.Fatalf("RunNow: %q, %v", out, err)
 	}
 	if !firstInCaller.Load() || secondInCaller.Load() {
 		t.Fatalf("first step in caller %v (want true), second %v (want false: a worker's execution)", firstInCaller.Load(), secondInCaller.Load())
@@ -115,7 +115,7 @@ func TestEagerRunSleepsThenFinishesViaQueue(t *testing.T) {
 // The caller's execution dies mid-run (its lease taken away, as a rescue
 // after a crash does, right after the first checkpoint committed): its
 // late checkpoint is refused, the rescued run resumes after that
-// checkpoint in a worker, and Execute returns the run's result.
+// checkpoint in a worker, and RunNow returns the run's result.
 func TestEagerRunKilledIsRecovered(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -138,7 +138,7 @@ func TestEagerRunKilledIsRecovered(t *testing.T) {
 		Queues: map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: 1}}})
 	out, err := workflow.RunNow(callerCtx(t), client, wf, 0, nil)
 	if err != nil || out != 11 {
-		t.Fatalf("Execute: %d, %v", out, err)
+		t.Fatalf("RunNow: %d, %v", out, err)
 	}
 	if a.Load() != 1 || c.Load() != 2 {
 		t.Fatalf("a ran %d times (want 1), b %d (want 2)", a.Load(), c.Load())
@@ -199,7 +199,7 @@ func TestEagerDuplicateRunID(t *testing.T) {
 	}
 }
 
-// With every worker slot of the queue busy, or the queue paused, Execute
+// With every worker slot of the queue busy, or the queue paused, RunNow
 // starts the run queued and waits for it: no slot or pause is bypassed.
 func TestEagerFallsBackToQueuedStart(t *testing.T) {
 	t.Parallel()
@@ -285,7 +285,7 @@ func TestEagerCallerGoneRunContinues(t *testing.T) {
 	})
 	c := b.start()
 	if _, err := workflow.RunNow(ctx, c, wf, 0, &workflow.StartOpts{ID: "left"}); !errors.Is(err, context.Canceled) {
-		t.Fatalf("Execute after its caller left: %v", err)
+		t.Fatalf("RunNow after its caller left: %v", err)
 	}
 	if out, err := result[int](t, b.pool, "left"); err != nil || out != 7 {
 		t.Fatalf("the run after its caller left: %d, %v", out, err)

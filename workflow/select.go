@@ -53,7 +53,7 @@ type selectRecord struct {
 //
 // The cases not chosen are left as they are: their signals stay in the
 // mailbox (a later WaitSignal or Select receives them), their children go
-// on running (Future.Get collects them; the parent's end closes one never
+// on running (ChildFuture.Get collects them; the parent's end closes one never
 // collected), their steps go on (StepFuture.Get collects
 // them; one never collected is cancelled when the execution ends), their
 // timers are forgotten.
@@ -311,7 +311,7 @@ type childCase struct {
 // OnChild is a Select case ready when the child run f has finished
 // (completed, failed, compensated or cancelled); f.Get then returns its
 // outcome at once.
-func OnChild[Out any](f *Future[Out]) Case {
+func OnChild[Out any](f *ChildFuture[Out]) Case {
 	if f == nil {
 		return nil
 	}

@@ -135,7 +135,7 @@ func TestSelectBadCases(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	var nilFuture *workflow.Future[int]
+	var nilFuture *workflow.ChildFuture[int]
 	wf := workflow.MustRegister(b.reg, "select-bad", func(wctx workflow.Context, _ int) ([]string, error) {
 		var errs []string
 		for _, cases := range [][]workflow.Case{
