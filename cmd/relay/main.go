@@ -1,5 +1,6 @@
 // Command relay is Relay's command line: apply migrations, run the demo,
-// prove and bench, serve the admin API and dashboard, mint tokens.
+// prove and bench, serve the admin API and dashboard, mint tokens, and
+// operate a running server (jobs, runs, schedules, queues) over its API.
 package main
 
 import (
@@ -10,6 +11,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -40,6 +42,14 @@ Usage:
   relay serve   [flags]                serve the admin API, /metrics, /healthz, /readyz
                                        (relay serve -h lists the flags; docs/admin.md)
   relay token   [flags]                print a development token signed with $RELAY_JWT_SECRET
+
+Operating a running relay serve (over its admin API; relay <group> --help):
+  relay jobs list|show|retry|cancel|requeue|bulk       find, read and change jobs
+  relay runs list|show|signal|cancel|retry             workflow runs, with their step timeline
+  relay schedules list|trigger|pause|resume            cron schedules and their next fires
+  relay queues list|pause|resume                       queues: backlog, pause
+These take --url (default $RELAY_URL, else http://127.0.0.1:8080), --token
+(default $RELAY_TOKEN: relay token mints one) and --output table|json.
 
 The database URL defaults to $DATABASE_URL.
 `
@@ -88,6 +98,13 @@ func run(args []string) int {
 		err = runServe(ctx, args[1:])
 	case "token":
 		err = runToken(args[1:])
+	case "jobs", "runs", "schedules", "queues":
+		if len(args) > 1 && !strings.HasPrefix(args[1], "-") {
+			name += " " + args[1]
+		}
+		err = map[string]func(context.Context, []string) error{
+			"jobs": runJobs, "runs": runRuns, "schedules": runSchedules, "queues": runQueues,
+		}[args[0]](ctx, args[1:])
 	case "help", "-h", "--help", "-help":
 		if name == "help" && len(args) > 1 { // relay help demo = relay demo --help
 			return run(append(args[1:], "--help"))
@@ -132,9 +149,20 @@ func exitCode(name string, err error) int {
 // parseFlags parses a command's flags. Help (-h, --help) prints the
 // command's usage and flags to stdout and returns errHelp; a bad flag
 // prints its error and the usage to stderr, once, and returns a
-// usageError. Every command parses through it, so `relay <command> --help`
-// lists the real flag set (the docs test reads it from there).
+// usageError. Every command parses through it (or parseArgs), so `relay
+// <command> --help` lists the real flag set (the docs test reads it from
+// there).
 func parseFlags(fs *flag.FlagSet, args []string) error {
+	_, err := parseArgs(fs, args, nil)
+	return err
+}
+
+// parseArgs is parseFlags for a command that takes the positional
+// arguments named (relay jobs show ID; "[JSON]" is an optional last one,
+// "" when not given): flags may come before, between and after them, and
+// everything after "--" is positional. Too few, too many or an empty
+// required one is a usage error.
+func parseArgs(fs *flag.FlagSet, args []string, names []string) ([]string, error) {
 	name := fs.Name()
 	printUsage := func(w io.Writer) {
 		if f := fs.Lookup("database-url"); f != nil && f.DefValue != "" {
@@ -142,27 +170,57 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 			// it (it may hold a password).
 			f.DefValue = "$DATABASE_URL"
 		}
+		if f := fs.Lookup("token"); f != nil && f.DefValue != "" {
+			f.DefValue = "$" + apiTokenEnv // a credential, never printed
+		}
 		fs.SetOutput(w)
-		fmt.Fprintf(w, "Usage: relay %s [flags]\n\nFlags:\n", name)
+		fmt.Fprintf(w, "Usage: relay %s [flags]\n\nFlags:\n", strings.Join(append([]string{name}, names...), " "))
 		fs.PrintDefaults()
+	}
+	fail := func(err error) ([]string, error) {
+		fmt.Fprintf(os.Stderr, "relay %s: %v\n\n", name, err)
+		printUsage(os.Stderr)
+		return nil, usageError{err}
 	}
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
-	err := fs.Parse(args)
-	switch {
-	case err == nil:
-		if fs.NArg() > 0 {
-			fmt.Fprintf(os.Stderr, "relay %s: unexpected argument %q\n\n", name, fs.Arg(0))
-			printUsage(os.Stderr)
-			return usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
-		}
-		return nil
-	case errors.Is(err, flag.ErrHelp):
-		printUsage(os.Stdout)
-		return errHelp
-	default:
-		fmt.Fprintf(os.Stderr, "relay %s: %v\n\n", name, err)
-		printUsage(os.Stderr)
-		return usageError{err}
+	flagArgs, rest := args, []string(nil)
+	if i := slices.Index(args, "--"); i >= 0 {
+		flagArgs, rest = args[:i], args[i+1:]
 	}
+	var pos []string
+	for {
+		err := fs.Parse(flagArgs)
+		switch {
+		case errors.Is(err, flag.ErrHelp):
+			printUsage(os.Stdout)
+			return nil, errHelp
+		case err != nil:
+			return fail(err)
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		pos = append(pos, fs.Arg(0))
+		flagArgs = fs.Args()[1:]
+	}
+	pos = append(pos, rest...)
+	required := 0 // names in brackets ("[JSON]") are optional, and last
+	for _, n := range names {
+		if !strings.HasPrefix(n, "[") {
+			required++
+		}
+	}
+	switch {
+	case len(pos) > len(names):
+		return fail(fmt.Errorf("unexpected argument %q", pos[len(names)]))
+	case len(pos) < required:
+		return fail(fmt.Errorf("missing %s", strings.Join(names[len(pos):required], " ")))
+	}
+	for i, p := range pos {
+		if p == "" && i < required {
+			return fail(fmt.Errorf("empty %s", names[i]))
+		}
+	}
+	return append(pos, make([]string, len(names)-len(pos))...), nil
 }
