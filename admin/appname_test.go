@@ -8,9 +8,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/core"
-	"github.com/relayq/relay/internal/testdb"
 	"github.com/relayq/relay/outbox"
 	"github.com/relayq/relay/scheduler"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 // The scheduler's fires and the outbox dispatcher's batches run in

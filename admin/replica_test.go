@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/core"
-	"github.com/relayq/relay/internal/devpg"
 	"github.com/relayq/relay/migrations"
+	"github.com/relayq/relay/testkit/devpg"
 )
 
 // With a read pool on a streaming standby, the lists and counts come from

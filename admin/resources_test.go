@@ -19,9 +19,9 @@ import (
 
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/idempotency"
-	"github.com/relayq/relay/internal/testdb"
 	"github.com/relayq/relay/outbox"
 	"github.com/relayq/relay/scheduler"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 type countArgs struct{}

@@ -21,10 +21,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/core"
-	"github.com/relayq/relay/internal/testdb"
 	"github.com/relayq/relay/migrations"
 	"github.com/relayq/relay/outbox"
 	"github.com/relayq/relay/scheduler"
+	"github.com/relayq/relay/testkit/testdb"
 	"github.com/relayq/relay/workflow"
 )
 

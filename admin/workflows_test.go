@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/relayq/relay/core"
-	"github.com/relayq/relay/internal/testdb"
+	"github.com/relayq/relay/testkit/testdb"
 	"github.com/relayq/relay/workflow"
 )
 

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/relayq/relay/core"
-	"github.com/relayq/relay/internal/testdb"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 // Every connection a client opens names itself in pg_stat_activity, after

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/relayq/relay/internal/testdb"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 // BenchmarkClaimComplete claims and completes jobs in batches of n from a

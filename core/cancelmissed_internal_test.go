@@ -9,7 +9,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/relayq/relay/internal/testdb"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 // A running job cancelled while the client's listener was not listening

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/relayq/relay/core"
-	"github.com/relayq/relay/internal/testdb"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 // A row written behind the API that the client cannot run (infinite

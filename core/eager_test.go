@@ -13,7 +13,7 @@ import (
 
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/internal/eager"
-	"github.com/relayq/relay/internal/testdb"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 type callerKey struct{}

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/relayq/relay/internal/testdb"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 // appendBatch writes what encoding/json would for the same rows.

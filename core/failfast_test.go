@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/core"
-	"github.com/relayq/relay/internal/testdb"
 	"github.com/relayq/relay/migrations"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 // On a database never migrated, Start fails with the number of pending

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/relayq/relay/internal/testdb"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 // finishHead is one way a caller's transaction ends a key's running head.

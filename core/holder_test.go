@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/core"
-	"github.com/relayq/relay/internal/netfault"
-	"github.com/relayq/relay/internal/testdb"
+	"github.com/relayq/relay/testkit/netfault"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 type heldArgs struct{ N int }

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/relayq/relay/internal/testdb"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 // A tag filter finds its jobs through the partial GIN index of tagged

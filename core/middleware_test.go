@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/relayq/relay/core"
-	"github.com/relayq/relay/internal/testdb"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 type ctxKey struct{}

@@ -17,9 +17,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/core"
-	"github.com/relayq/relay/internal/devpg"
-	"github.com/relayq/relay/internal/testdb"
 	"github.com/relayq/relay/migrations"
+	"github.com/relayq/relay/testkit/devpg"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 type pooledArgs struct {

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/relayq/relay/core"
-	"github.com/relayq/relay/internal/testdb"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 // The delay function is pinned: exponential from Base, capped at Max, with

@@ -12,7 +12,7 @@ import (
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/internal/dbx"
 	"github.com/relayq/relay/internal/fence"
-	"github.com/relayq/relay/internal/testdb"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 type snoozeArgs struct{}

@@ -9,9 +9,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/core"
-	"github.com/relayq/relay/internal/devpg"
-	"github.com/relayq/relay/internal/netfault"
 	"github.com/relayq/relay/migrations"
+	"github.com/relayq/relay/testkit/devpg"
+	"github.com/relayq/relay/testkit/netfault"
 )
 
 type syncClaimArgs struct{}

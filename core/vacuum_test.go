@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/relayq/relay/core"
-	"github.com/relayq/relay/internal/testdb"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 func TestAutovacuumSettings(t *testing.T) {

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/relayq/relay/core"
-	"github.com/relayq/relay/internal/testdb"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 // A wake whose transaction is still open holds the woken job even when it

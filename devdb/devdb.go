@@ -20,8 +20,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/relayq/relay/internal/devpg"
 	"github.com/relayq/relay/migrations"
+	"github.com/relayq/relay/testkit/devpg"
 )
 
 // Options say where the database is. The zero value starts a throwaway

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/relayq/relay/devdb"
-	"github.com/relayq/relay/internal/testdb"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }
@@ -43,15 +43,16 @@ func TestOpenResetsTheSchema(t *testing.T) {
 	}
 }
 
-// Examples are code to copy: they import nothing a user's module cannot.
+// Examples are code to copy: they import nothing a user's module cannot
+// (nor the repository's own harness, testkit, outside their tests).
 func TestExamplesImportNoInternalPackage(t *testing.T) {
 	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}}: {{join .Imports " "}}`, "../examples/...").CombinedOutput()
 	if err != nil {
 		t.Fatalf("go list: %v\n%s", err, out)
 	}
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		if strings.Contains(line, "/internal/") {
-			t.Errorf("an example imports an internal package: %s", line)
+		if strings.Contains(line, "/internal/") || strings.Contains(line, "/testkit/") {
+			t.Errorf("an example imports an internal package or the repository's harness: %s", line)
 		}
 	}
 }

@@ -8,9 +8,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/relayq/relay/internal/devpg"
-	"github.com/relayq/relay/internal/testdb"
 	"github.com/relayq/relay/migrations"
+	"github.com/relayq/relay/testkit/devpg"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 // Through a transaction-pooling PgBouncer the migrations refuse to run

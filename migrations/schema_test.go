@@ -14,8 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/relayq/relay/internal/devpg"
-	"github.com/relayq/relay/internal/testdb"
+	"github.com/relayq/relay/testkit/devpg"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 var updateSchema = flag.Bool("update", false, "rewrite schema.sql from a freshly migrated database")

@@ -14,8 +14,8 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/relayq/relay/core"
-	"github.com/relayq/relay/internal/testdb"
 	"github.com/relayq/relay/outbox"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }

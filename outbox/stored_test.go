@@ -11,8 +11,8 @@ import (
 
 	"github.com/relayq/relay/core"
 
-	"github.com/relayq/relay/internal/testdb"
 	"github.com/relayq/relay/outbox"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 // logLines records what a logger was given, for tests that count lines.

@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/core"
-	"github.com/relayq/relay/internal/testdb"
 	"github.com/relayq/relay/outbox"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 func dispatcher(t *testing.T, pool *pgxpool.Pool, ns string, subs ...outbox.Subscription) *outbox.Dispatcher {

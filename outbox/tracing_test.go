@@ -11,8 +11,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/relayq/relay/core"
-	"github.com/relayq/relay/internal/testdb"
 	"github.com/relayq/relay/outbox"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 // Each event's jobs continue the trace of the request that published it —

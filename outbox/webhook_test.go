@@ -21,8 +21,8 @@ import (
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 
 	"github.com/relayq/relay/core"
-	"github.com/relayq/relay/internal/testdb"
 	"github.com/relayq/relay/outbox"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 var secret = []byte("0123456789abcdef-shared-secret")

@@ -13,8 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/relayq/relay/internal/testdb"
 	"github.com/relayq/relay/scheduler"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 func every(name string) scheduler.Schedule {

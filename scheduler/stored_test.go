@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/relayq/relay/core"
-	"github.com/relayq/relay/internal/testdb"
 	"github.com/relayq/relay/scheduler"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 // errorLines records the schedule named by each ERROR log record.

@@ -13,8 +13,8 @@ import (
 	"go.opentelemetry.io/otel/metric/noop"
 
 	"github.com/relayq/relay/core"
-	"github.com/relayq/relay/internal/testdb"
 	"github.com/relayq/relay/telemetry"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }

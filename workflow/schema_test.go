@@ -8,8 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/relayq/relay/internal/testdb"
 	"github.com/relayq/relay/migrations"
+	"github.com/relayq/relay/testkit/testdb"
 	"github.com/relayq/relay/workflow"
 )
 

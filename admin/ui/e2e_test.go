@@ -19,10 +19,10 @@ import (
 	"github.com/relayq/relay/admin"
 	"github.com/relayq/relay/admin/ui"
 	"github.com/relayq/relay/core"
-	"github.com/relayq/relay/internal/browsertest"
-	"github.com/relayq/relay/internal/testdb"
 	"github.com/relayq/relay/outbox"
 	"github.com/relayq/relay/scheduler"
+	"github.com/relayq/relay/testkit/browsertest"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }

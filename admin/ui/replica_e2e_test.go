@@ -12,9 +12,9 @@ import (
 
 	"github.com/relayq/relay/admin"
 	"github.com/relayq/relay/core"
-	"github.com/relayq/relay/internal/browsertest"
-	"github.com/relayq/relay/internal/devpg"
 	"github.com/relayq/relay/migrations"
+	"github.com/relayq/relay/testkit/browsertest"
+	"github.com/relayq/relay/testkit/devpg"
 )
 
 // With lists read from a streaming standby, the dashboard's header shows

@@ -18,8 +18,8 @@ import (
 
 	"github.com/relayq/relay/admin"
 	"github.com/relayq/relay/core"
-	"github.com/relayq/relay/internal/browsertest"
-	"github.com/relayq/relay/internal/testdb"
+	"github.com/relayq/relay/testkit/browsertest"
+	"github.com/relayq/relay/testkit/testdb"
 	"github.com/relayq/relay/workflow"
 )
 

@@ -47,7 +47,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/relayq/relay/bench"
-	"github.com/relayq/relay/internal/devpg"
+	"github.com/relayq/relay/testkit/devpg"
 )
 
 func main() {

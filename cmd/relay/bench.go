@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/bench"
-	"github.com/relayq/relay/internal/devpg"
+	"github.com/relayq/relay/testkit/devpg"
 )
 
 // runBench is `relay bench`: a burn-down (pre-inserted jobs drained by

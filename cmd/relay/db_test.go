@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/relayq/relay/internal/testdb"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 // relay serve's connections name themselves relay-serve, after the URL's

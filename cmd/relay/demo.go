@@ -17,8 +17,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/relayq/relay/core"
-	"github.com/relayq/relay/internal/devpg"
 	"github.com/relayq/relay/migrations"
+	"github.com/relayq/relay/testkit/devpg"
 )
 
 // The demo's three job kinds: one succeeds, one fails twice then succeeds,

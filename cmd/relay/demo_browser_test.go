@@ -9,8 +9,8 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/relayq/relay/internal/browsertest"
-	"github.com/relayq/relay/internal/testdb"
+	"github.com/relayq/relay/testkit/browsertest"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 // TestDemoInTheDashboard opens what `relay demo` left through the login

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/relayq/relay/internal/testdb"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 // The demo leaves, in the database it used, what the dashboard shows: the

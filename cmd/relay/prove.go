@@ -21,9 +21,9 @@ import (
 
 	"github.com/relayq/relay/bench"
 	"github.com/relayq/relay/core"
-	"github.com/relayq/relay/internal/devpg"
-	"github.com/relayq/relay/internal/netfault"
 	"github.com/relayq/relay/migrations"
+	"github.com/relayq/relay/testkit/devpg"
+	"github.com/relayq/relay/testkit/netfault"
 )
 
 //go:embed prove.sql

@@ -5,8 +5,8 @@ import (
 	"os"
 	"testing"
 
-	"github.com/relayq/relay/internal/devpg"
-	"github.com/relayq/relay/internal/testdb"
+	"github.com/relayq/relay/testkit/devpg"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 // needBouncer skips the test without a pgbouncer binary, except under

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/relayq/relay/internal/testdb"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 func TestMain(m *testing.M) { testdb.MainOwnCluster(m) }

@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/core"
-	"github.com/relayq/relay/internal/devpg"
-	"github.com/relayq/relay/internal/netfault"
+	"github.com/relayq/relay/testkit/devpg"
+	"github.com/relayq/relay/testkit/netfault"
 )
 
 // A proof's --failover runs on two throwaway clusters: a primary and a

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/relayq/relay/internal/netfault"
+	"github.com/relayq/relay/testkit/netfault"
 	"github.com/relayq/relay/workflow"
 )
 

@@ -12,8 +12,8 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/relayq/relay/core"
-	"github.com/relayq/relay/internal/browsertest"
-	"github.com/relayq/relay/internal/testdb"
+	"github.com/relayq/relay/testkit/browsertest"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 type mailArgs struct{}

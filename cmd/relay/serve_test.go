@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/relayq/relay/core"
-	"github.com/relayq/relay/internal/testdb"
 	"github.com/relayq/relay/migrations"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 // TestREADMEAdminWalkthrough runs the README's admin walkthrough — its exact

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/relayq/relay/internal/testdb"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 // TestServeDashboard: relay serve serves the dashboard under /ui/ (and

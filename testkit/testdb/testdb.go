@@ -32,8 +32,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/relayq/relay/internal/devpg"
 	"github.com/relayq/relay/migrations"
+	"github.com/relayq/relay/testkit/devpg"
 )
 
 // EnvURL names the variable that points the tests at a server. The URL must

@@ -7,7 +7,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/relayq/relay/internal/devpg"
+	"github.com/relayq/relay/testkit/devpg"
 )
 
 // PgBouncer starts a PgBouncer on a loopback port in front of the tests'
