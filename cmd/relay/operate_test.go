@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/relayq/relay/admin"
-	"github.com/relayq/relay/internal/testdb"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 // opEnv is a relay serve on a database the demo filled, and the binary to
