@@ -150,6 +150,7 @@ func newAPI(pool *pgxpool.Pool, cfg *Config) (http.Handler, huma.API, error) {
 	hc.SchemasPath = ""  // schemas are inline in /openapi.json
 	hc.CreateHooks = nil // no $schema links in bodies: a body is exactly its type
 	hc.RejectUnknownQueryParameters = true
+	hc.Formats = map[string]huma.Format{"application/json": strictJSON, "json": strictJSON}
 	hc.Components.SecuritySchemes = map[string]*huma.SecurityScheme{
 		"bearer": {Type: "http", Scheme: "bearer", BearerFormat: "JWT",
 			Description: "A JWT with scope relay:read (GETs) and/or relay:write (changes)."},

@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -59,6 +60,38 @@ type claims struct {
 	jwt.RegisteredClaims
 	// Scope is space-separated, as in OAuth 2.0 (RFC 8693 §4.2).
 	Scope string `json:"scope,omitempty"`
+}
+
+// UnmarshalJSON reads the claims strictly: a key named twice is refused
+// (which of the two would count differs between parsers), and exp, nbf
+// and iat must be JSON numbers (RFC 7519 §2 NumericDate). jwt's own
+// decoding also takes a string holding digits, so {"exp": "99999999999"}
+// would pass as a number to one reader and be refused by another.
+func (c *claims) UnmarshalJSON(b []byte) error {
+	if err := checkNoDuplicateKeys(b); err != nil {
+		return err
+	}
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return err
+	}
+	for _, k := range []string{"exp", "nbf", "iat"} {
+		v, ok := raw[k]
+		if !ok {
+			continue
+		}
+		d := json.NewDecoder(bytes.NewReader(v))
+		d.UseNumber()
+		var x any
+		if err := d.Decode(&x); err != nil {
+			return fmt.Errorf("claim %s: %w", k, err)
+		}
+		if _, ok := x.(json.Number); !ok {
+			return fmt.Errorf("claim %s must be a number (seconds since 1970), not %s", k, v)
+		}
+	}
+	type plain claims // without this method
+	return json.Unmarshal(b, (*plain)(c))
 }
 
 // verifier checks tokens against one Auth.

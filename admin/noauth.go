@@ -24,6 +24,13 @@ func newLoopbackGuard(next http.Handler) loopbackGuard {
 	return loopbackGuard{next: next, csrf: http.NewCrossOriginProtection()}
 }
 
+// LoopbackGuard wraps a handler served without authentication next to a
+// Config.NoAuth admin handler (metrics, health probes) in the guard that
+// handler applies to itself: it answers only requests addressed to a
+// loopback host, and refuses changes sent by web pages of other origins,
+// each with a 403 problem.
+func LoopbackGuard(next http.Handler) http.Handler { return newLoopbackGuard(next) }
+
 func (g loopbackGuard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !loopbackHost(r.Host) {
 		writeProblem(w, r, http.StatusForbidden, "this API runs without authentication and answers only requests "+

@@ -65,6 +65,16 @@ func Handler(opts *Options) http.Handler {
 		case strings.HasSuffix(r.URL.Path, "/") && r.URL.Path != "/ui/": // no directory listings
 			problem(w, r, http.StatusNotFound, "no such page: "+r.URL.Path)
 		case strings.HasPrefix(r.URL.Path, "/ui/"):
+			// A missing file is a problem, as everywhere else in the API,
+			// not the file server's text/plain 404.
+			name := strings.TrimPrefix(r.URL.Path, "/ui/")
+			if name == "" {
+				name = "index.html"
+			}
+			if st, err := fs.Stat(sub, name); err != nil || st.IsDir() {
+				problem(w, r, http.StatusNotFound, "no such page: "+r.URL.Path)
+				return
+			}
 			files.ServeHTTP(w, r)
 		default:
 			problem(w, r, http.StatusNotFound, "no such page: "+r.URL.Path)

@@ -95,3 +95,19 @@ func TestHandlerServesFiles(t *testing.T) {
 		}
 	}
 }
+
+// TestMissingFileIsAProblem: a page or file the dashboard does not have is
+// answered 404 with a problem+json body, as every other error of the API,
+// not the file server's plain text.
+func TestMissingFileIsAProblem(t *testing.T) {
+	t.Parallel()
+	h := Handler(nil)
+	for _, path := range []string{"/ui/nope.js", "/ui/js/nope.js", "/ui/js", "/ui/../admin.go", "/ui/js/", "/ui/static/index.html"} {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		if rec.Code != http.StatusNotFound || rec.Header().Get("Content-Type") != "application/problem+json" ||
+			!strings.Contains(rec.Body.String(), `"status":404`) {
+			t.Errorf("GET %s: %d %s %s", path, rec.Code, rec.Header().Get("Content-Type"), rec.Body.String())
+		}
+	}
+}

@@ -114,10 +114,18 @@ func runServe(ctx context.Context, args []string) error {
 		defer stop()
 	}
 
+	// Without authentication, /metrics and the probes answer loopback
+	// hosts only, as the API itself does (admin.Handler guards itself).
+	guard := func(h http.Handler) http.Handler {
+		if cfg.NoAuth {
+			return admin.LoopbackGuard(h)
+		}
+		return h
+	}
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", metrics)
-	mux.Handle("GET /healthz", admin.Healthz())
-	mux.Handle("GET /readyz", admin.Readyz(pool))
+	mux.Handle("GET /metrics", guard(metrics))
+	mux.Handle("GET /healthz", guard(admin.Healthz()))
+	mux.Handle("GET /readyz", guard(admin.Readyz(pool)))
 	mux.Handle("/", api)
 	srv := &http.Server{
 		Handler:           mux,

@@ -189,6 +189,22 @@ func TestServeEndpoints(t *testing.T) {
 	if code, ct, _ := get("/nope"); code != 404 || ct != "application/problem+json" {
 		t.Errorf("unknown route: %d %s", code, ct)
 	}
+	// Without authentication, /metrics and the probes answer loopback
+	// hosts only, as the API does: a page rebound to 127.0.0.1 reads
+	// nothing.
+	for _, path := range []string{"/metrics", "/healthz", "/readyz", "/v1/queues"} {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+addr+path, nil)
+		req.Host = "rebound.example:8080"
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden || resp.Header.Get("Content-Type") != "application/problem+json" {
+			t.Errorf("GET %s with Host rebound.example: %d %s %.200s, want a 403 problem", path, resp.StatusCode, resp.Header.Get("Content-Type"), b)
+		}
+	}
 	cancel()
 	select {
 	case err := <-done:
