@@ -52,12 +52,12 @@ func TestCheckNoDuplicateKeys(t *testing.T) {
 	t.Parallel()
 	for body, want := range map[string]string{
 		`{"a":1,"b":{"a":2},"c":[{"a":1},{"a":2}]}`: "",
-		`{"a":1,"a":1}`:                      `duplicate key "a" in a JSON object (at a)`,
-		`{"f":{"x":1,"x":2}}`:                `(at f.x)`,
-		`[{"k":1},{"k":1,"k":2}]`:            `(at [1].k)`,
-		`{"l":[[],[{"z":{"q":1,"q":2}}]]}`:   `(at l[1][0].z.q)`,
-		`{"a":1,`:                            "", // a syntax error is the decoder's to report
-		`"just a string"`:                    "",
+		`{"a":1,"a":1}`:                    `duplicate key "a" in a JSON object (at a)`,
+		`{"f":{"x":1,"x":2}}`:              `(at f.x)`,
+		`[{"k":1},{"k":1,"k":2}]`:          `(at [1].k)`,
+		`{"l":[[],[{"z":{"q":1,"q":2}}]]}`: `(at l[1][0].z.q)`,
+		`{"a":1,`:                          "", // a syntax error is the decoder's to report
+		`"just a string"`:                  "",
 	} {
 		err := checkNoDuplicateKeys([]byte(body))
 		switch {
