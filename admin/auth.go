@@ -64,7 +64,7 @@ type claims struct {
 
 // UnmarshalJSON reads the claims strictly: a key named twice is refused
 // (which of the two would count differs between parsers), and exp, nbf
-// and iat must be JSON numbers (RFC 7519 §2 NumericDate). jwt's own
+// and iat must be JSON numbers (RFC 7519 §2: seconds since 1970). jwt's own
 // decoding also takes a string holding digits, so {"exp": "99999999999"}
 // would pass as a number to one reader and be refused by another.
 func (c *claims) UnmarshalJSON(b []byte) error {
