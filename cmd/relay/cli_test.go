@@ -3,10 +3,12 @@ package main
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -137,31 +139,36 @@ func TestDocsNameRealCommands(t *testing.T) {
 	examples, _ := filepath.Glob(filepath.Join(root, "examples", "*", "*.md"))
 	files = append(files, examples...)
 
-	flagsOf := map[string]map[string]bool{} // "prove queue" → its flags; nil: no such command
-	lookup := func(cmd []string) map[string]bool {
+	type command struct {
+		flags map[string]bool
+		group bool // its usage is "relay X <command>": the next word names one
+	}
+	commands := map[string]*command{} // "prove queue" → its flags; nil: no such command
+	lookup := func(cmd []string) *command {
 		key := strings.Join(cmd, " ")
-		if f, ok := flagsOf[key]; ok {
-			return f
+		if c, ok := commands[key]; ok {
+			return c
 		}
 		out, _, code := runRelay(t, bin, append(cmd, "--help")...)
-		var f map[string]bool
-		if code == 0 {
-			f = map[string]bool{"h": true, "help": true}
+		var c *command
+		usage := "Usage: relay " + key + " "
+		// The help must be this command's own: `relay jobs show 42 --help`
+		// prints "Usage: relay jobs show ID", which does not make 42 a
+		// command.
+		if code == 0 && strings.Contains(out, usage) {
+			c = &command{flags: map[string]bool{"h": true, "help": true}, group: strings.Contains(out, usage+"<")}
 			for _, m := range flagLine.FindAllStringSubmatch(out, -1) {
-				f[m[1]] = true
+				c.flags[m[1]] = true
 			}
 		}
-		flagsOf[key] = f
-		return f
+		commands[key] = c
+		return c
 	}
 	checked := 0
-	for _, file := range files {
-		text, err := os.ReadFile(file)
-		if err != nil {
-			t.Fatal(err)
-		}
+	seen := map[string]bool{} // the commands named, "jobs show"
+	scan := func(file, text string, errorf func(string, ...any)) {
 		inBlock, skip := false, false
-		for i, line := range strings.Split(string(text), "\n") {
+		for i, line := range strings.Split(text, "\n") {
 			if fence, ok := strings.CutPrefix(strings.TrimSpace(line), "```"); ok {
 				if !inBlock {
 					lang := strings.TrimSpace(fence)
@@ -182,14 +189,17 @@ func TestDocsNameRealCommands(t *testing.T) {
 				rest, _, _ = strings.Cut(rest, stop)
 			}
 			words := strings.Fields(rest)
+			// A group (relay prove, relay jobs) takes its command from the
+			// next word: relay prove queue, relay jobs show.
 			cmd := []string{m[1]}
-			if m[1] == "prove" && len(words) > 0 && !strings.HasPrefix(words[0], "-") {
+			c := lookup(cmd)
+			for c != nil && c.group && len(words) > 0 && !strings.HasPrefix(words[0], "-") {
 				cmd, words = append(cmd, words[0]), words[1:]
+				c = lookup(cmd)
 			}
 			where := filepath.Base(file) + ":" + strconv.Itoa(i+1)
-			flags := lookup(cmd)
-			if flags == nil {
-				t.Errorf("%s: `relay %s` is not a command (relay %s --help fails)", where, strings.Join(cmd, " "), strings.Join(cmd, " "))
+			if c == nil {
+				errorf("%s: `relay %s` is not a command (relay %s --help fails)", where, strings.Join(cmd, " "), strings.Join(cmd, " "))
 				continue
 			}
 			for _, w := range words {
@@ -197,15 +207,47 @@ func TestDocsNameRealCommands(t *testing.T) {
 					continue
 				}
 				name, _, _ := strings.Cut(strings.TrimLeft(w, "-"), "=")
-				if !flags[name] {
-					t.Errorf("%s: `relay %s` has no flag %s", where, strings.Join(cmd, " "), w)
+				if !c.flags[name] {
+					errorf("%s: `relay %s` has no flag %s", where, strings.Join(cmd, " "), w)
 				}
 			}
+			seen[strings.Join(cmd, " ")] = true
 			checked++
 		}
 	}
+	for _, file := range files {
+		text, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		scan(file, string(text), t.Errorf)
+	}
 	if checked < 5 {
 		t.Fatalf("only %d relay command lines found in the docs; the scan is broken", checked)
+	}
+
+	// Every command of the operator's groups is named in the docs, as
+	// their --help lists them.
+	for _, group := range []string{"jobs", "runs", "schedules", "queues"} {
+		out, _, _ := runRelay(t, bin, group, "--help")
+		_, list, _ := strings.Cut(out, "\nCommands:\n")
+		list, _, _ = strings.Cut(list, "\n\n")
+		for _, l := range strings.Split(list, "\n") {
+			if f := strings.Fields(l); len(f) > 0 && !seen[group+" "+f[0]] {
+				t.Errorf("no README or docs code block names `relay %s %s`", group, f[0])
+			}
+		}
+	}
+
+	// The scan itself catches a command that is not one and a flag a
+	// command lacks, and takes a group's command and its arguments apart.
+	var problems []string
+	scan("selfcheck.md", "```sh\nrelay jobs nosuch\nrelay jobs list --nope 1\nrelay runs show order-1/email --output json\n"+
+		"bin/relay prove queue --kill 3\nrelay queues pause demo --url http://127.0.0.1:8080\n```\n",
+		func(f string, a ...any) { problems = append(problems, fmt.Sprintf(f, a...)) })
+	if want := []string{"selfcheck.md:2: `relay jobs nosuch` is not a command (relay jobs nosuch --help fails)",
+		"selfcheck.md:3: `relay jobs list` has no flag --nope"}; !slices.Equal(problems, want) {
+		t.Errorf("the scan of a known text found %q, want %q", problems, want)
 	}
 }
 
