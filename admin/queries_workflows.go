@@ -89,7 +89,7 @@ func stateIndexCond(state string) string {
 	switch state {
 	case "pending", "running", "compensating":
 		return "finished_at IS NULL"
-	case "failed", "compensated", "cancelled":
+	case "failed", "compensated", "cancelled", "terminated":
 		return "error IS NOT NULL"
 	}
 	return ""

@@ -20,7 +20,7 @@ import (
 type WorkflowRun struct {
 	ID              string     `json:"id"`
 	Workflow        string     `json:"workflow"`
-	State           string     `json:"state" enum:"pending,running,compensating,completed,failed,compensated,cancelled"`
+	State           string     `json:"state" enum:"pending,running,compensating,completed,failed,compensated,cancelled,terminated"`
 	Queue           string     `json:"queue"`
 	ParentID        string     `json:"parent_id,omitempty" doc:"The run that started this one as a child"`
 	Error           string     `json:"error,omitempty" doc:"Why the run failed (first 1000 bytes in lists)"`
@@ -102,7 +102,7 @@ const maxStepOutputShown = 64 << 10
 
 type listRunsInput struct {
 	Workflow      string    `query:"workflow" maxLength:"255"`
-	State         string    `query:"state" enum:"pending,running,compensating,completed,failed,compensated,cancelled"`
+	State         string    `query:"state" enum:"pending,running,compensating,completed,failed,compensated,cancelled,terminated"`
 	CreatedAfter  time.Time `query:"created_after" doc:"RFC 3339; inclusive"`
 	CreatedBefore time.Time `query:"created_before" doc:"RFC 3339; exclusive"`
 	Limit         int       `query:"limit" minimum:"1" maximum:"500" default:"50"`
@@ -158,10 +158,26 @@ func (in *signalInput) Resolve(ctx huma.Context) []error {
 	return errs
 }
 
+type terminateInput struct {
+	ID   string `path:"id" minLength:"1" maxLength:"255"`
+	Body struct {
+		Reason string `json:"reason" minLength:"1" maxLength:"1024" doc:"Why the run is terminated: stored as the run's error and in the audit row"`
+	}
+}
+
+// Resolve checks the id and the reason.
+func (in *terminateInput) Resolve(ctx huma.Context) []error {
+	errs := (&runIDInput{ID: in.ID}).Resolve(ctx)
+	if !cleanText(in.Body.Reason) {
+		errs = append(errs, &huma.ErrorDetail{Location: "body.reason", Message: "must be UTF-8 without NUL bytes"})
+	}
+	return errs
+}
+
 // RunChange says what a change to a run did.
 type RunChange struct {
 	ID     string `json:"id"`
-	Action string `json:"action" enum:"cancel,retry,signal"`
+	Action string `json:"action" enum:"cancel,retry,signal,terminate"`
 	State  string `json:"state" doc:"The run's state right after the change; its executions move it on"`
 }
 
@@ -186,8 +202,9 @@ const statsCap = 10000
 
 // registerWorkflows registers the workflow endpoints (/v1/workflows/…):
 // runs listed by workflow, state and time; a run with its step timeline
-// and child runs; cancel, retry from the failed step, send a signal. The
-// changes go through the workflow package (Cancel, Retry, Signal) in the
+// and child runs; cancel, terminate, retry from the failed step, send a
+// signal. The changes go through the workflow package (Cancel, Terminate,
+// Retry, Signal) in the
 // transaction that writes their audit row.
 func (s *server) registerWorkflows(api huma.API) {
 	huma.Register(api, op("list-workflow-runs", http.MethodGet, "/v1/workflows/runs",
@@ -222,6 +239,17 @@ func (s *server) registerWorkflows(api huma.API) {
 		"A run failed by a child: retry the child, then the parent."
 	huma.Register(api, retry, func(ctx context.Context, in *runIDInput) (*runChangeOutput, error) {
 		return s.runChange(ctx, "retry", in.ID, nil, func(tx pgx.Tx) error { return workflow.Retry(ctx, tx, in.ID) })
+	})
+	terminate := op("terminate-workflow-run", http.MethodPost, "/v1/workflows/runs/{id}/terminate",
+		"Terminate a run now, without running its compensations", "workflows")
+	terminate.Description = "Ends the run terminated at once, wherever it is, with the reason as its error: its compensations do not run, " +
+		"its job is cancelled, its unfinished children are asked to cancel and its parent is woken. Cancel is the stop that undoes; " +
+		"this is the hammer. A finished run is 409."
+	huma.Register(api, terminate, func(ctx context.Context, in *terminateInput) (*runChangeOutput, error) {
+		target := map[string]any{"reason": in.Body.Reason}
+		return s.runChange(ctx, "terminate", in.ID, target, func(tx pgx.Tx) error {
+			return workflow.Terminate(ctx, tx, in.ID, in.Body.Reason)
+		})
 	})
 	signal := op("signal-workflow-run", http.MethodPost, "/v1/workflows/runs/{id}/signal",
 		"Send a signal (name and JSON payload) to a run", "workflows")
@@ -268,7 +296,7 @@ func (s *server) runError(what, id string, err error) error {
 	case errors.Is(err, workflow.ErrNotRetryable):
 		return huma.Error409Conflict(fmt.Sprintf("%s refused: run %q is not failed (only a failed run can be retried; "+
 			"a compensated or cancelled run has undone its work)", what, id))
-	case errors.Is(err, workflow.ErrTooLarge), errors.Is(err, workflow.ErrTooDeep):
+	case errors.Is(err, workflow.ErrTooLarge), errors.Is(err, workflow.ErrTooDeep), errors.Is(err, workflow.ErrBadOptions):
 		return huma.Error422UnprocessableEntity(fmt.Sprintf("%s refused: %v", what, err))
 	}
 	return s.internalError(what, err)

@@ -530,7 +530,7 @@ CREATE FUNCTION public.relay_workflow_runs_check() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    IF NEW.state NOT IN ('pending', 'running', 'compensating', 'completed', 'failed', 'compensated', 'cancelled') THEN
+    IF NEW.state NOT IN ('pending', 'running', 'compensating', 'completed', 'failed', 'compensated', 'cancelled', 'terminated') THEN
         RAISE EXCEPTION 'relay: workflow run %: unknown state %', NEW.id, NEW.state
             USING ERRCODE = 'check_violation';
     END IF;
@@ -543,20 +543,23 @@ BEGIN
         ('pending',      'running'),      -- first execution
         ('pending',      'failed'),       -- could not start (executions crashed)
         ('pending',      'cancelled'),    -- cancelled before it ran
+        ('pending',      'terminated'),   -- terminated before it ran
         ('running',      'completed'),    -- the function returned
         ('running',      'failed'),       -- failed, nothing to compensate
         ('running',      'compensating'), -- failed or cancelled, undoing
         ('running',      'cancelled'),    -- cancelled, nothing to compensate
+        ('running',      'terminated'),   -- terminated: nothing undone
         ('compensating', 'compensated'),  -- failed and undone
         ('compensating', 'cancelled'),    -- cancelled and undone
         ('compensating', 'failed'),       -- a compensation failed
+        ('compensating', 'terminated'),   -- terminated: the undoing stops
         ('failed',       'pending')       -- retry from the failed step
     ) THEN
         RAISE EXCEPTION 'relay: illegal workflow run state transition % -> % (run %)',
             OLD.state, NEW.state, OLD.id
             USING ERRCODE = 'RLY01';
     END IF;
-    IF (NEW.state IN ('completed', 'failed', 'compensated', 'cancelled')) <> (NEW.finished_at IS NOT NULL) THEN
+    IF (NEW.state IN ('completed', 'failed', 'compensated', 'cancelled', 'terminated')) <> (NEW.finished_at IS NOT NULL) THEN
         RAISE EXCEPTION 'relay: workflow run %: finished_at is set exactly while the run is final', NEW.id
             USING ERRCODE = 'check_violation';
     END IF;

@@ -143,7 +143,8 @@ func (e *RunError) Error() string {
 	return fmt.Sprintf("workflow: run %s (%s) %s: %s", e.RunID, e.Workflow, e.State, e.Message)
 }
 
-// Is matches ErrRunFailed, ErrRunCompensated or ErrRunCancelled by State.
+// Is matches ErrRunFailed, ErrRunCompensated, ErrRunCancelled or
+// ErrRunTerminated by State.
 func (e *RunError) Is(target error) bool {
 	switch target {
 	case ErrRunFailed:
@@ -152,6 +153,8 @@ func (e *RunError) Is(target error) bool {
 		return e.State == StateCompensated
 	case ErrRunCancelled:
 		return e.State == StateCancelled
+	case ErrRunTerminated:
+		return e.State == StateTerminated
 	}
 	return false
 }

@@ -237,12 +237,12 @@ func TestRunStateMachine(t *testing.T) {
 			}
 			// Put the row in state from, around the trigger.
 			if _, err := b.pool.Exec(ctx, `ALTER TABLE relay_workflow_runs DISABLE TRIGGER relay_workflow_runs_check;
-				UPDATE relay_workflow_runs SET state = '`+string(from)+`', finished_at = CASE WHEN '`+string(from)+`' IN ('completed', 'failed', 'compensated', 'cancelled') THEN now() END WHERE id = '`+id+`';
+				UPDATE relay_workflow_runs SET state = '`+string(from)+`', finished_at = CASE WHEN '`+string(from)+`' IN ('completed', 'failed', 'compensated', 'cancelled', 'terminated') THEN now() END WHERE id = '`+id+`';
 				ALTER TABLE relay_workflow_runs ENABLE TRIGGER relay_workflow_runs_check`); err != nil {
 				t.Fatal(err)
 			}
 			_, err := b.pool.Exec(ctx, `UPDATE relay_workflow_runs SET state = $2,
-				finished_at = CASE WHEN $2 IN ('completed', 'failed', 'compensated', 'cancelled') THEN now() END WHERE id = $1`, id, string(to))
+				finished_at = CASE WHEN $2 IN ('completed', 'failed', 'compensated', 'cancelled', 'terminated') THEN now() END WHERE id = $1`, id, string(to))
 			if (err == nil) != allowed {
 				t.Errorf("%s -> %s: trigger says %v, Go says %v", from, to, err, allowed)
 			}

@@ -344,3 +344,23 @@ const sqlRequestCancelChildren = `SELECT relay_workflow_cancel_tree($1, false)`
 const sqlEagerInsertRun = `
 INSERT INTO relay_workflow_runs (id, workflow, input, queue, trace, job_id)
 VALUES ($1, $2, $3::jsonb, $4, $5::jsonb, (SELECT currval(pg_get_serial_sequence('relay_jobs', 'id'))))`
+
+// sqlTerminateRun ends unfinished run $1 terminated with error $2 and
+// returns its job (0: none). The same statement asks the run's unfinished
+// descendants to cancel, wakes its parent's job (never waiting for that
+// job's row: relay_workflow_wake) and notifies its Result callers; the
+// caller cancels the job (core.Cancel) after it, in the same transaction.
+const sqlTerminateRun = `
+WITH ended AS (
+    UPDATE relay_workflow_runs AS r
+    SET state = 'terminated', error = $2, finished_at = now()
+    WHERE r.id = $1 AND r.finished_at IS NULL
+    RETURNING r.id, coalesce(r.job_id, 0) AS job_id,
+              coalesce((SELECT p.job_id FROM relay_workflow_runs AS p
+                        WHERE p.id = r.parent_id AND p.finished_at IS NULL), 0) AS parent_job
+)
+SELECT ended.job_id
+FROM ended,
+     LATERAL (SELECT relay_workflow_cancel_tree(ended.id, false),
+                     relay_workflow_wake(ARRAY[ended.parent_job]),
+                     pg_notify('relay_workflow', ended.id)) AS side`

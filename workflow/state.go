@@ -23,23 +23,27 @@ const (
 	StateCompensated RunState = "compensated"
 	// StateCancelled runs were cancelled (their compensations, if any, ran).
 	StateCancelled RunState = "cancelled"
+	// StateTerminated runs were ended by Terminate, at once, wherever they
+	// were, without running their compensations.
+	StateTerminated RunState = "terminated"
 )
 
 // Final reports whether a run in this state is finished.
 func (s RunState) Final() bool {
-	return s == StateCompleted || s == StateFailed || s == StateCompensated || s == StateCancelled
+	return s == StateCompleted || s == StateFailed || s == StateCompensated || s == StateCancelled || s == StateTerminated
 }
 
 // transitions mirrors the trigger relay_workflow_runs_check and the table
 // of docs/workflow.md; TestRunStateMachine holds the three together.
 var transitions = map[RunState][]RunState{
-	StatePending:      {StateRunning, StateFailed, StateCancelled},
-	StateRunning:      {StateCompleted, StateFailed, StateCompensating, StateCancelled},
-	StateCompensating: {StateCompensated, StateCancelled, StateFailed},
+	StatePending:      {StateRunning, StateFailed, StateCancelled, StateTerminated},
+	StateRunning:      {StateCompleted, StateFailed, StateCompensating, StateCancelled, StateTerminated},
+	StateCompensating: {StateCompensated, StateCancelled, StateFailed, StateTerminated},
 	StateFailed:       {StatePending},
 	StateCompleted:    nil,
 	StateCompensated:  nil,
 	StateCancelled:    nil,
+	StateTerminated:   nil,
 }
 
 // CanTransitionTo reports whether the run state machine lets a run in state
@@ -55,5 +59,5 @@ func (s RunState) CanTransitionTo(to RunState) bool {
 
 // RunStates lists every run state.
 func RunStates() []RunState {
-	return []RunState{StatePending, StateRunning, StateCompensating, StateCompleted, StateFailed, StateCompensated, StateCancelled}
+	return []RunState{StatePending, StateRunning, StateCompensating, StateCompleted, StateFailed, StateCompensated, StateCancelled, StateTerminated}
 }

@@ -29,7 +29,9 @@ import (
 // one, each of its two failed attempts a red segment at its own times; Retry (with the step fixed) is seen to finish the run;
 // a compensated run marks its compensation step; a run waiting for a signal
 // is signalled from its page and finishes with the payload; a child run is
-// nested and linked; a read-only token sees no action.
+// nested and linked; a run waiting on a signal is terminated from its page
+// with a reason (its compensation never runs); a read-only token sees no
+// action.
 func TestWorkflowRunPages(t *testing.T) {
 	t.Logf("chromium: %s", browsertest.Chromium(t))
 	ctx := context.Background()
@@ -94,6 +96,15 @@ func TestWorkflowRunPages(t *testing.T) {
 		}
 		return shouted + " approved by " + d["by"], nil
 	})
+	var released atomic.Int32
+	hold := workflow.MustRegister(reg, "hold", func(wctx workflow.Context, in string) (string, error) {
+		if _, err := workflow.Step(wctx, "reserve", func(context.Context) (string, error) { return in, nil }, nil); err != nil {
+			return "", err
+		}
+		workflow.Compensate(wctx, "release", func(context.Context) error { released.Add(1); return nil })
+		_, _, err := workflow.WaitSignal[string](wctx, "never", 0)
+		return in, err
+	})
 	ws := core.NewWorkers()
 	if err := reg.AddWorkers(ws); err != nil {
 		t.Fatal(err)
@@ -115,6 +126,7 @@ func TestWorkflowRunPages(t *testing.T) {
 		startRun(ctx, pool, report, "report-q3", "q3"),
 		startRun(ctx, pool, pay, "pay-42", 42),
 		startRun(ctx, pool, approve, "po-7", "po-7"),
+		startRun(ctx, pool, hold, "hold-9", "seat-9"),
 	} {
 		if err != nil {
 			t.Fatal(err)
@@ -127,9 +139,9 @@ func TestWorkflowRunPages(t *testing.T) {
 		}
 		return s
 	}
-	testdb.WaitFor(t, "report-q3 to fail, pay-42 to compensate, po-7 to wait", func() bool {
+	testdb.WaitFor(t, "report-q3 to fail, pay-42 to compensate, po-7 and hold-9 to wait", func() bool {
 		return runState("report-q3") == "failed" && runState("pay-42") == "compensated" &&
-			testdb.Count(t, pool, `SELECT count(*) FROM relay_workflow_steps WHERE run_id = 'po-7' AND kind = 'signal'`) == 1
+			testdb.Count(t, pool, `SELECT count(*) FROM relay_workflow_steps WHERE run_id IN ('po-7', 'hold-9') AND kind = 'signal'`) == 2
 	})
 
 	bctx := browsertest.New(t)
@@ -207,7 +219,7 @@ func TestWorkflowRunPages(t *testing.T) {
 			chromedp.WaitVisible(chromedp.CSS(`#run-state[data-run-state="compensated"]`)),
 			chromedp.WaitVisible(chromedp.CSS(`#timeline li.comp[data-step-key="compensate:release"] .badge.comp`)),
 			browsertest.Screenshot(shots, "workflow-run-compensated"))
-		if n := count(t, tab, "#run-retry, #run-cancel, #signal-form"); n != 0 {
+		if n := count(t, tab, "#run-retry, #run-cancel, #signal-form, #terminate-form"); n != 0 {
 			t.Fatal("a compensated run offers actions")
 		}
 
@@ -248,6 +260,30 @@ func TestWorkflowRunPages(t *testing.T) {
 		if h := browsertest.Value(t, tab, "hash", chromedp.Evaluate[string]("location.hash")); h != "#/workflows/run/"+url.PathEscape("po-7/shout") {
 			t.Fatalf("child run page at %q", h)
 		}
+		// Terminate from the run's page: a reason is required; the run
+		// ends terminated with it, and its compensation never runs.
+		browsertest.Run(t, tab, "terminate a waiting run",
+			chromedp.Navigate(base+"#/workflows/run/hold-9"),
+			chromedp.WaitVisible(chromedp.CSS(`#run-state[data-run-state="running"]`)),
+			chromedp.WaitVisible(chromedp.CSS("#terminate-form")),
+			chromedp.SetValue(chromedp.CSS("#terminate-reason"), "seat sold elsewhere"),
+			browsertest.Screenshot(shots, "workflow-run-terminate"),
+			chromedp.Click(chromedp.CSS("#run-terminate")),
+			chromedp.WaitVisible(chromedp.CSS(`#run-state[data-run-state="terminated"]`)),
+			browsertest.Screenshot(shots, "workflow-run-terminated"))
+		if e := text(t, tab, "#run-error"); !strings.Contains(e, "seat sold elsewhere") {
+			t.Fatalf("terminated run's error shown %q", e)
+		}
+		if s := runState("hold-9"); s != "terminated" {
+			t.Fatalf("hold-9 is %s in the database", s)
+		}
+		if n := count(t, tab, "#run-cancel, #signal-form, #terminate-form"); n != 0 {
+			t.Fatal("a terminated run offers actions")
+		}
+		if released.Load() != 0 || testdb.Count(t, pool, `SELECT count(*) FROM relay_admin_audit WHERE action = 'workflows.terminate'
+			AND target->>'reason' = 'seat sold elsewhere'`) != 1 {
+			t.Fatalf("compensation ran %d times, or the terminate was not audited with its reason", released.Load())
+		}
 		// Narrow window: the timeline stacks and still shows every step.
 		browsertest.Run(t, tab, "narrow",
 			chromedp.EmulateViewport(420, 860),
@@ -269,7 +305,7 @@ func TestWorkflowRunPages(t *testing.T) {
 			"#/workflows?state=completed": "a[data-run-id]",
 		} {
 			browsertest.Run(t, tab, page, chromedp.Navigate(base+page), at(page), chromedp.WaitVisible(chromedp.CSS(ready)))
-			if n := count(t, tab, "main button:not(#apply-filter), #signal-form"); n != 0 {
+			if n := count(t, tab, "main button:not(#apply-filter), #signal-form, #terminate-form"); n != 0 {
 				t.Fatalf("%s: %d actions for a read-only token", page, n)
 			}
 			unnamed := browsertest.Value(t, tab, "unnamed controls", chromedp.Evaluate[int](`

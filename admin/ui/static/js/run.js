@@ -11,7 +11,7 @@ import { h, s, badge, time, json, duration, table, problemBox } from './dom.js';
 import { action } from './app.js';
 import { runHref } from './workflows.js';
 
-const FINAL = ['completed', 'failed', 'compensated', 'cancelled'];
+const FINAL = ['completed', 'failed', 'compensated', 'cancelled', 'terminated'];
 const WAITS = ['sleep', 'signal', 'child'];
 
 export async function render(view, ctx) {
@@ -56,7 +56,7 @@ function content(r, ctx, note, reload) {
   ].filter((f) => f && f[1] !== null);
   const out = [h('dl', { class: 'fields' }, fields.map(([k, v]) => [h('dt', {}, k), h('dd', {}, v)]))];
   if (ctx.canWrite) out.push(...actions(r, note, reload));
-  if (r.error) out.push(h('h2', {}, ['failed', 'compensated'].includes(r.state) ? 'Why it failed' : 'Error'), h('pre', { class: 'mono', id: 'run-error' }, r.error));
+  if (r.error) out.push(h('h2', {}, ['failed', 'compensated'].includes(r.state) ? 'Why it failed' : r.state === 'terminated' ? 'Why it was terminated' : 'Error'), h('pre', { class: 'mono', id: 'run-error' }, r.error));
   out.push(
     h('h2', {}, `Step timeline (${r.steps.length})`),
     r.steps.length ? timeline(r) : h('p', { class: 'muted' }, 'No step recorded yet.'),
@@ -187,7 +187,8 @@ function timeline(r) {
 }
 
 // actions are the run's buttons: cancel while unfinished, retry when
-// failed, a signal form while unfinished. A refused one shows the problem.
+// failed, a signal form and a terminate form (its reason required) while
+// unfinished. A refused one shows the problem.
 function actions(r, note, reload) {
   const id = encodeURIComponent(r.id);
   const out = [];
@@ -236,6 +237,20 @@ function actions(r, note, reload) {
         () => api('POST', `v1/workflows/runs/${id}/signal`, { name: name.value.trim(), payload: value }), reload);
     });
     out.push(form);
+    // Terminate: the hammer, no compensation; the reason is stored as the
+    // run's error and in the audit log.
+    const reason = h('input', { id: 'terminate-reason', required: true, maxlength: 1024, autocomplete: 'off' });
+    const term = h('button', { type: 'submit', class: 'danger', id: 'run-terminate' }, 'Terminate run');
+    const tform = h('form', { class: 'filters', id: 'terminate-form', 'aria-label': 'Terminate the run' },
+      h('div', { class: 'grow' }, h('label', { for: 'terminate-reason' }, 'Reason to terminate (ends the run now; its compensations do not run)'), reason),
+      h('div', {}, term));
+    tform.addEventListener('submit', (ev) => {
+      ev.preventDefault();
+      if (!reason.value.trim()) { reason.focus(); return; }
+      action(term, note, 'Terminated: the run ended now, without compensating.',
+        () => api('POST', `v1/workflows/runs/${id}/terminate`, { reason: reason.value.trim() }), reload);
+    });
+    out.push(tform);
   }
   return out;
 }

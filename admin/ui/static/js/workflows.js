@@ -3,7 +3,7 @@
 import { api, query } from './api.js';
 import { h, table, badge, time, duration } from './dom.js';
 
-export const STATES = ['pending', 'running', 'compensating', 'completed', 'failed', 'compensated', 'cancelled'];
+export const STATES = ['pending', 'running', 'compensating', 'completed', 'failed', 'compensated', 'cancelled', 'terminated'];
 const FILTERS = ['workflow', 'state', 'created_after', 'created_before'];
 
 // runHref is the page of run id (a child's id holds a slash: escaped).
@@ -25,7 +25,7 @@ export async function render(view, ctx) {
     time(r.finished_at),
     r.duration_ms != null ? duration(r.duration_ms / 1000) : '—',
     r.parent_id ? h('a', { href: runHref(r.parent_id) }, r.parent_id) : '',
-    h('td', { class: ['failed', 'compensated'].includes(r.state) ? 'err' : 'err muted' }, r.error ? r.error.split('\n')[0].slice(0, 160) : ''),
+    h('td', { class: ['failed', 'compensated', 'terminated'].includes(r.state) ? 'err' : 'err muted' }, r.error ? r.error.split('\n')[0].slice(0, 160) : ''),
   ]);
   const pager = h('div', { class: 'pager' },
     cursor ? h('a', { class: 'button secondary', id: 'first-page', href: '#/workflows' + query(keep) }, '« First page') : null,
