@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/relayq/relay/internal/testdb"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 // A run waiting for a signal is terminated through the API: it ends
