@@ -519,7 +519,7 @@ CREATE FUNCTION public.relay_workflow_runs_cancel_wins() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    RAISE EXCEPTION 'relay: workflow run %: cannot complete while a cancel is requested (it ends cancelled)', NEW.id
+    RAISE EXCEPTION 'relay: workflow run %: cannot end % while a cancel is requested (it ends cancelled)', NEW.id, NEW.state
         USING ERRCODE = 'RLY01';
 END;
 $$;
@@ -1158,7 +1158,7 @@ CREATE TRIGGER relay_workflow_job_ended AFTER UPDATE OF state ON public.relay_jo
 
 -- Name: relay_workflow_runs relay_workflow_runs_cancel_wins; Type: TRIGGER; Schema: public
 
-CREATE TRIGGER relay_workflow_runs_cancel_wins BEFORE UPDATE OF state ON public.relay_workflow_runs FOR EACH ROW WHEN (((new.state = 'completed'::text) AND new.cancel_requested)) EXECUTE FUNCTION public.relay_workflow_runs_cancel_wins();
+CREATE TRIGGER relay_workflow_runs_cancel_wins BEFORE UPDATE OF state ON public.relay_workflow_runs FOR EACH ROW WHEN (((new.state = ANY (ARRAY['completed'::text, 'compensated'::text])) AND new.cancel_requested)) EXECUTE FUNCTION public.relay_workflow_runs_cancel_wins();
 
 -- Name: relay_workflow_runs relay_workflow_runs_check; Type: TRIGGER; Schema: public
 

@@ -192,7 +192,7 @@ func (x *execution) batchWrite(fin *outcome, extra ...*stepWrite) error {
 				if err == nil {
 					err = e
 				}
-				if i == finAt && e == nil && ct.RowsAffected() == 0 && fin.state == StateCompleted {
+				if i == finAt && e == nil && ct.RowsAffected() == 0 && cancelRefuses(fin.state) {
 					refused = true // a cancel is requested (sqlFinishRootRun)
 				}
 			}

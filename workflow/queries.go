@@ -116,26 +116,27 @@ WHERE run_id = $1 AND position = ANY($2::int[]) AND state = 'waiting'`
 // sqlFinishRun records a run's outcome and returns its parent's job (0 for
 // none), which the same transaction wakes. It records no completion while
 // a cancel is requested (no row: the execution compensates and ends the run
-// cancelled instead); the trigger relay_workflow_runs_cancel_wins refuses
-// one from any other writer. Cancel locks the run's row to set the flag, so
+// cancelled instead), nor a compensated end (no row: every compensation
+// ran, and the execution ends the run cancelled); the trigger
+// relay_workflow_runs_cancel_wins refuses both from any other writer. Cancel locks the run's row to set the flag, so
 // this statement either commits first or sees the flag. $5 is the position
 // Retry resumes a failed run from (NULL: none; see sqlRetryDropSteps).
 const sqlFinishRun = `
 UPDATE relay_workflow_runs AS r
 SET state = $2, output = $3::jsonb, error = nullif($4, ''), finished_at = now(), retry_from = $5
 WHERE r.id = $1 AND r.state IN ('pending', 'running', 'compensating')
-  AND NOT ($2 = 'completed' AND r.cancel_requested)
+  AND NOT ($2 IN ('completed', 'compensated') AND r.cancel_requested)
 RETURNING coalesce((SELECT p.job_id FROM relay_workflow_runs AS p WHERE p.id = r.parent_id AND p.finished_at IS NULL), 0)`
 
 // sqlFinishRootRun is sqlFinishRun for a run without a parent, in a batch,
-// with the same refusal of a completion while a cancel is requested (no row
-// updated). The Result callers waiting on it are woken after the commit
+// with the same refusal of a completed or compensated end while a cancel is
+// requested (no row updated). The Result callers waiting on it are woken after the commit
 // (announcer).
 const sqlFinishRootRun = `
 UPDATE relay_workflow_runs
 SET state = $2, output = $3::jsonb, error = nullif($4, ''), finished_at = now(), retry_from = $5
 WHERE id = $1 AND state IN ('pending', 'running', 'compensating')
-  AND NOT ($2 = 'completed' AND cancel_requested)`
+  AND NOT ($2 IN ('completed', 'compensated') AND cancel_requested)`
 
 // sqlSetRunState moves a run to $2 (running → compensating).
 const sqlSetRunState = `UPDATE relay_workflow_runs SET state = $2 WHERE id = $1 AND state <> $2`

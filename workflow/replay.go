@@ -360,9 +360,17 @@ func (x *execution) main() error {
 // cancelledMsg is the error of a cancelled run.
 const cancelledMsg = "cancelled"
 
-// errCancelWins: the run's completion was not recorded because a cancel is
-// requested (sqlFinishRun); the execution compensates instead.
+// errCancelWins: the run's completion (or compensated end) was not
+// recorded because a cancel is requested (sqlFinishRun); the execution
+// compensates instead (or, its compensations run, ends the run cancelled).
 var errCancelWins = errors.New("workflow: completion not recorded: a cancel is requested")
+
+// cancelRefuses reports whether a requested cancel refuses an outcome of
+// state: completed, and compensated (a cancel that arrives while a failed
+// run compensates ends it cancelled once its compensations ran).
+func cancelRefuses(state RunState) bool {
+	return state == StateCompleted || state == StateCompensated
+}
 
 // failurePoint is the position of the failed step whose error err is (or
 // wraps): a step's *StepError, or a child's *ChildError. nil when err is
@@ -488,7 +496,7 @@ func (x *execution) finish(state RunState, output []byte, msg string) error {
 			if err != nil {
 				return fmt.Errorf("finish run: %w", err)
 			}
-			if ct.RowsAffected() == 0 && state == StateCompleted {
+			if ct.RowsAffected() == 0 && cancelRefuses(state) {
 				return errCancelWins
 			}
 			return cancelChildren(ctx, tx)
@@ -498,7 +506,7 @@ func (x *execution) finish(state RunState, output []byte, msg string) error {
 			var parentJob int64
 			err := tx.QueryRow(ctx, sqlFinishRun, x.runID, string(state), out, msg, from).Scan(&parentJob)
 			switch {
-			case errors.Is(err, pgx.ErrNoRows) && state == StateCompleted:
+			case errors.Is(err, pgx.ErrNoRows) && cancelRefuses(state):
 				return errCancelWins // rolls back: the job is not completed
 			case err != nil && !errors.Is(err, pgx.ErrNoRows):
 				return fmt.Errorf("finish run: %w", err)

@@ -80,7 +80,13 @@ func (x *execution) compensate(final RunState, cause string) (err error) {
 	case final == StateCancelled:
 		return x.finish(StateCancelled, nil, cause)
 	}
-	return x.finish(StateCompensated, nil, cause)
+	err = x.finish(StateCompensated, nil, cause)
+	if errors.Is(err, errCancelWins) {
+		// A cancel asked for while the compensations ran: they all ran,
+		// and the run ends as the cancel said.
+		return x.finish(StateCancelled, nil, cancelledMsg+" (while compensating: "+boundText(cause, MaxErrorBytes/2)+")")
+	}
+	return err
 }
 
 // compensationPrefix starts the key of every compensation's step.
