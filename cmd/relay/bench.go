@@ -177,6 +177,13 @@ func runBenchWorkflow(ctx context.Context, dbURL string, runs, workers int, shap
 	if runs < 0 || workers < 1 {
 		return errors.New("bench: --runs must be ≥ 0 and --workers ≥ 1")
 	}
+	if dbURL != "" {
+		check, err := openPool(ctx, dbURL, false) // refused as relay migrate refuses it, in one line
+		if err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		check.Close()
+	}
 	if dbURL == "" {
 		fmt.Println("bench: starting a throwaway PostgreSQL cluster (default settings, fsync on)")
 		cluster, err := devpg.Start(ctx, devpg.Options{})

@@ -91,23 +91,24 @@ func testFailFast(t *testing.T, bin string) {
 			}
 		}
 	}
-	for _, cmd := range []string{"migrate", "serve"} {
-		_, errOut, code := runRelay(t, bin, cmd, "--no-auth", "--database-url", "mysql://app:hunter2@db.example:3306/shop")
-		if cmd == "migrate" {
-			_, errOut, code = runRelay(t, bin, cmd, "--database-url", "mysql://app:hunter2@db.example:3306/shop")
+	// Every command that takes --database-url refuses it alike (the
+	// proofs and the bench once panicked on any URL they could not open).
+	for _, args := range [][]string{{"migrate"}, {"serve", "--no-auth"}, {"prove", "queue"}, {"prove", "workflow"},
+		{"prove", "scheduler"}, {"prove", "idempotency"}, {"prove", "outbox"}, {"bench"}, {"bench", "--workflow"}} {
+		cmd := strings.Join(args[:1+min(1, len(args)-1)], " ")
+		if args[0] != "prove" {
+			cmd = args[0]
 		}
+		_, errOut, code := runRelay(t, bin, append(args, "--database-url", "mysql://app:hunter2@db.example:3306/shop")...)
 		if code != 1 || strings.Contains(errOut, "hunter2") || strings.Contains(errOut, "keyword/value") {
-			t.Errorf("relay %s with a mysql:// URL: exit %d, %q", cmd, code, errOut)
+			t.Errorf("relay %s with a mysql:// URL: exit %d, %q", strings.Join(args, " "), code, errOut)
 		}
-		oneLine("relay "+cmd+" with a mysql:// URL", errOut, "relay "+cmd+": ", `"mysql"`, "PostgreSQL")
-		_, errOut, code = runRelay(t, bin, cmd, "--no-auth", "--database-url", "postgres://postgres@127.0.0.1:1/none?sslmode=disable&connect_timeout=5")
-		if cmd == "migrate" {
-			_, errOut, code = runRelay(t, bin, cmd, "--database-url", "postgres://postgres@127.0.0.1:1/none?sslmode=disable&connect_timeout=5")
-		}
+		oneLine("relay "+strings.Join(args, " ")+" with a mysql:// URL", errOut, "relay "+cmd+": ", `"mysql"`, "PostgreSQL")
+		_, errOut, code = runRelay(t, bin, append(args, "--database-url", "postgres://postgres@127.0.0.1:1/none?sslmode=disable&connect_timeout=5")...)
 		if code != 1 {
-			t.Errorf("relay %s against a closed port: exit %d", cmd, code)
+			t.Errorf("relay %s against a closed port: exit %d", strings.Join(args, " "), code)
 		}
-		oneLine("relay "+cmd+" against a closed port", errOut, "relay "+cmd+": cannot reach the database: ", "127.0.0.1:1")
+		oneLine("relay "+strings.Join(args, " ")+" against a closed port", errOut, "relay "+cmd+": cannot reach the database: ", "127.0.0.1:1")
 	}
 	cmd := exec.Command(bin, "serve", "--database-url", "postgres://unused", "--jwks-file", "keys.json")
 	cmd.Env = append(os.Environ(), "RELAY_JWT_SECRET=s3cret")

@@ -348,42 +348,56 @@ func openProofDB(ctx context.Context, url string, keep bool) (db *proofDB, err e
 // openProofDBWith is openProofDB, on a primary and a streaming standby
 // (throwaway clusters, "sync" or "async" replication, one multi-host URL)
 // when replication is set.
-func openProofDBWith(ctx context.Context, url string, keep bool, replication string) (db *proofDB, err error) {
-	db = &proofDB{}
-	defer func() {
+func openProofDBWith(ctx context.Context, url string, keep bool, replication string) (*proofDB, error) {
+	db := &proofDB{}
+	if err := db.open(ctx, url, keep, replication); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return db, nil
+}
+
+// open is openProofDBWith on db, whose closers undo what it did.
+func (db *proofDB) open(ctx context.Context, url string, keep bool, replication string) (err error) {
+	if url != "" {
+		// A URL given is refused as relay migrate and serve refuse it:
+		// another database's scheme named (the URL never echoed, it may
+		// hold a password), an unreachable server in one line.
+		pool, err := openPool(ctx, url, false)
 		if err != nil {
-			db.Close()
+			return err
 		}
-	}()
+		pool.Close()
+	}
 	if replication != "" {
 		if url, err = startFailoverPair(ctx, db, replication); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if url == "" {
 		fmt.Println("prove: starting a throwaway PostgreSQL cluster (default settings, fsync on)")
 		if db.Cluster, err = devpg.Start(ctx, devpg.Options{}); err != nil {
-			return nil, err
+			return err
 		}
 		db.closers = append(db.closers, func() { db.Cluster.Stop() }) //nolint:errcheck
 		url = db.Cluster.URL
 	}
 	schemaURL, drop, err := freshSchema(ctx, url)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if !keep {
 		db.closers = append(db.closers, drop)
 	}
 	db.URL = schemaURL
 	if db.Pool, err = bench.NewPool(ctx, schemaURL); err != nil {
-		return nil, err
+		return err
 	}
 	db.closers = append(db.closers, db.Pool.Close)
 	if _, err := migrations.Migrate(ctx, db.Pool); err != nil {
-		return nil, err
+		return err
 	}
-	return db, nil
+	return nil
 }
 
 // Close releases what openProofDB made, in reverse order.
