@@ -39,7 +39,7 @@ func record[T any](wctx Context, primitive, kind, key string, fn func() T) T {
 // Now returns the current time, recorded under key the first time and the
 // same on every replay: branch on Now, never on time.Now.
 func Now(wctx Context, key string) time.Time {
-	return record(wctx, "Now", "value", key, func() time.Time { return time.Now().UTC() })
+	return record(wctx, "Now", "value", key, func() time.Time { return wctx.x.clock().UTC() })
 }
 
 // Random returns a random uint64, recorded under key once and replayed.

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"runtime/debug"
 	"time"
+
+	"github.com/relayq/relay/internal/wfhook"
 )
 
 // StepFuture is a step started by Go, running alongside the workflow.
@@ -79,6 +81,8 @@ func Go[T any](wctx Context, key string, fn func(ctx context.Context) (T, error)
 	}
 	x.flush()
 	x.checkCancel()
+	x.crashAt(key, wfhook.BeforeStep)
+	fn = fakeStep(x, key, fn)
 	ctx, span := x.stepSpan("step", key, p.n)
 	ctx, cancel := context.WithCancel(ctx)
 	if p.timeout > 0 {

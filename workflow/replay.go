@@ -15,6 +15,7 @@ import (
 
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/internal/dbx"
+	"github.com/relayq/relay/internal/wfhook"
 )
 
 // Context is what a workflow function receives: a context.Context (for
@@ -130,6 +131,13 @@ type execution struct {
 	// from another.
 	goroutine uint64
 	misused   atomic.Pointer[misuse]
+	// hooks are the test environment's (internal/wfhook), nil in
+	// production.
+	hooks *wfhook.Hooks
+	// dryRun: a replay of an exported history (Replay), which runs
+	// nothing and writes nothing; it ends at the first position history
+	// does not hold settled.
+	dryRun bool
 }
 
 // unwind ends a workflow function early, carried by a panic from the
@@ -143,11 +151,12 @@ type unwind struct {
 type unwindKind int
 
 const (
-	unwindSuspend unwindKind = iota // come back after delay (core.Snooze)
-	unwindAbort                     // the execution failed (database error): core retries it
-	unwindLost                      // the lease is gone: record nothing more
-	unwindFatal                     // the run fails, without compensation
-	unwindCancel                    // a cancel was asked for: compensate
+	unwindSuspend   unwindKind = iota // come back after delay (core.Snooze)
+	unwindAbort                       // the execution failed (database error): core retries it
+	unwindLost                        // the lease is gone: record nothing more
+	unwindFatal                       // the run fails, without compensation
+	unwindCancel                      // a cancel was asked for: compensate
+	unwindReplayEnd                   // a dry run reached the end of the settled history
 )
 
 // fatalError fails a run at once, without compensation (non-determinism,
@@ -192,6 +201,10 @@ func (x *execution) next(kind, key string) (int, *stepRow) {
 	h := x.hist[pos]
 	if h != nil && (h.key != key || h.kind != kind) {
 		x.fatal(&NonDeterminismError{RunID: x.runID, Position: pos, HistoryKey: h.kind + ":" + h.key, CodeKey: kind + ":" + key})
+	}
+	if x.dryRun && (h == nil || (h.state != stepCompleted && h.state != stepFailed)) {
+		// Past here the code would run or wait for something new.
+		x.stop(&unwind{kind: unwindReplayEnd})
 	}
 	if h != nil {
 		x.r.stats.replayed.Add(1)
@@ -238,7 +251,7 @@ func (x *execution) load(ctx context.Context) error {
 func (r *Registry) execute(ctx context.Context, job *core.Job[runArgs]) error {
 	r.stats.executions.Add(1)
 	x := &execution{r: r, job: job, runID: job.Args.RunID, keys: map[string]int{}, waitSeq: map[string]int{}, eventSeq: map[string]int{}, patches: map[string]bool{},
-		goroutine: goroutineID()}
+		goroutine: goroutineID(), hooks: wfhook.From(ctx)}
 	if err := x.loadOrEager(ctx); err != nil {
 		if errors.Is(err, ErrRunNotFound) {
 			r.logger.Warn("relay: workflow run not found; its job ends", "run_id", x.runID, "job_id", job.ID)
@@ -306,6 +319,9 @@ func (x *execution) main() error {
 		return x.finish(StateFailed, nil, fmt.Sprintf("workflow: run %s: %d executions crashed or failed (last: %s)", x.runID, job.Attempt-1, last))
 	}
 	x.def = x.r.byName[x.run.workflow]
+	if fake := x.fakeWorkflow(); fake != nil {
+		x.def = fake
+	}
 	if x.def == nil {
 		// A rolling deploy: newer code started this run. Put it back for
 		// a process that knows the workflow, without spending an attempt

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/wfhook"
 )
 
 // StepOpts tune a step. The zero value (or nil) means: 20 attempts, backoff
@@ -89,6 +90,7 @@ func Step[T any](wctx Context, key string, fn func(ctx context.Context) (T, erro
 func step[T any](wctx Context, key string, fn func(ctx context.Context) (T, error), opts *StepOpts) (T, error) {
 	x := wctx.x
 	return runStep(wctx, "step", key, opts, func(ctx context.Context, p stepPlan) (T, []byte, error, bool) {
+		fn := fakeStep(x, key, fn)
 		out, err := timed(x, ctx, p, func(ctx context.Context, _ *gate) (T, error) { return callStep(ctx, fn) })
 		if err != nil {
 			return out, nil, err, false
@@ -142,8 +144,8 @@ func StepTx[T any](wctx Context, key string, fn func(ctx context.Context, tx pgx
 				if cancel && !compensating {
 					return errCancelSeen // this transaction saw a cancel: the step does not start
 				}
-				began := time.Now()
-				out, err := callStep(ctx, func(ctx context.Context) (T, error) { return fn(ctx, tx) })
+				began := x.clock()
+				out, err := callStep(ctx, fakeStep(x, key, func(ctx context.Context) (T, error) { return fn(ctx, tx) }))
 				if err != nil {
 					r.userErr = err
 					return err
@@ -161,7 +163,7 @@ func StepTx[T any](wctx Context, key string, fn func(ctx context.Context, tx pgx
 				// history.
 				r.out = out
 				if _, err = x.upsert(ctx, tx, &stepRow{position: p.pos, key: key, kind: "tx", state: stepCompleted, output: string(enc),
-					attempt: newAttempt(p.n, began, time.Now(), nil)}, 1, nil, 0); err != nil {
+					attempt: newAttempt(p.n, began, x.clock(), nil)}, 1, nil, 0); err != nil {
 					return err
 				}
 				// A cancel asked for while fn ran stops the next step.
@@ -210,11 +212,12 @@ func runStep[T any](wctx Context, kind, key string, opts *StepOpts, attempt func
 		x.flush()       // StepTx writes the deferred checkpoints in its own transaction
 		x.checkCancel() // the flush read the cancel flag: none starts after one
 	}
+	x.crashAt(key, wfhook.BeforeStep)
 	ctx, span := x.stepSpan(kind, key, p.n)
-	began := time.Now()
+	began := x.clock()
 	out, enc, err, recorded := attempt(ctx, p)
 	endSpan(span, err)
-	return settleStep(x, p, began, time.Now(), out, enc, err, recorded)
+	return settleStep(x, p, began, x.clock(), out, enc, err, recorded)
 }
 
 // stepPlan is a step about to run: its place and its retry policy.
@@ -288,6 +291,7 @@ func settleStep[T any](x *execution, p stepPlan, began, ended time.Time, out T, 
 			x.later(&stepRow{position: p.pos, key: p.key, kind: p.kind, state: stepCompleted, output: string(enc),
 				attempt: newAttempt(p.n, began, ended, nil)})
 		}
+		x.crashAt(p.key, wfhook.AfterStep)
 		return out, nil
 	}
 	if x.ctx.Err() != nil {
