@@ -31,6 +31,7 @@ func (x *execution) write(fn func(ctx context.Context, tx pgx.Tx) error) error {
 // the run's touch or cancel check, due sleeps, a state change, and the
 // deferred checkpoints (see later).
 func (x *execution) writeTx(fn func(ctx context.Context, tx pgx.Tx) error, hold bool) error {
+	x.endDryRun()
 	cancel, err := x.runWrite(x.bookkeeping(), func(ctx context.Context, tx pgx.Tx, cancel bool) error {
 		x.cancelRead = cancel
 		return fn(ctx, tx)
@@ -151,6 +152,7 @@ type outcome struct {
 // under the lease, or none of it. It is sent with the batches of other
 // executions writing at the same moment (grouper).
 func (x *execution) batchWrite(fin *outcome, extra ...*stepWrite) error {
+	x.endDryRun()
 	ctx, cancelWrite := context.WithTimeout(context.WithoutCancel(x.ctx), writeTimeout)
 	defer cancelWrite()
 	b := &pgx.Batch{}

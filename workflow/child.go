@@ -140,6 +140,7 @@ func (f *ChildFuture[Out]) Get(wctx Context) (Out, error) {
 	if h != nil && (h.state == stepCompleted || h.state == stepFailed) {
 		return decode(h)
 	}
+	x.endDryRun()
 	var state, output, msg string
 	var final bool
 	err := x.r.pool.QueryRow(x.ctx, sqlChildOutcome, f.RunID).Scan(&state, &output, &msg, &final)
