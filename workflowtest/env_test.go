@@ -1,0 +1,196 @@
+package workflowtest_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/testdb"
+	"github.com/relayq/relay/workflow"
+	"github.com/relayq/relay/workflowtest"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+// A thirty-day durable sleep ends once the virtual clock has moved thirty
+// days: Now on both sides of it, recorded by the engine, are thirty days
+// apart, and the database's now() moved with it.
+func TestThirtyDaySleep(t *testing.T) {
+	env := workflowtest.New(t, testdb.URL(t), nil)
+	type span struct{ Before, After, DBAfter time.Time }
+	wf := workflow.MustRegister(env.Registry(), "month", func(wctx workflow.Context, _ struct{}) (span, error) {
+		var s span
+		s.Before = workflow.Now(wctx, "before")
+		if err := workflow.Sleep(wctx, "wait", 30*24*time.Hour); err != nil {
+			return s, err
+		}
+		s.After = workflow.Now(wctx, "after")
+		var err error
+		s.DBAfter, err = workflow.StepTx(wctx, "db-now", func(ctx context.Context, tx pgx.Tx) (time.Time, error) {
+			var now time.Time
+			err := tx.QueryRow(ctx, `SELECT now()`).Scan(&now)
+			return now, err
+		}, nil)
+		return s, err
+	})
+	began := time.Now()
+	out, run := workflowtest.Run(env, wf, struct{}{}, nil)
+	t.Logf("a 30-day sleep took %s of wall time", time.Since(began))
+	if run.State != workflow.StateCompleted {
+		t.Fatalf("run %s: %s", run.State, run.Error)
+	}
+	if d := out.After.Sub(out.Before); d < 30*24*time.Hour {
+		t.Fatalf("Now moved %s across the sleep, want at least 30 days", d)
+	}
+	if d := out.DBAfter.Sub(out.Before); d < 30*24*time.Hour {
+		t.Fatalf("the database's now() is %s past the first Now, want at least 30 days", d)
+	}
+}
+
+// A step that fails twice is retried after its backoff in virtual time,
+// its fake called three times; SleepUntil a date ends at that date.
+func TestFakeStepRetriesAndSleepUntil(t *testing.T) {
+	start := time.Date(2027, 1, 15, 9, 0, 0, 0, time.UTC)
+	env := workflowtest.New(t, testdb.URL(t), &workflowtest.Config{Start: start})
+	monthEnd := time.Date(2027, 1, 31, 2, 0, 0, 0, time.UTC)
+	wf := workflow.MustRegister(env.Registry(), "provider", func(wctx workflow.Context, _ struct{}) (time.Time, error) {
+		if _, err := workflow.Step(wctx, "charge", func(ctx context.Context) (string, error) {
+			return "", errors.New("the real provider must not be called")
+		}, &workflow.StepOpts{MaxAttempts: 5, Retry: core.Backoff{Base: time.Hour, Max: time.Hour}}); err != nil {
+			return time.Time{}, err
+		}
+		if err := workflow.SleepUntil(wctx, "month-end", monthEnd); err != nil {
+			return time.Time{}, err
+		}
+		return workflow.Now(wctx, "settled"), nil
+	})
+	failures := 2
+	workflowtest.OnStep(env, "charge", func(ctx context.Context) (string, error) {
+		if failures > 0 {
+			failures--
+			return "", errors.New("provider unavailable")
+		}
+		return "ch_1", nil
+	})
+	settled, run := workflowtest.Run(env, wf, struct{}{}, &workflow.StartOpts{ID: "r1"})
+	if run.State != workflow.StateCompleted {
+		t.Fatalf("run %s: %s", run.State, run.Error)
+	}
+	if n := env.Calls("r1", "charge"); n != 3 {
+		t.Fatalf("charge called %d times, want 3 (two failures, one success)", n)
+	}
+	if run.Steps[0].Attempts != 3 || string(run.Steps[0].Output) != `"ch_1"` {
+		t.Fatalf("charge step: %d attempts, output %s; want 3 and the fake's", run.Steps[0].Attempts, run.Steps[0].Output)
+	}
+	if settled.Before(monthEnd) || settled.After(monthEnd.Add(time.Minute)) {
+		t.Fatalf("settled at %s, want the month's end %s", settled, monthEnd)
+	}
+}
+
+// A signal sent at a virtual time reaches a wait with a longer timeout; a
+// wait that no signal reaches times out when its timeout has passed.
+func TestSignalsAtVirtualTimes(t *testing.T) {
+	env := workflowtest.New(t, testdb.URL(t), nil)
+	type result struct {
+		Got    bool
+		Waited time.Duration
+	}
+	wf := workflow.MustRegister(env.Registry(), "confirm", func(wctx workflow.Context, _ struct{}) (result, error) {
+		before := workflow.Now(wctx, "before")
+		_, ok, err := workflow.WaitSignal[string](wctx, "confirmed", 48*time.Hour)
+		return result{Got: ok, Waited: workflow.Now(wctx, "after").Sub(before)}, err
+	})
+	env.SignalAfter(24*time.Hour, "signalled", "confirmed", "yes")
+	got, run := workflowtest.Run(env, wf, struct{}{}, &workflow.StartOpts{ID: "signalled"})
+	if run.State != workflow.StateCompleted || !got.Got || got.Waited < 23*time.Hour || got.Waited >= 48*time.Hour {
+		t.Fatalf("signalled run %s: %+v, want the signal after 24h", run.State, got)
+	}
+	got, run = workflowtest.Run(env, wf, struct{}{}, &workflow.StartOpts{ID: "silent"})
+	if run.State != workflow.StateCompleted || got.Got || got.Waited < 48*time.Hour {
+		t.Fatalf("silent run %s: %+v, want a timeout after 48h", run.State, got)
+	}
+}
+
+// A worker killed between two checkpoints: a StepTx before the kill is not
+// repeated (its effect is written once), an inline step whose output was
+// not yet checkpointed when the worker died runs again.
+func TestCrashBetweenCheckpoints(t *testing.T) {
+	env := workflowtest.New(t, testdb.URL(t), nil)
+	if _, err := env.Pool().Exec(context.Background(), `CREATE TABLE charges (run text)`); err != nil {
+		t.Fatal(err)
+	}
+	wf := workflow.MustRegister(env.Registry(), "pay", func(wctx workflow.Context, _ struct{}) (string, error) {
+		if _, err := workflow.StepTx(wctx, "charge", func(ctx context.Context, tx pgx.Tx) (bool, error) {
+			_, err := tx.Exec(ctx, `INSERT INTO charges VALUES ($1)`, wctx.RunID())
+			return err == nil, err
+		}, nil); err != nil {
+			return "", err
+		}
+		if _, err := workflow.Step(wctx, "email", func(ctx context.Context) (bool, error) { return true, nil }, nil); err != nil {
+			return "", err
+		}
+		return workflow.Step(wctx, "receipt", func(ctx context.Context) (string, error) { return "done", nil }, nil)
+	})
+	env.CrashBefore("email") // after the charge's transaction committed
+	env.CrashAfter("email")  // after the email went, before its checkpoint
+	out, run := workflowtest.Run(env, wf, struct{}{}, &workflow.StartOpts{ID: "p1"})
+	if run.State != workflow.StateCompleted || out != "done" {
+		t.Fatalf("run %s (%q): %s", run.State, out, run.Error)
+	}
+	var charges int
+	if err := env.Pool().QueryRow(context.Background(), `SELECT count(*) FROM charges`).Scan(&charges); err != nil {
+		t.Fatal(err)
+	}
+	if charges != 1 || env.Calls("p1", "charge") != 1 {
+		t.Fatalf("%d charges written, charge called %d times; want 1 and 1", charges, env.Calls("p1", "charge"))
+	}
+	if n := env.Calls("p1", "email"); n != 2 {
+		t.Fatalf("email called %d times, want 2 (the crash came before its checkpoint)", n)
+	}
+	job, err := core.JobGet(context.Background(), env.Pool(), run.JobID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if job.Attempt != 3 {
+		t.Fatalf("the run's job took %d attempts, want 3 (two crashed)", job.Attempt)
+	}
+}
+
+// A child replaced by a fake workflow is still a run of its own, which the
+// parent starts, waits for and collects; a failing fake child makes the
+// parent compensate.
+func TestFakeChildAndCompensations(t *testing.T) {
+	env := workflowtest.New(t, testdb.URL(t), nil)
+	email := workflow.MustRegister(env.Registry(), "email", func(wctx workflow.Context, to string) (string, error) {
+		return "", errors.New("the real email workflow must not run")
+	})
+	wf := workflow.MustRegister(env.Registry(), "order", func(wctx workflow.Context, to string) (string, error) {
+		if _, err := workflow.Step(wctx, "charge", func(ctx context.Context) (int, error) { return 1, nil }, nil); err != nil {
+			return "", err
+		}
+		workflow.Compensate(wctx, "refund", func(ctx context.Context) error { return nil })
+		return workflow.Child(wctx, "email", email, to, nil).Get(wctx)
+	})
+	workflowtest.OnWorkflow(env, "email", func(wctx workflow.Context, to string) (string, error) {
+		if to == "bounce@example.com" {
+			return "", errors.New("mailbox full")
+		}
+		return "msg-" + to, nil
+	})
+	out, run := workflowtest.Run(env, wf, "a@example.com", &workflow.StartOpts{ID: "o1"})
+	if run.State != workflow.StateCompleted || out != "msg-a@example.com" {
+		t.Fatalf("run %s (%q): %s", run.State, out, run.Error)
+	}
+	_, run = workflowtest.Run(env, wf, "bounce@example.com", &workflow.StartOpts{ID: "o2"})
+	if run.State != workflow.StateCompensated {
+		t.Fatalf("run %s, want compensated: %s", run.State, run.Error)
+	}
+	comps := env.Compensations("o2")
+	if len(comps) != 1 || comps[0].Key != "compensate:refund" || comps[0].State != "completed" {
+		t.Fatalf("compensations %+v, want the refund completed", comps)
+	}
+}
