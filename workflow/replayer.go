@@ -91,6 +91,8 @@ func (r *Registry) replay(ctx context.Context, h *History) error {
 		compensate = true
 	case u != nil:
 		return nil // the end of what history settled: the run goes on from here
+	case err == nil && x.cancelling:
+		compensate = true // a cancel seen after the last step: it won over the output
 	case err != nil:
 		var fe *fatalError
 		if errors.As(err, &fe) {
