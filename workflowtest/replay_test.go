@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/relayq/relay/internal/testdb"
+	"github.com/relayq/relay/testkit/testdb"
 	"github.com/relayq/relay/workflow"
 	"github.com/relayq/relay/workflowtest"
 )
