@@ -1,4 +1,5 @@
 // Command compare runs the same workloads against Relay and River (and
+// the floor: bench.Floor, the fewest statements a leased queue must run; and
 // Relay's workflows against DBOS's) on one
 // PostgreSQL, alternating the two (A B A B), and prints every figure with
 // the Relay/River ratio. It is its own module so that Relay does not depend
@@ -55,7 +56,7 @@ func main() {
 	defer stop()
 	var err error
 	if len(os.Args) > 1 && os.Args[1] == "worker" {
-		err = bench.RunChild(ctx, os.Args[2:], []bench.System{bench.Relay{}, &River{}})
+		err = bench.RunChild(ctx, os.Args[2:], []bench.System{bench.Relay{}, &River{}, bench.Floor{}})
 	} else if len(os.Args) > 1 && os.Args[1] == "wf" {
 		err = bench.RunWorkflowChild(ctx, os.Args[2:], workflowSystems())
 	} else {
@@ -71,6 +72,7 @@ type options struct {
 	url       string
 	workloads string
 	rounds    int
+	floor     bool
 
 	w1Jobs                    int
 	w1RelayWorkers, w1RiverW  int
@@ -94,7 +96,8 @@ func run(ctx context.Context, args []string) error {
 	var o options
 	fs.StringVar(&o.url, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL (default: a throwaway cluster with default settings)")
 	fs.StringVar(&o.workloads, "workloads", "1,2,3,4,5,6,7", "which workloads to run (8, the steady-load sweep, only when named)")
-	fs.IntVar(&o.rounds, "rounds", 2, "rounds per workload; each round runs Relay then River")
+	fs.IntVar(&o.rounds, "rounds", 2, "rounds per workload; each round runs Relay then River (then the floor)")
+	fs.BoolVar(&o.floor, "floor", true, "workloads 1-4: also run the floor (bench.Floor: the minimal SQL of a leased queue, no library), Relay's figures then also as a ratio of the floor's")
 	fs.IntVar(&o.w1Jobs, "w1-jobs", 1_000_000, "workload 1: jobs")
 	fs.IntVar(&o.w1RelayWorkers, "w1-relay-workers", 2000, "workload 1: Relay's workers")
 	fs.IntVar(&o.w1RiverW, "w1-river-workers", 2000, "workload 1: River's workers (riverbench uses 2,000)")
@@ -161,6 +164,9 @@ func run(ctx context.Context, args []string) error {
 	}
 	want := strings.Split(o.workloads, ",")
 	systems := []bench.System{bench.Relay{}, &River{}}
+	if o.floor {
+		systems = append(systems, bench.Floor{})
+	}
 	envs := map[string]bench.Env{}
 	for _, sys := range systems {
 		if !slices.ContainsFunc(want, func(w string) bool { return (w >= "1" && w <= "4") || w == "8" }) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -28,15 +29,24 @@ type summaryRow struct {
 	lowerIsBetter    bool
 }
 
-// add records a row: vals holds "relay" and one other system.
+// add records a row per system other than "relay" in vals (River, DBOS,
+// the floor), in the order of c.systems and then by name.
 func (c *comparison) add(workload, metric string, lower bool, vals map[string][]float64) {
-	row := summaryRow{workload: workload, metric: metric, lowerIsBetter: lower, relay: mean(vals["relay"])}
-	for name, v := range vals {
-		if name != "relay" {
-			row.otherName, row.other = name, mean(v)
+	var names []string
+	for _, sys := range c.systems {
+		if _, ok := vals[sys.Name()]; ok && sys.Name() != "relay" {
+			names = append(names, sys.Name())
 		}
 	}
-	c.rows = append(c.rows, row)
+	for name := range vals {
+		if name != "relay" && !slices.Contains(names, name) {
+			names = append(names, name)
+		}
+	}
+	for _, name := range names {
+		c.rows = append(c.rows, summaryRow{workload: workload, metric: metric, lowerIsBetter: lower,
+			relay: mean(vals["relay"]), otherName: name, other: mean(vals[name])})
+	}
 }
 
 func mean(xs []float64) float64 {
@@ -254,9 +264,10 @@ func (c *comparison) steadySweep(ctx context.Context) error {
 		c.o.sweepWindows, c.o.sweepRates, c.o.sweepDuration, c.o.w2Workers)
 	var relay, river bench.System
 	for _, sys := range c.systems {
-		if sys.Name() == "relay" {
+		switch sys.Name() {
+		case "relay":
 			relay = sys
-		} else {
+		case "river":
 			river = sys
 		}
 	}

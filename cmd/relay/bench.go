@@ -43,6 +43,7 @@ func runBench(ctx context.Context, args []string) error {
 	prefetch := fs.Int("prefetch", 0, "jobs each process may claim beyond --workers (QueueConfig.Prefetch)")
 	coalesce := fs.Duration("claim-coalesce", 0, "Config.ClaimCoalesce of the worker processes (0: the default; negative: off, a claim per notification)")
 	traced := fs.Bool("trace", false, "record every span (to a discarding exporter), to measure tracing's cost")
+	system := fs.String("system", "relay", "the queue measured: relay, or floor (the fewest statements a leased queue must run, no library: what Relay is measured against)")
 	wf := fs.Bool("workflow", false, "workflows instead of jobs: --runs three-step runs started up front and drained, then --callers callers each starting runs and waiting for their results")
 	wfRuns := fs.Int("runs", 20000, "--workflow: runs started up front, then drained (0: skip)")
 	wfShape := fs.String("shape", "chain", "--workflow: chain (3 no-op steps), sleep (a Sleep(0) between steps) or child (each step a child run)")
@@ -67,9 +68,20 @@ func runBench(ctx context.Context, args []string) error {
 	}
 	defer db.Close()
 	pool, schemaURL := db.Pool, db.URL
-	sys := bench.Relay{}
+	relaySys := bench.Relay{}
 	if *keys > 0 {
-		sys.Keys = bench.NewKeyPicker(*keys)
+		relaySys.Keys = bench.NewKeyPicker(*keys)
+	}
+	var sys bench.System = relaySys
+	switch *system {
+	case "relay":
+	case "floor":
+		if *keys > 0 || *backlog > 0 || *holdXmin > 0 {
+			return errors.New("bench: --system floor has no ordering keys: --keys, --key-backlog and --hold-xmin are Relay's")
+		}
+		sys = bench.Floor{}
+	default:
+		return fmt.Errorf("bench: --system %q: want relay or floor", *system)
 	}
 	if err := sys.Setup(ctx, pool); err != nil {
 		return err
@@ -82,7 +94,7 @@ func runBench(ctx context.Context, args []string) error {
 		Spawn: func(a []string) *exec.Cmd { return exec.Command(self, append([]string{"bench-worker"}, a...)...) }}
 	job := bench.Job{Sleep: *jobSleep, Hash: *jobHash}
 	cfg := bench.WorkerConfig{Workers: *workers, Prefetch: *prefetch, Job: job, ClaimCoalesce: *coalesce, NoClaimFloor: *noFloor, SynchronousClaims: *syncClaims}
-	fmt.Printf("bench: %s\nbench: relay: %s\n", bench.Machine(ctx, pool), sys.Describe(cfg))
+	fmt.Printf("bench: %s\nbench: %s: %s\n", bench.Machine(ctx, pool), sys.Name(), sys.Describe(cfg))
 
 	var res bench.Result
 	if *backlog > 0 && *rate > 0 {
@@ -90,7 +102,7 @@ func runBench(ctx context.Context, args []string) error {
 			return err
 		}
 		fmt.Printf("bench: one ordering key with a running head and %d jobs queued behind it\n", *backlog)
-		if err := sys.FillKeyBacklog(ctx, pool, *backlog); err != nil {
+		if err := relaySys.FillKeyBacklog(ctx, pool, *backlog); err != nil {
 			return err
 		}
 		if _, err := pool.Exec(ctx, "VACUUM ANALYZE relay_jobs"); err != nil {
@@ -122,7 +134,7 @@ func runBench(ctx context.Context, args []string) error {
 			if err := sys.FillFinished(ctx, pool, *fill); err != nil {
 				return err
 			}
-			if _, err := pool.Exec(ctx, "VACUUM ANALYZE relay_jobs"); err != nil {
+			if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+sys.Table()); err != nil {
 				return err
 			}
 		}
@@ -133,7 +145,7 @@ func runBench(ctx context.Context, args []string) error {
 				}
 			}
 			fmt.Printf("bench: one ordering key with a running head and %d jobs queued behind it\n", *backlog)
-			if err := sys.FillKeyBacklog(ctx, pool, *backlog); err != nil {
+			if err := relaySys.FillKeyBacklog(ctx, pool, *backlog); err != nil {
 				return err
 			}
 		}
@@ -144,7 +156,7 @@ func runBench(ctx context.Context, args []string) error {
 		return fmt.Errorf("bench: %w", err)
 	}
 	if *keys > 0 {
-		jobs, bad, err := sys.OrderViolations(ctx, pool)
+		jobs, bad, err := relaySys.OrderViolations(ctx, pool)
 		if err != nil {
 			return fmt.Errorf("bench: order check: %w", err)
 		}

@@ -85,7 +85,7 @@ func run(args []string) int {
 	case "bench":
 		err = runBench(ctx, args[1:])
 	case "bench-worker":
-		err = bench.RunChild(ctx, args[1:], []bench.System{bench.Relay{}})
+		err = bench.RunChild(ctx, args[1:], []bench.System{bench.Relay{}, bench.Floor{}})
 	case "prove-outbox-worker":
 		err = runProveOutboxWorker(ctx, args[1:])
 	case "prove-idem-worker":
