@@ -168,6 +168,7 @@ func newAPI(pool *pgxpool.Pool, cfg *Config) (http.Handler, huma.API, error) {
 	s.registerWhoami(api)
 	s.registerWorkflows(api)
 	s.registerReplica(api)
+	s.registerProcesses(api)
 	mountUI(mux, &ui.Options{Login: c.DashboardLogin})
 	return problemRouter{mux: mux}, api, nil
 }

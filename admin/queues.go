@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/liveness"
 )
 
 // Queue is a queue's state: its backlog, what runs, recent finishes, pause.
@@ -28,11 +29,16 @@ type Queue struct {
 	FailedPerSecond    float64 `json:"failed_per_second"`
 	WindowMinutes      int     `json:"window_minutes"`
 	// Dead counts the queue's dead jobs still kept (any age).
-	Dead     int64         `json:"dead"`
-	Minutes  []MinuteCount `json:"minutes" doc:"Finishes per minute of the window, oldest first; minutes without finishes are absent"`
-	Paused   bool          `json:"paused"`
-	PausedAt *time.Time    `json:"paused_at,omitempty"`
-	PausedBy string        `json:"paused_by,omitempty"`
+	Dead    int64         `json:"dead"`
+	Minutes []MinuteCount `json:"minutes" doc:"Finishes per minute of the window, oldest first; minutes without finishes are absent"`
+	// Processes counts the live worker processes serving the queue, and
+	// Slots their jobs at once. A queue with runnable jobs, not paused,
+	// and no process is served by nobody: its jobs wait for ever.
+	Processes int        `json:"processes" doc:"Live worker processes serving the queue"`
+	Slots     int        `json:"slots" doc:"Jobs the live worker processes of the queue run at once, together"`
+	Paused    bool       `json:"paused"`
+	PausedAt  *time.Time `json:"paused_at,omitempty"`
+	PausedBy  string     `json:"paused_by,omitempty"`
 }
 
 // MinuteCount is one minute's finishes.
@@ -161,6 +167,18 @@ func (s *server) queues(ctx context.Context, window int, name string) ([]Queue, 
 	byName := map[string]*Queue{}
 	for i := range out {
 		byName[out[i].Name] = &out[i]
+	}
+	procs, err := liveness.List(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range procs {
+		for name, slots := range p.Queues {
+			if q := byName[name]; q != nil {
+				q.Processes++
+				q.Slots += slots
+			}
+		}
 	}
 	rows, err = db.Query(ctx, sqlQueueMinutes, window, name)
 	if err != nil {

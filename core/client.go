@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/relayq/relay/internal/liveness"
 	"github.com/relayq/relay/internal/notifier"
 )
 
@@ -146,6 +147,15 @@ type Config struct {
 	// the client's Enqueue methods' relay.jobs.enqueued included. Default:
 	// the global one (otel.SetMeterProvider).
 	MeterProvider metric.MeterProvider
+	// LivenessTimeout is how long the client's entry in the table of live
+	// processes (relay_processes: host, pid, version, queues and their
+	// slots; the admin API's GET /v1/processes) outlives its last
+	// heartbeat. A started client records it at Start, renews it every
+	// quarter of this (one statement each time, on the client's
+	// bookkeeping pool, never per claim), and deletes it at Stop; a killed
+	// process's entry ages out this long after its last heartbeat,
+	// deleted by whichever live process heartbeats next. Default 1m.
+	LivenessTimeout time.Duration
 }
 
 // defaultClaimCoalesce is Config.ClaimCoalesce's default: see
@@ -256,6 +266,8 @@ type Client struct {
 	// handOffNow asks handOffLoop to take the hand-offs now (a 'keys' or 'wakes'
 	// notification, a connect of the listener).
 	handOffNow chan struct{}
+	// proc is the client's entry in relay_processes (set by Start).
+	proc *liveness.Process
 }
 
 // startLease arms r's local lease deadline: leaseBudget after sent, when
@@ -368,6 +380,7 @@ func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	cf.EnqueueWakeCoalesce = cmp.Or(cf.EnqueueWakeCoalesce, enqueueWakeCoalesce)
 	cf.FetchLimit = cmp.Or(cf.FetchLimit, 1000)
 	cf.RescueInterval = cmp.Or(cf.RescueInterval, cf.LeaseDuration/2)
+	cf.LivenessTimeout = cmp.Or(cf.LivenessTimeout, time.Minute)
 	cf.Retention.Succeeded = cmp.Or(cf.Retention.Succeeded, 24*time.Hour)
 	cf.Retention.Cancelled = cmp.Or(cf.Retention.Cancelled, 7*24*time.Hour)
 	cf.Retention.Dead = cmp.Or(cf.Retention.Dead, 30*24*time.Hour)
@@ -464,6 +477,21 @@ func (c *Client) Start(ctx context.Context) error {
 			return err
 		}
 	}
+	if err := c.register(ctx); err != nil {
+		if c.own != c.pool {
+			c.own.Close()
+			c.outcomes.Close()
+		}
+		bgCancel()
+		loopCancel()
+		workCancel(nil)
+		c.hardCancel()
+		c.started = false
+		return err
+	}
+	c.background.Add(1)
+	go func() { defer c.background.Done(); c.proc.Keep(bgCtx, c.logger) }()
+
 	c.completer = newCompleter(c)
 	go c.completer.run()
 
@@ -582,6 +610,7 @@ func (c *Client) Stop(ctx context.Context) error {
 	err.Unrecorded = c.completer.stop(ctx)
 	c.metrics.close()
 	c.bgCancel()
+	c.unregister(ctx)
 	c.hardCancel()
 	c.workCancel(ErrShutdown)
 	if c.own != c.pool {

@@ -104,10 +104,14 @@ func (cf *Config) validate() error {
 		{"HeartbeatInterval", cf.HeartbeatInterval},
 		{"PollInterval", cf.PollInterval},
 		{"EnqueueWakeCoalesce", cf.EnqueueWakeCoalesce},
+		{"LivenessTimeout", cf.LivenessTimeout},
 	} {
 		if d.v < 0 {
 			return fmt.Errorf("core: new client: %s %s is negative", d.name, d.v)
 		}
+	}
+	if cf.LivenessTimeout > 0 && cf.LivenessTimeout < time.Second {
+		return fmt.Errorf("core: new client: LivenessTimeout %s is below 1s (it heartbeats every quarter of it)", cf.LivenessTimeout)
 	}
 	if cf.EnqueueWakeCoalesce > maxEnqueueWakeCoalesce {
 		return fmt.Errorf("core: new client: EnqueueWakeCoalesce %s is above %s", cf.EnqueueWakeCoalesce, maxEnqueueWakeCoalesce)

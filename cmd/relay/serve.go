@@ -17,6 +17,7 @@ import (
 	"github.com/relayq/relay/admin"
 	"github.com/relayq/relay/admin/ui"
 	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/liveness"
 	"github.com/relayq/relay/migrations"
 	"github.com/relayq/relay/telemetry"
 )
@@ -146,6 +147,8 @@ func runServe(ctx context.Context, args []string) error {
 		ln.Close() //nolint:errcheck // refusing to serve
 		return fmt.Errorf("serve: refusing to serve %s (bound for %s) without authentication (only loopback addresses may use --no-auth)", ln.Addr(), *listen)
 	}
+	stopEntry := recordServe(ctx, pool, ln.Addr().String())
+	defer stopEntry()
 	auth := "JWT (" + *issuer + ", " + *audience + ")"
 	if cfg.NoAuth {
 		auth = "NO AUTHENTICATION (loopback only)"
@@ -231,4 +234,30 @@ func startDemoWorkers(ctx context.Context, pool *pgxpool.Pool, mp metric.MeterPr
 		defer cancel()
 		client.Stop(stopCtx) //nolint:errcheck // shutting down
 	}, nil
+}
+
+// recordServe records the server among the live processes (GET
+// /v1/processes lists it, role serve, named by its address) and keeps the
+// entry until the returned stop, which deletes it. A database the entry
+// cannot be written to (served with --allow-unmigrated) costs the entry
+// only, said once.
+func recordServe(ctx context.Context, pool *pgxpool.Pool, addr string) (stop func()) {
+	proc, err := liveness.New(pool, liveness.Entry{Role: liveness.RoleServe, Name: addr})
+	if err == nil {
+		err = proc.Register(ctx, pool)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "relay serve: not listed among the live processes: %v\n", err)
+		return func() {}
+	}
+	keepCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() { defer close(done); proc.Keep(keepCtx, slog.Default()) }()
+	return func() {
+		cancel()
+		<-done
+		if err := proc.Unregister(context.Background()); err != nil {
+			fmt.Fprintf(os.Stderr, "relay serve: %v (the entry ages out)\n", err)
+		}
+	}
 }

@@ -156,7 +156,8 @@ func freeAddr(t *testing.T) string {
 
 // TestServeEndpoints: relay serve answers /healthz, /readyz, /metrics,
 // /openapi.json and the API, with a problem body for an unknown route, and
-// stops when its context ends.
+// stops when its context ends; it lists itself among the live processes
+// while it runs, and its entry is gone once it stopped.
 func TestServeEndpoints(t *testing.T) {
 	t.Setenv("RELAY_JWT_SECRET", "")
 	pool := testdb.New(t)
@@ -181,6 +182,7 @@ func TestServeEndpoints(t *testing.T) {
 		"/metrics":      "# HELP",
 		"/openapi.json": `"openapi":"3.1.0"`,
 		"/v1/queues":    `"items":[]`,
+		"/v1/processes": `"role":"serve","name":"` + addr + `"`,
 	} {
 		if code, _, body := get(path); code != 200 || !strings.Contains(body, want) {
 			t.Errorf("GET %s: %d %.200s", path, code, body)
@@ -213,6 +215,9 @@ func TestServeEndpoints(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("relay serve did not stop")
+	}
+	if n := testdb.Count(t, pool, `SELECT count(*) FROM relay_processes WHERE role = 'serve'`); n != 0 {
+		t.Errorf("%d serve entries after shutdown; want none", n)
 	}
 }
 
