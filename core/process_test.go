@@ -12,7 +12,7 @@ import (
 
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/internal/liveness"
-	"github.com/relayq/relay/internal/testdb"
+	"github.com/relayq/relay/testkit/testdb"
 )
 
 const processChildEnv = "RELAY_PROCESS_CHILD_URL"
