@@ -45,7 +45,7 @@ Usage:
 
 Operating a running relay serve (over its admin API; relay <group> --help):
   relay jobs list|show|retry|cancel|requeue|bulk       find, read and change jobs
-  relay runs list|show|signal|cancel|retry             workflow runs, with their step timeline
+  relay runs list|show|signal|cancel|terminate|retry   workflow runs, with their step timeline
   relay schedules list|trigger|pause|resume            cron schedules and their next fires
   relay queues list|pause|resume                       queues: backlog, pause
 These take --url (default $RELAY_URL, else http://127.0.0.1:8080), --token

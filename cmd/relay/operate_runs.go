@@ -26,7 +26,7 @@ func runRuns(ctx context.Context, args []string) error {
 		{name: "list", summary: "list workflow runs, newest first",
 			flags: func(fs *flag.FlagSet) {
 				fs.StringVar(&workflow, "workflow", "", "only runs of this workflow")
-				fs.StringVar(&state, "state", "", "only runs in this state: pending, running, compensating, completed, failed, compensated, cancelled")
+				fs.StringVar(&state, "state", "", "only runs in this state: pending, running, compensating, completed, failed, compensated, cancelled, terminated")
 				fs.Var(&createdAfter, "created-after", "only runs created at or after this RFC 3339 time")
 				fs.Var(&createdBefore, "created-before", "only runs created before this RFC 3339 time")
 				fs.IntVar(&limit, "limit", 50, "runs per page (1-500)")
@@ -65,6 +65,10 @@ func runRuns(ctx context.Context, args []string) error {
 				return runChange(ctx, c, "signal", body)
 			}},
 		change("cancel", "cancel a run and its unfinished children (their compensations run)"),
+		{name: "terminate", args: []string{"ID", "REASON"}, summary: "end a run now, without its compensations (cancel is the stop that undoes)",
+			run: func(ctx context.Context, c *opCall) error {
+				return runChange(ctx, c, "terminate", map[string]string{"reason": c.args[1]})
+			}},
 		change("retry", "run a failed run again from its failed step"),
 	}, args)
 }
@@ -81,7 +85,7 @@ func runRows(runs []admin.WorkflowRun) [][]string {
 	rows := [][]string{{"ID", "WORKFLOW", "STATE", "QUEUE", "CREATED", "FINISHED", "DURATION", "ERROR"}}
 	for _, r := range runs {
 		state := r.State
-		if r.CancelRequested && !strings.Contains("completed failed compensated cancelled", state) {
+		if r.CancelRequested && !strings.Contains("completed failed compensated cancelled terminated", state) {
 			state += " (cancel requested)"
 		}
 		rows = append(rows, []string{r.ID, r.Workflow, state, r.Queue, fmtTime(r.CreatedAt), fmtTimePtr(r.FinishedAt),

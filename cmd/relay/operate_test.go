@@ -278,6 +278,13 @@ func TestOperateCommands(t *testing.T) {
 	if out := e.ok("runs", "cancel", waiting); out != "run "+waiting+": cancel; now running\n" {
 		t.Errorf("runs cancel: %q", out)
 	}
+	if out := e.ok("runs", "terminate", waiting, "the customer called: duplicate order"); out != "run "+waiting+": terminate; now terminated\n" {
+		t.Errorf("runs terminate: %q", out)
+	}
+	if r := row(t, e.ok("runs", "list", "--state", "terminated"), waiting); !strings.HasPrefix(r["ERROR"], "workflow: run "+waiting+" terminated: ") {
+		t.Errorf("the terminated run: %v", r)
+	}
+	e.fails(`relay runs terminate: 409 Conflict: terminate workflow run refused: run "`+completed+`" has finished`, "runs", "terminate", completed, "too late")
 	e.fails(`relay runs retry: 409 Conflict: retry workflow run refused: run "`+completed+`" is not failed (only a failed run can be retried; a compensated or cancelled run has undone its work)`, "runs", "retry", completed)
 
 	// Schedules: the month-end settlement, its next fires at 18:00 Paris
@@ -385,7 +392,7 @@ func TestOperateUsage(t *testing.T) {
 	for _, args := range [][]string{
 		{"jobs"}, {"jobs", "bogus"}, {"jobs", "show"}, {"jobs", "show", "1", "2"}, {"jobs", "list", "--limit", "many"},
 		{"jobs", "list", "--output", "yaml"}, {"jobs", "list", "--created-after", "yesterday"}, {"runs", "show", ""},
-		{"runs", "signal", "r1"}, {"schedules", "trigger"}, {"queues", "pause", "a", "b"}, {"queues", "list", "stray"},
+		{"runs", "signal", "r1"}, {"runs", "terminate", "r1"}, {"schedules", "trigger"}, {"queues", "pause", "a", "b"}, {"queues", "list", "stray"},
 	} {
 		out, errOut, code := e.run(args...)
 		first := strings.SplitN(errOut, "\n", 2)[0]
