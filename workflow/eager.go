@@ -63,6 +63,15 @@ func RunNow[In, Out any](ctx context.Context, c *core.Client, wf *Workflow[In, O
 	if err != nil {
 		return zero, err
 	}
+	if o.IDConflict != IDConflictUseExisting || o.IDReuse != IDReuseUseExisting {
+		// The id policies decide on the run that holds the id, which the
+		// eager insert cannot: start it as Start does, and wait.
+		h, err := Start(ctx, reg.pool, wf, in, &o)
+		if err != nil {
+			return zero, err
+		}
+		return h.Result(ctx, reg.pool)
+	}
 	sink := &eagerSink{runID: o.ID}
 	cl, err := insertEager(context.WithValue(ctx, eagerKey{}, sink), c, reg, wf.name, input, o)
 	var pgErr *pgconn.PgError
@@ -172,6 +181,9 @@ func startDefaults(name string, opts *StartOpts) (StartOpts, error) {
 	}
 	if o.MaxAttempts < 0 || o.Priority < 0 || o.Priority > core.MaxPriority {
 		return o, fmt.Errorf("workflow: start %s: MaxAttempts %d or Priority %d out of range", name, o.MaxAttempts, o.Priority)
+	}
+	if err := o.checkIDPolicies(); err != nil {
+		return o, fmt.Errorf("workflow: start %s: %w", name, err)
 	}
 	return o, nil
 }

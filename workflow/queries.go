@@ -365,3 +365,19 @@ FROM ended,
      LATERAL (SELECT relay_workflow_cancel_tree(ended.id, false),
                      relay_workflow_wake(ARRAY[ended.parent_job]),
                      pg_notify('relay_workflow', ended.id)) AS side`
+
+// sqlLockRunState reads run $1's state and locks its row (a start's id
+// policy decides on it).
+const sqlLockRunState = `SELECT state FROM relay_workflow_runs WHERE id = $1 FOR NO KEY UPDATE`
+
+// sqlUnfinishedTree lists run $1 and its unfinished descendants, parents
+// first (the lock order of a tree's writers).
+const sqlUnfinishedTree = `
+WITH RECURSIVE tree AS (
+    SELECT $1::text AS id, 0 AS depth
+    UNION
+    SELECT c.id, tree.depth + 1 FROM relay_workflow_runs AS c JOIN tree ON c.parent_id = tree.id
+)
+SELECT r.id FROM relay_workflow_runs AS r JOIN tree ON r.id = tree.id
+WHERE r.finished_at IS NULL
+ORDER BY tree.depth, r.id`

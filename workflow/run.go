@@ -25,8 +25,9 @@ import (
 type StartOpts struct {
 	// ID is the run's id, chosen by the caller (an order number, an
 	// idempotency key). Starting an id that exists starts nothing and
-	// returns that run (Handle.Existing); for another workflow it is
-	// ErrIDInUse. Empty means a random UUID. At most 255 bytes.
+	// returns that run (Handle.Existing), unless IDConflict or IDReuse
+	// say otherwise; for another workflow it is ErrIDInUse. Empty means a
+	// random UUID. At most 255 bytes.
 	ID string
 	// Queue is the queue of the run's executions: the core.Client serving
 	// it executes the run. Default "default".
@@ -38,6 +39,14 @@ type StartOpts struct {
 	// of running it (its job has a few attempts more for that). Default
 	// DefaultMaxAttempts.
 	MaxAttempts int
+	// IDConflict is what Start does when a run with ID exists and has not
+	// finished. Default IDConflictUseExisting: that run is returned
+	// (Handle.Existing).
+	IDConflict IDConflictPolicy
+	// IDReuse is what Start does when a run with ID exists and has
+	// finished. Default IDReuseUseExisting: that run is returned
+	// (Handle.Existing), so a start repeated is one run.
+	IDReuse IDReusePolicy
 }
 
 // DefaultMaxAttempts is how many executions of a run may crash or fail
@@ -139,6 +148,21 @@ func startRun(ctx context.Context, db core.DB, tracer trace.Tracer, name string,
 	if o.MaxAttempts < 0 || o.Priority < 0 || o.Priority > core.MaxPriority {
 		return "", false, fmt.Errorf("workflow: start %s: MaxAttempts %d or Priority %d out of range", name, o.MaxAttempts, o.Priority)
 	}
+	if err := o.checkIDPolicies(); err != nil {
+		return "", false, fmt.Errorf("workflow: start %s: %w", name, err)
+	}
+	if o.mayReplace() && parent == nil && !dbx.InTransaction(db) {
+		// Replacing a run deletes it and inserts the new one: both commit,
+		// or neither.
+		var id string
+		var existing bool
+		err := inTx(ctx, db, func(tx core.DB) error {
+			var err error
+			id, existing, err = startRun(ctx, tx, tracer, name, input, &o, nil)
+			return err
+		})
+		return id, existing, err
+	}
 	// The run's root span: every execution, step and child joins its trace.
 	ctx, span := tracer.Start(ctx, "workflow "+name, trace.WithAttributes(
 		attribute.String("relay.workflow.name", name), attribute.String("relay.workflow.run_id", o.ID)))
@@ -162,7 +186,7 @@ func startRun(ctx context.Context, db core.DB, tracer trace.Tracer, name string,
 	if err != nil {
 		return "", false, fmt.Errorf("workflow: start %s: %w", name, err)
 	}
-	existing := false
+	existing, replaced := false, false
 	err = func() error {
 		ex, err := dbx.For(db)
 		if err != nil {
@@ -207,11 +231,25 @@ func startRun(ctx context.Context, db core.DB, tracer trace.Tracer, name string,
 			// by a deleted parent of the same id.
 			return fmt.Errorf("%w: run %s is not a child of run %s at position %d (a run of %q started otherwise)", ErrIDInUse, o.ID, parent.runID, parent.position, holder)
 		}
+		if parent == nil && (o.IDConflict != IDConflictUseExisting || o.IDReuse != IDReuseUseExisting) {
+			replaced, err = o.settleExisting(ctx, db, ex, name)
+			if err != nil || replaced {
+				return err
+			}
+		}
 		existing = true
 		return nil
 	}()
 	if err != nil {
 		return "", false, fmt.Errorf("workflow: start %s: %w", name, err)
+	}
+	if replaced {
+		// The old run is gone, in this transaction: start the new one (the
+		// id is free now; a start racing this one waits for the delete's
+		// row lock, then finds the new run).
+		again := o
+		again.IDConflict, again.IDReuse = IDConflictUseExisting, IDReuseUseExisting
+		return startRun(ctx, db, tracer, name, input, &again, nil)
 	}
 	return o.ID, existing, nil
 }
