@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/relayq/relay/internal/jobinsert"
 	"github.com/relayq/relay/internal/liveness"
 	"github.com/relayq/relay/internal/notifier"
 )
@@ -377,7 +378,7 @@ func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	}
 	cf.PollInterval = cmp.Or(cf.PollInterval, time.Second)
 	cf.ClaimCoalesce = cmp.Or(cf.ClaimCoalesce, defaultClaimCoalesce)
-	cf.EnqueueWakeCoalesce = cmp.Or(cf.EnqueueWakeCoalesce, enqueueWakeCoalesce)
+	cf.EnqueueWakeCoalesce = cmp.Or(cf.EnqueueWakeCoalesce, jobinsert.DefaultWakeWindow)
 	cf.FetchLimit = cmp.Or(cf.FetchLimit, 1000)
 	cf.RescueInterval = cmp.Or(cf.RescueInterval, cf.LeaseDuration/2)
 	cf.LivenessTimeout = cmp.Or(cf.LivenessTimeout, time.Minute)

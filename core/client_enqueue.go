@@ -3,7 +3,12 @@ package core
 import (
 	"context"
 	"time"
+
+	"github.com/relayq/relay/internal/jobinsert"
 )
+
+// maxEnqueueWakeCoalesce bounds Config.EnqueueWakeCoalesce.
+const maxEnqueueWakeCoalesce = time.Second
 
 // Enqueue writes one job on the client's pool, traced and counted with the
 // client's TracerProvider and MeterProvider (the package-level Enqueue
@@ -55,5 +60,5 @@ func (c *Client) flushWakeups(ctx context.Context) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	flushWakeups(ctx, c.pool, ex)
+	jobinsert.FlushWakeups(ctx, c.pool, ex)
 }

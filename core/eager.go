@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/relayq/relay/internal/eager"
+	"github.com/relayq/relay/internal/jobinsert"
 	"go.opentelemetry.io/otel/codes"
 )
 
@@ -102,7 +103,7 @@ func (c *Client) insertClaimed(ctx context.Context, q *queue, row enqueueRow, wi
 	}
 	token := uuid.New()
 	b := &pgx.Batch{}
-	b.Queue(sqlEnqueueNotifyAfter, string(appendBatch(nil, []enqueueRow{row})))
+	b.Queue(sqlEnqueueNotifyAfter, string(jobinsert.AppendBatch(nil, []enqueueRow{row})))
 	if with != nil && with.Queue != nil {
 		with.Queue(b)
 	}

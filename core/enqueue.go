@@ -13,13 +13,13 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/relayq/relay/internal/dbx"
+	"github.com/relayq/relay/internal/jobinsert"
 )
 
 // DefaultQueue is the queue of jobs enqueued without one.
@@ -127,12 +127,12 @@ func Enqueue(ctx context.Context, db DB, args JobArgs, opts *EnqueueOpts) (Enque
 // providers; a Client's Enqueue methods use the client's (see
 // docs/observability.md).
 func EnqueueMany(ctx context.Context, db DB, params []EnqueueParams) ([]EnqueueResult, error) {
-	return enqueueMany(ctx, db, params, nil, nil, enqueueWakeCoalesce)
+	return enqueueMany(ctx, db, params, nil, nil, jobinsert.DefaultWakeWindow)
 }
 
 // enqueueMany is EnqueueMany tracing with tp and counting with ctr (nil:
 // the global providers'), coalescing its wake-up on a pool over wake (see
-// wakeQueues).
+// jobinsert.Wake).
 func enqueueMany(ctx context.Context, db DB, params []EnqueueParams, tp trace.TracerProvider, ctr metric.Int64Counter, wake time.Duration) ([]EnqueueResult, error) {
 	if len(params) == 0 {
 		return nil, nil
@@ -195,44 +195,15 @@ func enqueueMany(ctx context.Context, db DB, params []EnqueueParams, tp trace.Tr
 func inTransaction(db DB) bool { return dbx.InTransaction(db) }
 
 // notifyQueues wakes the workers of the queues that got a job runnable now,
-// after the enqueue on db committed (see wakeQueues).
+// after the enqueue on db committed (see jobinsert.Wake).
 func notifyQueues(ctx context.Context, db DB, ex execer, rows []enqueueRow, results []EnqueueResult, window time.Duration) {
-	now := time.Now()
-	var queues []string
-	for i, r := range rows {
-		if results[i].Duplicate || r.DelayUS > 0 || (r.RunAt != nil && r.RunAt.After(now)) || slices.Contains(queues, r.Queue) {
-			continue
-		}
-		queues = append(queues, r.Queue)
-	}
-	wakeQueues(ctx, db, ex, queues, window)
+	jobinsert.Wake(ctx, db, ex, jobinsert.QueuesToWake(rows, func(i int) bool { return !results[i].Duplicate }), window)
 }
 
 // countEnqueued adds the jobs written (not the duplicates) to ctr (nil:
 // the relay.jobs.enqueued counter of the global meter), by queue and kind.
 func countEnqueued(ctx context.Context, ctr metric.Int64Counter, rows []enqueueRow, results []EnqueueResult) {
-	if ctr == nil {
-		var err error
-		if ctr, err = newEnqueuedCounter(otel.GetMeterProvider()); err != nil {
-			return
-		}
-	}
-	type qk struct{ queue, kind string }
-	counts := map[qk]int64{}
-	for i, r := range rows {
-		if !results[i].Duplicate {
-			counts[qk{r.Queue, r.Kind}]++
-		}
-	}
-	for k, n := range counts {
-		ctr.Add(ctx, n, metric.WithAttributes(attribute.String("queue", k.queue), attribute.String("kind", k.kind)))
-	}
-}
-
-// newEnqueuedCounter makes the relay.jobs.enqueued counter of mp.
-func newEnqueuedCounter(mp metric.MeterProvider) (metric.Int64Counter, error) {
-	return mp.Meter(instrumentationName).Int64Counter("relay.jobs.enqueued",
-		metric.WithDescription("Jobs enqueued."), metric.WithUnit("{job}"))
+	jobinsert.Count(ctx, ctr, rows, func(i int) bool { return !results[i].Duplicate })
 }
 
 // enqueueRows writes prepared rows in one statement; ownTx says the
@@ -264,7 +235,7 @@ func enqueueRows(ctx context.Context, ex execer, rows []enqueueRow, ownTx bool) 
 			sql = sqlEnqueueUniqueNotifyAfter
 		}
 	}
-	batch := appendBatch(make([]byte, 0, 128*len(send)), send)
+	batch := jobinsert.AppendBatch(make([]byte, 0, 128*len(send)), send)
 	sent := make([]EnqueueResult, 0, len(send))
 	err := ex.Query(ctx, sql, []any{string(batch)}, func(row scanner) error {
 		var r EnqueueResult
@@ -336,23 +307,8 @@ func lookupDuplicates(ctx context.Context, ex execer, send []enqueueRow, sent []
 	return nil
 }
 
-// enqueueRow is one element of the JSON array sqlEnqueue reads (written by
-// appendBatch; the tags document the shape).
-type enqueueRow struct {
-	Kind        string          `json:"kind"`
-	Queue       string          `json:"queue"`
-	Args        json.RawMessage `json:"args"`
-	Priority    int             `json:"priority"`
-	MaxAttempts int             `json:"max_attempts"`
-	RunAt       *time.Time      `json:"run_at,omitempty"`
-	DelayUS     int64           `json:"delay_us"`
-	Metadata    json.RawMessage `json:"metadata"`
-	OrderingKey *string         `json:"ordering_key,omitempty"`
-	Tags        []string        `json:"tags,omitempty"`
-	// Unique jobs only.
-	UniqueKey    *string  `json:"unique_key,omitempty"`
-	UniqueStates []string `json:"unique_states,omitempty"`
-}
+// enqueueRow is one job as the enqueue statements read it.
+type enqueueRow = jobinsert.Row
 
 func prepareEnqueue(args JobArgs, opts *EnqueueOpts) (enqueueRow, error) {
 	if args == nil {
@@ -529,84 +485,4 @@ func mergeOpts(args JobArgs, opts *EnqueueOpts) EnqueueOpts {
 		o.Tags = opts.Tags
 	}
 	return o
-}
-
-// appendBatch writes rows as the JSON array sqlEnqueue reads. It is
-// encoding/json's output for []enqueueRow, written directly: args and
-// metadata are already JSON, and re-encoding them (encoding/json validates
-// and compacts every RawMessage) was a tenth of a batch enqueue's time.
-func appendBatch(b []byte, rows []enqueueRow) []byte {
-	b = append(b, '[')
-	for i, r := range rows {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = append(b, `{"kind":`...)
-		b = appendString(b, r.Kind)
-		b = append(b, `,"queue":`...)
-		b = appendString(b, r.Queue)
-		b = append(b, `,"args":`...)
-		b = append(b, r.Args...)
-		b = append(b, `,"priority":`...)
-		b = strconv.AppendInt(b, int64(r.Priority), 10)
-		b = append(b, `,"max_attempts":`...)
-		b = strconv.AppendInt(b, int64(r.MaxAttempts), 10)
-		if r.RunAt != nil {
-			b = append(b, `,"run_at":"`...)
-			b = r.RunAt.AppendFormat(b, time.RFC3339Nano)
-			b = append(b, '"')
-		}
-		b = append(b, `,"delay_us":`...)
-		b = strconv.AppendInt(b, r.DelayUS, 10)
-		b = append(b, `,"metadata":`...)
-		b = append(b, r.Metadata...)
-		if r.OrderingKey != nil {
-			b = append(b, `,"ordering_key":`...)
-			b = appendString(b, *r.OrderingKey)
-		}
-		if len(r.Tags) > 0 {
-			b = append(b, `,"tags":[`...)
-			for j, t := range r.Tags {
-				if j > 0 {
-					b = append(b, ',')
-				}
-				b = appendString(b, t)
-			}
-			b = append(b, ']')
-		}
-		if r.UniqueKey != nil {
-			b = append(b, `,"unique_key":`...)
-			b = appendString(b, *r.UniqueKey)
-			b = append(b, `,"unique_states":[`...)
-			for j, s := range r.UniqueStates {
-				if j > 0 {
-					b = append(b, ',')
-				}
-				b = appendString(b, s)
-			}
-			b = append(b, ']')
-		}
-		b = append(b, '}')
-	}
-	return append(b, ']')
-}
-
-// appendString appends s as a JSON string. s is valid UTF-8 (checked by
-// prepareEnqueue), so only quotes, backslashes and control characters need
-// escaping.
-func appendString(b []byte, s string) []byte {
-	const hexDigits = "0123456789abcdef"
-	b = append(b, '"')
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c == '"' || c == '\\':
-			b = append(b, '\\', c)
-		case c < 0x20:
-			b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-		default:
-			b = append(b, c)
-		}
-	}
-	return append(b, '"')
 }

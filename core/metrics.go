@@ -8,6 +8,8 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+
+	"github.com/relayq/relay/internal/jobinsert"
 )
 
 // metrics are a client's instruments, from Config.MeterProvider (default:
@@ -48,7 +50,7 @@ func newMetrics(c *Client) (*metrics, error) {
 	if err != nil {
 		return nil, err
 	}
-	if out.enqueued, err = newEnqueuedCounter(mp); err != nil {
+	if out.enqueued, err = jobinsert.NewCounter(mp); err != nil {
 		return nil, err
 	}
 	buckets := metric.WithExplicitBucketBoundaries(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/relayq/relay/internal/eager"
+	"github.com/relayq/relay/internal/jobinsert"
 )
 
 // mustReplace returns sql with old replaced by new, and panics (at package
@@ -23,99 +24,24 @@ func mustReplace(sql, old, new string) string {
 // a running attempt names the attempt's lease token: that is the fence that
 // keeps a late worker from recording anything once its lease has gone.
 
-// sqlEnqueue inserts a batch of jobs given as one JSON array ($1, text). One
-// statement writes one job or ten thousand, on any driver, since its only
-// parameter is a string. ORDER BY ord keeps RETURNING in the order given.
-// A job's run_at is absolute when given, else database now() plus its delay.
-const sqlEnqueue = `
-INSERT INTO relay_jobs (kind, queue, args, priority, max_attempts, run_at, metadata, ordering_key, tags)
-SELECT j.kind, j.queue, j.args, j.priority, j.max_attempts,
-       coalesce(j.run_at, now() + j.delay_us * interval '1 microsecond'),
-       j.metadata, j.ordering_key, coalesce(j.tags, '{}')
-FROM ROWS FROM (jsonb_to_recordset($1::jsonb) AS (
-         kind text, queue text, args jsonb, priority smallint, max_attempts integer,
-         run_at timestamptz, delay_us bigint, metadata jsonb, ordering_key text, tags text[]))
-     WITH ORDINALITY AS j(kind, queue, args, priority, max_attempts, run_at, delay_us, metadata, ordering_key, tags, ord)
-ORDER BY j.ord
-RETURNING id, false`
-
-// notifyAfter turns an enqueue statement into one whose insert trigger
-// leaves the wake-up to the caller, who sends sqlNotifyQueues after the
-// commit (see the migration *_notify_after_commit). It joins a one-row
-// subquery that sets relay.notify for this transaction only; the trigger
-// runs at the end of the statement, after it.
-func notifyAfter(sql string) string {
-	return mustReplace(sql, "\nORDER BY j.ord", "\n     CROSS JOIN (SELECT set_config('relay.notify', 'after', true)) AS notify_after\nORDER BY j.ord")
-}
-
-// The enqueue statements for an enqueue that is its own transaction.
+// The enqueue statements are the engine's (internal/jobinsert), which the
+// workflow layer's start of a run shares: sqlEnqueue for a batch without
+// unique jobs, sqlEnqueueUnique for one with, each also for an enqueue
+// that is its own transaction and wakes its queues after the commit.
 var (
-	sqlEnqueueNotifyAfter       = notifyAfter(sqlEnqueue)
-	sqlEnqueueUniqueNotifyAfter = notifyAfter(sqlEnqueueUnique)
+	sqlEnqueue                  = jobinsert.SQL(jobinsert.NotifyAtCommit)
+	sqlEnqueueNotifyAfter       = jobinsert.SQL(jobinsert.NotifyAfter)
+	sqlEnqueueUnique            = jobinsert.SQLUnique(jobinsert.NotifyAtCommit)
+	sqlEnqueueUniqueNotifyAfter = jobinsert.SQLUnique(jobinsert.NotifyAfter)
 )
-
-// sqlNotifyQueues wakes the workers of the queues in the JSON array $1, in
-// a transaction of its own. PostgreSQL gives it a transaction id (written
-// into the notification queue), so its commit writes a commit record; but
-// having written nothing else, it does not wait for that record's flush
-// (RecordTransactionCommit): no fsync per wake-up.
-const sqlNotifyQueues = `SELECT pg_notify('relay_jobs', q) FROM jsonb_array_elements_text($1::jsonb) AS q`
-
-// sqlEnqueueUnique is sqlEnqueue for a batch holding unique jobs (keys
-// distinct within the batch). A job whose key is held by a job in one of
-// that job's unique states is not inserted. ON CONFLICT DO NOTHING takes no
-// lock on the existing row: a duplicate enqueued in a long transaction must
-// not hold the row of a running job, or that job could neither renew its
-// lease nor record its outcome until the transaction ends. (It still waits
-// for an enqueue of the same key in flight in another transaction, so the
-// answer is right under any concurrency.)
-//
-// It returns, in batch order, each job's id and whether it was a
-// duplicate. An inserted keyed job is found by its key; the inserted jobs
-// without a key take ids in batch order (the sequence is drawn in ORDER BY
-// order), so the n-th of them in the batch is the n-th smallest id. A
-// duplicate's id is read from the statement's snapshot; when the row it
-// collided with was committed after that snapshot (the concurrent enqueue
-// it waited for), the id is 0 and the caller reads it with
-// sqlUniqueLookup, a new statement with a new snapshot.
-const sqlEnqueueUnique = `
-WITH b AS (
-    SELECT *, CASE WHEN b.unique_key IS NULL
-                   THEN row_number() OVER (PARTITION BY b.unique_key IS NULL ORDER BY b.ord) END AS keyless_n
-    FROM ROWS FROM (jsonb_to_recordset($1::jsonb) AS (
-             kind text, queue text, args jsonb, priority smallint, max_attempts integer,
-             run_at timestamptz, delay_us bigint, metadata jsonb, ordering_key text, tags text[], unique_key text, unique_states text[]))
-         WITH ORDINALITY AS b(kind, queue, args, priority, max_attempts, run_at, delay_us, metadata, ordering_key, tags, unique_key, unique_states, ord)
-),
-ins AS (
-INSERT INTO relay_jobs (kind, queue, args, priority, max_attempts, run_at, metadata, ordering_key, tags, unique_key, unique_states)
-SELECT j.kind, j.queue, j.args, j.priority, j.max_attempts,
-       coalesce(j.run_at, now() + j.delay_us * interval '1 microsecond'),
-       j.metadata, j.ordering_key, coalesce(j.tags, '{}'), j.unique_key, j.unique_states
-FROM b AS j
-ORDER BY j.ord
-ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state = ANY (unique_states)
-DO NOTHING
-RETURNING id, unique_key
-),
-keyless AS (
-    SELECT id, row_number() OVER (ORDER BY id) AS n FROM ins WHERE unique_key IS NULL
-)
-SELECT coalesce(i.id, k.id, e.id, 0), i.id IS NULL AND k.id IS NULL
-FROM b
-LEFT JOIN ins AS i ON i.unique_key = b.unique_key
-LEFT JOIN keyless AS k ON k.n = b.keyless_n
-LEFT JOIN LATERAL (
-    SELECT r.id FROM relay_jobs AS r
-    WHERE r.unique_key = b.unique_key AND r.state = ANY (r.unique_states)
-    LIMIT 1) AS e ON i.id IS NULL
-ORDER BY b.ord`
 
 // sqlUniqueLookup reads the ids of the jobs holding the unique keys of the
-// JSON array $1 (see sqlEnqueueUnique).
-const sqlUniqueLookup = `
-SELECT unique_key, id FROM relay_jobs
-WHERE unique_key IN (SELECT jsonb_array_elements_text($1::jsonb)) AND state = ANY (unique_states)`
+// JSON array $1 (see jobinsert.SQLUnique).
+const sqlUniqueLookup = jobinsert.SQLUniqueLookup
+
+// sqlNotifyQueues wakes the workers of the queues in the JSON array $1 (see
+// jobinsert.SQLNotifyQueues).
+const sqlNotifyQueues = jobinsert.SQLNotifyQueues
 
 // sqlClaim leases up to $2 runnable jobs of queue $1 to worker $4 for $3
 // milliseconds, in one statement:

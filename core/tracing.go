@@ -14,6 +14,8 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/relayq/relay/internal/jobinsert"
 )
 
 // TraceMode says how an attempt's span relates to the job's enqueue.
@@ -32,11 +34,11 @@ const (
 )
 
 // instrumentationName names Relay's tracer and meter.
-const instrumentationName = "github.com/relayq/relay"
+const instrumentationName = jobinsert.InstrumentationName
 
 // Metadata keys of the W3C trace context stored with each job.
 const (
-	MetaTraceParent = "traceparent"
+	MetaTraceParent = jobinsert.TraceParentKey
 	MetaTraceState  = "tracestate"
 )
 
@@ -53,50 +55,15 @@ func tracer(tp trace.TracerProvider) trace.Tracer {
 }
 
 // startEnqueueSpan starts the producer span of an enqueue of n jobs into
-// queue (the first job's queue for a batch; a batch spanning queues says so
-// in relay.batch.queues) with tp (nil: the global provider). It returns the
-// span and the trace context to store in each job's metadata (nil when the
-// span is not recording).
+// queue (see jobinsert.StartSpan).
 func startEnqueueSpan(ctx context.Context, tp trace.TracerProvider, queue string, n int) (context.Context, trace.Span, map[string]string) {
-	ctx, span := tracer(tp).Start(ctx, "send "+queue,
-		trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(
-			attribute.String("messaging.system", "relay"),
-			attribute.String("messaging.operation.type", "send"),
-			attribute.String("messaging.operation.name", "send"),
-			attribute.String("messaging.destination.name", queue),
-		))
-	if !span.SpanContext().IsValid() {
-		return ctx, span, nil
-	}
-	if n > 1 {
-		span.SetAttributes(attribute.Int("messaging.batch.message_count", n))
-	}
-	carrier := propagation.MapCarrier{}
-	traceContext.Inject(ctx, carrier)
-	return ctx, span, carrier
+	return jobinsert.StartSpan(ctx, tp, queue, n)
 }
 
-// withTraceMetadata adds the trace context to a job's encoded metadata.
-// The caller's values are kept byte for byte (json.RawMessage): decoding
-// them into map[string]any would turn every number into a float64 and
-// change 1234567890123456789 into 1234567890123456800.
+// withTraceMetadata adds the trace context to a job's encoded metadata
+// (see jobinsert.WithTraceMetadata).
 func withTraceMetadata(meta json.RawMessage, tc map[string]string) (json.RawMessage, error) {
-	m := map[string]json.RawMessage{}
-	if err := json.Unmarshal(meta, &m); err != nil {
-		return nil, err
-	}
-	if _, set := m[MetaTraceParent]; set {
-		return meta, nil // the caller chose one; keep it
-	}
-	for k, v := range tc {
-		b, err := json.Marshal(v)
-		if err != nil {
-			return nil, err
-		}
-		m[k] = b
-	}
-	return json.Marshal(m)
+	return jobinsert.WithTraceMetadata(meta, tc)
 }
 
 // startAttemptSpan starts the consumer span of one attempt, from the trace

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/relayq/relay/internal/jobinsert"
 )
 
 // MaxTags is the most tags a job may carry.
@@ -27,13 +29,8 @@ func validateKind(kind string, holder any) error {
 // valid UTF-8, no NUL byte, at most max bytes. Empty passes (callers
 // decide what empty means).
 func validateName(field, s string, max int) error {
-	switch {
-	case !utf8.ValidString(s):
-		return &ValidationError{Field: field, Reason: "not valid UTF-8"}
-	case strings.IndexByte(s, 0) >= 0:
-		return &ValidationError{Field: field, Reason: "contains a NUL byte"}
-	case len(s) > max:
-		return &ValidationError{Field: field, Reason: fmt.Sprintf("longer than %d bytes", max)}
+	if reason := jobinsert.NameProblem(s, max); reason != "" {
+		return &ValidationError{Field: field, Reason: reason}
 	}
 	return nil
 }

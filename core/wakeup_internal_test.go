@@ -2,66 +2,62 @@ package core
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/relayq/relay/internal/jobinsert"
 	"github.com/relayq/relay/testkit/testdb"
 )
 
-// Two enqueues on a pool that commit within enqueueWakeCoalesce of each
-// other: the first wakes the workers at once, the second's wake-up is
-// deferred, not dropped — it is sent after both returned, so that a claim
-// made for the first cannot have missed the second's job.
-func TestWakeupDeferredNotDropped(t *testing.T) {
+// A Client's enqueues coalesce over its EnqueueWakeCoalesce (defaulted to
+// the package-level 1 ms), and its Stop (of a client never started, here)
+// sends what they left scheduled.
+func TestClientEnqueueWakeWindow(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
 	ctx := context.Background()
-	listen, err := pool.Acquire(ctx)
+	for _, bad := range []time.Duration{-time.Millisecond, 2 * time.Second} {
+		if _, err := NewClient(pool, &Config{EnqueueWakeCoalesce: bad}); err == nil {
+			t.Errorf("EnqueueWakeCoalesce %s accepted", bad)
+		}
+	}
+	def, err := NewClient(pool, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer listen.Release()
-	if _, err := listen.Exec(ctx, `LISTEN relay_jobs`); err != nil {
-		t.Fatal(err)
+	if got := def.wakeWindow(); got != jobinsert.DefaultWakeWindow {
+		t.Errorf("default wake window %s, want %s", got, jobinsert.DefaultWakeWindow)
 	}
-	ex, err := execerFor(pool)
+	const queue = "client-wake-window"
+	next := wakeListener(t, pool, queue)
+	c, err := NewClient(pool, &Config{EnqueueWakeCoalesce: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	const queue = "wakeup-deferred"
-	// At once, as two enqueues committing together do (one after the
-	// other, the first's wake-up, sent before it returns, is older than
-	// the window by the time the second comes).
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			wakeQueues(ctx, pool, ex, []string{queue}, enqueueWakeCoalesce)
-		}()
+	if _, err := c.Enqueue(ctx, floorArgs{}, &EnqueueOpts{Queue: queue}); err != nil {
+		t.Fatal(err)
 	}
-	close(start)
-	wg.Wait()
-	returned := time.Now()
-	var got []time.Time
-	for len(got) < 2 {
-		wait, cancel := context.WithTimeout(ctx, 10*time.Second)
-		n, err := listen.Conn().WaitForNotification(wait)
-		cancel()
-		if err != nil {
-			t.Fatalf("%d wake-ups of %q arrived, want 2: %v", len(got), queue, err)
-		}
-		if n.Payload == queue {
-			got = append(got, time.Now())
-		}
+	if err := next(10 * time.Second); err != nil {
+		t.Fatalf("the first enqueue's wake-up did not arrive: %v", err)
 	}
-	if !got[1].After(returned) {
-		t.Fatal("the second wake-up arrived before both wakeQueues returned: it was not deferred")
+	if _, err := c.Enqueue(ctx, floorArgs{}, &EnqueueOpts{Queue: queue}); err != nil {
+		t.Fatal(err)
+	}
+	window, left := jobinsert.Scheduled(pool, queue)
+	if window != time.Second {
+		t.Fatalf("the enqueue coalesced over %s, want the client's 1s", window)
+	}
+	if left < 700*time.Millisecond {
+		t.Skipf("the second enqueue came %s into the window: too late to tell Stop's send from the timer's", time.Second-left)
+	}
+	if err := c.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Stop sent it: the timer's is still hundreds of milliseconds away.
+	if err := next(left / 2); err != nil {
+		t.Fatalf("Stop did not send the waiting wake-up: %v", err)
 	}
 }
 
@@ -93,122 +89,5 @@ func wakeListener(t *testing.T, pool *pgxpool.Pool, queue string) func(within ti
 				return nil
 			}
 		}
-	}
-}
-
-// A longer window defers a wake-up for its length, not 1 ms, and sends it
-// then (bound and delivery); a caller with a shorter window, arriving
-// meanwhile, brings it forward to its own bound; flushWakeups (a Client's
-// Stop) sends what is scheduled at once.
-func TestWakeupWindows(t *testing.T) {
-	t.Parallel()
-	pool := testdb.New(t)
-	ctx := context.Background()
-	ex, err := execerFor(pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const long = 4 * time.Second
-
-	t.Run("long", func(t *testing.T) {
-		const queue = "wake-long"
-		next := wakeListener(t, pool, queue)
-		wakeQueues(ctx, pool, ex, []string{queue}, long)
-		if err := next(10 * time.Second); err != nil {
-			t.Fatalf("the first wake-up did not arrive: %v", err)
-		}
-		wakeQueues(ctx, pool, ex, []string{queue}, long)
-		// With a 1 ms window it would come a millisecond after the first.
-		if err := next(time.Second); err == nil {
-			t.Fatal("the second wake-up came within a second: not coalesced over the window")
-		}
-		if err := next(10 * time.Second); err != nil {
-			t.Fatalf("the second wake-up never came: dropped (%v)", err)
-		}
-	})
-	t.Run("shorter caller", func(t *testing.T) {
-		const queue = "wake-mixed"
-		next := wakeListener(t, pool, queue)
-		wakeQueues(ctx, pool, ex, []string{queue}, long)
-		if err := next(10 * time.Second); err != nil {
-			t.Fatalf("the first wake-up did not arrive: %v", err)
-		}
-		wakeQueues(ctx, pool, ex, []string{queue}, long) // scheduled at +4 s
-		wakeQueues(ctx, pool, ex, []string{queue}, enqueueWakeCoalesce)
-		if err := next(long / 2); err != nil {
-			t.Fatalf("a 1 ms caller's wake-up waited for the longer window's: %v", err)
-		}
-	})
-	t.Run("flush", func(t *testing.T) {
-		const queue = "wake-flush"
-		next := wakeListener(t, pool, queue)
-		wakeQueues(ctx, pool, ex, []string{queue}, long)
-		if err := next(10 * time.Second); err != nil {
-			t.Fatalf("the first wake-up did not arrive: %v", err)
-		}
-		wakeQueues(ctx, pool, ex, []string{queue}, long)
-		flushWakeups(ctx, pool, ex)
-		if err := next(long / 2); err != nil {
-			t.Fatalf("a flushed wake-up was not sent at once: %v", err)
-		}
-	})
-}
-
-// A Client's enqueues coalesce over its EnqueueWakeCoalesce (defaulted to
-// the package-level 1 ms), and its Stop (of a client never started, here)
-// sends what they left scheduled.
-func TestClientEnqueueWakeWindow(t *testing.T) {
-	t.Parallel()
-	pool := testdb.New(t)
-	ctx := context.Background()
-	for _, bad := range []time.Duration{-time.Millisecond, 2 * time.Second} {
-		if _, err := NewClient(pool, &Config{EnqueueWakeCoalesce: bad}); err == nil {
-			t.Errorf("EnqueueWakeCoalesce %s accepted", bad)
-		}
-	}
-	def, err := NewClient(pool, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := def.wakeWindow(); got != enqueueWakeCoalesce {
-		t.Errorf("default wake window %s, want %s", got, enqueueWakeCoalesce)
-	}
-	const queue = "client-wake-window"
-	next := wakeListener(t, pool, queue)
-	c, err := NewClient(pool, &Config{EnqueueWakeCoalesce: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Enqueue(ctx, floorArgs{}, &EnqueueOpts{Queue: queue}); err != nil {
-		t.Fatal(err)
-	}
-	if err := next(10 * time.Second); err != nil {
-		t.Fatalf("the first enqueue's wake-up did not arrive: %v", err)
-	}
-	if _, err := c.Enqueue(ctx, floorArgs{}, &EnqueueOpts{Queue: queue}); err != nil {
-		t.Fatal(err)
-	}
-	wakeups.mu.Lock()
-	s := wakeups.m[wakeKey{db: pool, queue: queue}]
-	var window, left time.Duration
-	if s != nil {
-		window = s.window
-		if s.pending {
-			left = time.Until(s.due)
-		}
-	}
-	wakeups.mu.Unlock()
-	if window != time.Second {
-		t.Fatalf("the enqueue coalesced over %s, want the client's 1s", window)
-	}
-	if left < 700*time.Millisecond {
-		t.Skipf("the second enqueue came %s into the window: too late to tell Stop's send from the timer's", time.Second-left)
-	}
-	if err := c.Stop(ctx); err != nil {
-		t.Fatal(err)
-	}
-	// Stop sent it: the timer's is still hundreds of milliseconds away.
-	if err := next(left / 2); err != nil {
-		t.Fatalf("Stop did not send the waiting wake-up: %v", err)
 	}
 }

@@ -14,21 +14,21 @@ import "github.com/relayq/relay/internal/jobinsert"
 // inserts the job, through relay_jobs' triggers, once per run row
 // inserted. It returns the job's id; no row for an existing id, which
 // sqlRunIdentity then says which workflow holds.
-var sqlStartRun = startRunSQL(jobinsert.SQL)
+var sqlStartRun = startRunSQL(jobinsert.NotifyAtCommit)
 
 // sqlStartRunAfter is sqlStartRun for a start that is its own transaction
-// (on a pool): the job's wake-up is sent after the commit (jobinsert.Job.Wake),
+// (on a pool): the job's wake-up is sent after the commit (jobinsert.One.Wake),
 // not by a NOTIFY in the transaction, whose commits PostgreSQL serialises.
-var sqlStartRunAfter = startRunSQL(jobinsert.SQLAfter)
+var sqlStartRunAfter = startRunSQL(jobinsert.NotifyAfter)
 
-func startRunSQL(job func(from, idCol string, param int) string) string {
+func startRunSQL(n jobinsert.Notify) string {
 	return `
 WITH run AS (
     INSERT INTO relay_workflow_runs (id, workflow, input, queue, parent_id, parent_position, trace, job_id)
     VALUES ($1, $2, $3::jsonb, $4, nullif($5, ''), $6, $7::jsonb, nextval(pg_get_serial_sequence('relay_jobs', 'id')))
     ON CONFLICT (id) DO NOTHING
     RETURNING job_id
-), job AS (` + job("run", "job_id", 8) + `)
+), job AS (` + jobinsert.SQLInto("run", "job_id", 8, n) + `)
 SELECT id FROM job`
 }
 

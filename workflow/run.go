@@ -180,9 +180,11 @@ func startRun(ctx context.Context, db core.DB, tracer trace.Tracer, name string,
 	// round trip on a pool, where it is its own transaction): the job's id
 	// is drawn with the run row, and the job is inserted, by the core's
 	// own statement, only if the run was.
-	job, err := jobinsert.Prepare(ctx, runArgs{RunID: o.ID}, &core.EnqueueOpts{
-		Queue: o.Queue, Priority: new(o.Priority), MaxAttempts: o.MaxAttempts + failReserve, Metadata: meta,
-	})
+	row, err := runJobRow(o, meta)
+	if err != nil {
+		return "", false, fmt.Errorf("workflow: start %s: %w", name, err)
+	}
+	job, err := jobinsert.Begin(ctx, row)
 	if err != nil {
 		return "", false, fmt.Errorf("workflow: start %s: %w", name, err)
 	}
@@ -198,7 +200,7 @@ func startRun(ctx context.Context, db core.DB, tracer trace.Tracer, name string,
 		if own || parent != nil {
 			q = sqlStartRunAfter
 		}
-		if err := ex.Query(job.Ctx, q, []any{o.ID, name, string(input), o.Queue, parentID, parentPos, string(traceJSON), job.Row},
+		if err := ex.Query(job.Ctx, q, []any{o.ID, name, string(input), o.Queue, parentID, parentPos, string(traceJSON), job.Param()},
 			func(r dbx.Scanner) error { return r.Scan(&jobID) }); err != nil {
 			job.Done(0, err)
 			return err
@@ -252,6 +254,33 @@ func startRun(ctx context.Context, db core.DB, tracer trace.Tracer, name string,
 		return startRun(ctx, db, tracer, name, input, &again, nil)
 	}
 	return o.ID, existing, nil
+}
+
+// runJobRow is the job that executes run o, as its start inserts it (the
+// checks core's Enqueue would make of it: o's other fields are checked by
+// startRun).
+func runJobRow(o StartOpts, meta map[string]any) (jobinsert.Row, error) {
+	if reason := jobinsert.NameProblem(o.Queue, 128); reason != "" {
+		return jobinsert.Row{}, fmt.Errorf("queue: %s", reason)
+	}
+	if reason := jobinsert.NameProblem(o.ID, 255); reason != "" {
+		return jobinsert.Row{}, fmt.Errorf("run id: %s", reason)
+	}
+	if o.MaxAttempts > core.MaxAttemptsLimit-failReserve {
+		return jobinsert.Row{}, fmt.Errorf("MaxAttempts %d is above %d", o.MaxAttempts, core.MaxAttemptsLimit-failReserve)
+	}
+	args, err := json.Marshal(runArgs{RunID: o.ID})
+	if err != nil {
+		return jobinsert.Row{}, err
+	}
+	metadata, err := json.Marshal(meta)
+	if err != nil {
+		return jobinsert.Row{}, err
+	}
+	return jobinsert.Row{
+		Kind: RunKind, Queue: o.Queue, Args: args, Priority: o.Priority,
+		MaxAttempts: o.MaxAttempts + failReserve, Metadata: metadata,
+	}, nil
 }
 
 // inTx runs fn in db's transaction when db is one, else in a transaction

@@ -176,6 +176,19 @@ func TestBadInput(t *testing.T) {
 	if _, err := workflow.Register(b.reg, "ch", func(wctx workflow.Context, in any) (int, error) { return 0, nil }); err == nil {
 		t.Fatal("registered a name twice")
 	}
+	// The run's job is checked as core.Enqueue checks a job's names.
+	if _, err := workflow.Start(ctx, b.pool, wf, any(1), &workflow.StartOpts{Queue: "q\x00"}); err == nil || !strings.Contains(err.Error(), "queue: contains a NUL byte") {
+		t.Fatalf("queue with a NUL byte: %v", err)
+	}
+	if _, err := workflow.Start(ctx, b.pool, wf, any(1), &workflow.StartOpts{Queue: strings.Repeat("q", 129)}); err == nil || !strings.Contains(err.Error(), "queue: longer than 128 bytes") {
+		t.Fatalf("queue of 129 bytes: %v", err)
+	}
+	if _, err := workflow.Start(ctx, b.pool, wf, any(1), &workflow.StartOpts{ID: "run\x00"}); err == nil || !strings.Contains(err.Error(), "run id: contains a NUL byte") {
+		t.Fatalf("run id with a NUL byte: %v", err)
+	}
+	if n := b.count(`SELECT count(*) FROM relay_jobs`); n != 0 {
+		t.Fatalf("bad input wrote %d jobs", n)
+	}
 	if n := b.count(`SELECT count(*) FROM relay_workflow_runs`); n != 0 {
 		t.Fatalf("bad input wrote %d runs", n)
 	}

@@ -1,18 +1,21 @@
-package core
+package jobinsert
 
 import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/uptrace/bun"
+
+	"github.com/relayq/relay/internal/dbx"
 )
 
-// enqueueWakeCoalesce is the shortest time between two wake-ups that
-// enqueues on one pool send for one queue (sqlNotifyQueues, after their
+// DefaultWakeWindow is the shortest time between two wake-ups that
+// enqueues on one pool send for one queue (SQLNotifyQueues, after their
 // commits). An enqueue that commits sooner after the last wake-up leaves
 // its wake-up to one sent when the interval has passed, which covers every
 // enqueue of the queue committed meanwhile; an enqueue after a quiet spell
@@ -30,13 +33,13 @@ import (
 // workers' next poll (Config.PollInterval) unless another wake-up of its
 // queue comes first. Making such an enqueue wait and send the wake-up
 // itself would close that gap, but would cap a producer that enqueues one
-// job after another at one enqueue per enqueueWakeCoalesce (1,000/s), a
+// job after another at one enqueue per DefaultWakeWindow (1,000/s), a
 // worse price than a rare pickup delay.
-const enqueueWakeCoalesce = time.Millisecond
+const DefaultWakeWindow = time.Millisecond
 
 // wakeKey names a pool's wake-ups of one queue.
 type wakeKey struct {
-	db    DB // a pool: *pgxpool.Pool, *sql.DB or *bun.DB
+	db    any // a pool: *pgxpool.Pool, *sql.DB or *bun.DB
 	queue string
 }
 
@@ -49,9 +52,6 @@ type wakeState struct {
 	due     time.Time
 	timer   *time.Timer
 }
-
-// maxEnqueueWakeCoalesce bounds Config.EnqueueWakeCoalesce.
-const maxEnqueueWakeCoalesce = time.Second
 
 // wakeups holds the state of every pool that enqueued lately.
 var wakeups = struct {
@@ -67,15 +67,15 @@ const wakeupsPruneAt = 256
 
 const wakeupsPruneEvery = 100 * time.Millisecond
 
-// wakeQueues wakes the workers of queues after an enqueue on db committed,
-// coalescing wake-ups sent on a pool over window (enqueueWakeCoalesce, or
-// a Client's Config.EnqueueWakeCoalesce): every queue gets a wake-up sent
+// Wake wakes the workers of queues after an insert on db (ex is db's
+// execer) committed, coalescing wake-ups sent on a pool over window
+// (DefaultWakeWindow, or a core Client's Config.EnqueueWakeCoalesce): every queue gets a wake-up sent
 // after this commit, now or within window of the pool's last wake-up of
 // it. A wake-up scheduled by a caller with a longer window is brought
 // forward to this caller's bound. On a connection (which the caller may
 // use again at once, and which is not safe for concurrent use) it is sent
 // now. A failure loses nothing: the jobs are stored, and workers poll.
-func wakeQueues(ctx context.Context, db DB, ex execer, queues []string, window time.Duration) {
+func Wake(ctx context.Context, db any, ex dbx.Execer, queues []string, window time.Duration) {
 	if !isPool(db) {
 		sendWakeups(ctx, ex, queues)
 		return
@@ -137,13 +137,13 @@ func wakeQueues(ctx context.Context, db DB, ex execer, queues []string, window t
 	sendWakeups(ctx, ex, send)
 }
 
-// flushWakeups sends at once a wake-up of every queue with one scheduled
+// FlushWakeups sends at once a wake-up of every queue with one scheduled
 // for enqueues on db (a Client's Stop: a process that exits within a
 // window would drop them, and their jobs would wait for the workers' next
 // poll). The scheduled ones stay scheduled: if this send fails, or the
 // process goes on, they are sent as before (a second wake-up costs a
 // claim, a lost one a poll interval).
-func flushWakeups(ctx context.Context, db DB, ex execer) {
+func FlushWakeups(ctx context.Context, db any, ex dbx.Execer) {
 	var send []string
 	wakeups.mu.Lock()
 	for k, s := range wakeups.m {
@@ -157,7 +157,7 @@ func flushWakeups(ctx context.Context, db DB, ex execer) {
 
 // isPool says whether db is a pool: safe to use later, from another
 // goroutine.
-func isPool(db DB) bool {
+func isPool(db any) bool {
 	switch db.(type) {
 	case *pgxpool.Pool, *sql.DB, *bun.DB:
 		return true
@@ -166,10 +166,41 @@ func isPool(db DB) bool {
 }
 
 // sendWakeups notifies the workers of queues, in a transaction of its own.
-func sendWakeups(ctx context.Context, ex execer, queues []string) {
+func sendWakeups(ctx context.Context, ex dbx.Execer, queues []string) {
 	if len(queues) == 0 {
 		return
 	}
 	list, _ := json.Marshal(queues)
-	ex.Exec(ctx, sqlNotifyQueues, string(list)) //nolint:errcheck
+	ex.Exec(ctx, SQLNotifyQueues, string(list)) //nolint:errcheck
+}
+
+// Scheduled reports the wake-up state of queue on pool db: the window its
+// last caller coalesced over, and how long until a scheduled wake-up is
+// sent (0 when none is scheduled). For tests of the callers' windows.
+func Scheduled(db any, queue string) (window, left time.Duration) {
+	wakeups.mu.Lock()
+	defer wakeups.mu.Unlock()
+	s := wakeups.m[wakeKey{db: db, queue: queue}]
+	if s == nil {
+		return 0, 0
+	}
+	if s.pending {
+		left = time.Until(s.due)
+	}
+	return s.window, left
+}
+
+// QueuesToWake lists, once each, the queues of the rows inserted (those
+// for which inserted says so) that are runnable now: the queues whose
+// workers an insert wakes after its commit.
+func QueuesToWake(rows []Row, inserted func(i int) bool) []string {
+	now := time.Now()
+	var queues []string
+	for i, r := range rows {
+		if !inserted(i) || !r.RunsNow(now) || slices.Contains(queues, r.Queue) {
+			continue
+		}
+		queues = append(queues, r.Queue)
+	}
+	return queues
 }
