@@ -167,6 +167,7 @@ func newAPI(pool *pgxpool.Pool, cfg *Config) (http.Handler, huma.API, error) {
 	s.registerAudit(api)
 	s.registerWhoami(api)
 	s.registerWorkflows(api)
+	s.registerHistory(api)
 	s.registerReplica(api)
 	s.registerProcesses(api)
 	mountUI(mux, &ui.Options{Login: c.DashboardLogin})

@@ -70,6 +70,7 @@ func runRuns(ctx context.Context, args []string) error {
 				return runChange(ctx, c, "terminate", map[string]string{"reason": c.args[1]})
 			}},
 		change("retry", "run a failed run again from its failed step"),
+		runsHistory(),
 	}, args)
 }
 
