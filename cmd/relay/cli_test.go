@@ -178,8 +178,8 @@ func TestDocsNameRealCommands(t *testing.T) {
 				inBlock = !inBlock
 				continue
 			}
-			if !inBlock || skip {
-				continue
+			if !inBlock || skip || strings.HasPrefix(strings.TrimSpace(line), "#") {
+				continue // a shell comment: output shown, not a command run
 			}
 			m := commandRef.FindStringSubmatch(line)
 			if m == nil || m[1] == "help" {
@@ -244,7 +244,7 @@ func TestDocsNameRealCommands(t *testing.T) {
 	// command lacks, and takes a group's command and its arguments apart.
 	var problems []string
 	scan("selfcheck.md", "```sh\nrelay jobs nosuch\nrelay jobs list --nope 1\nrelay runs show order-1/email --output json\n"+
-		"bin/relay prove queue --kill 3\nrelay queues pause demo --url http://127.0.0.1:8080\n```\n",
+		"bin/relay prove queue --kill 3\nrelay queues pause demo --url http://127.0.0.1:8080\n# {\"version\":\"relay v0.1.0\"}\n```\n",
 		func(f string, a ...any) { problems = append(problems, fmt.Sprintf(f, a...)) })
 	if want := []string{"selfcheck.md:2: `relay jobs nosuch` is not a command (relay jobs nosuch --help fails)",
 		"selfcheck.md:3: `relay jobs list` has no flag --nope"}; !slices.Equal(problems, want) {

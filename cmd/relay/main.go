@@ -48,6 +48,7 @@ Operating a running relay serve (over its admin API; relay <group> --help):
   relay runs list|show|signal|cancel|terminate|retry   workflow runs, with their step timeline
   relay schedules list|trigger|pause|resume            cron schedules and their next fires
   relay queues list|pause|resume                       queues: backlog, pause
+  relay processes                                      the live processes: workers, schedulers, servers
 These take --url (default $RELAY_URL, else http://127.0.0.1:8080), --token
 (default $RELAY_TOKEN: relay token mints one) and --output table|json.
 
@@ -105,6 +106,8 @@ func run(args []string) int {
 		err = map[string]func(context.Context, []string) error{
 			"jobs": runJobs, "runs": runRuns, "schedules": runSchedules, "queues": runQueues,
 		}[args[0]](ctx, args[1:])
+	case "processes":
+		err = runOp(ctx, "processes", processesCommand(), args[1:])
 	case "help", "-h", "--help", "-help":
 		if name == "help" && len(args) > 1 { // relay help demo = relay demo --help
 			return run(append(args[1:], "--help"))

@@ -62,27 +62,32 @@ func runGroup(ctx context.Context, group, summary string, cmds []opCommand, args
 		return errHelp
 	}
 	for _, c := range cmds {
-		if c.name != args[0] {
-			continue
+		if c.name == args[0] {
+			return runOp(ctx, group+" "+c.name, c, args[1:])
 		}
-		fs := flag.NewFlagSet(group+" "+c.name, flag.ContinueOnError)
-		if c.flags != nil {
-			c.flags(fs)
-		}
-		api := addAPIFlags(fs)
-		pos, err := parseArgs(fs, args[1:], c.args)
-		if err != nil {
-			return err
-		}
-		client, err := api.client()
-		if err != nil {
-			return err
-		}
-		return c.run(ctx, &opCall{api: client, out: api.output, args: pos, w: os.Stdout})
 	}
 	fmt.Fprintf(os.Stderr, "relay %s: unknown command %q\n\n", group, args[0])
 	usage(os.Stderr)
 	return usageError{fmt.Errorf("unknown command %q", args[0])}
+}
+
+// runOp runs one command, named name (as the usage shows it: "jobs
+// show"), on its command line.
+func runOp(ctx context.Context, name string, c opCommand, args []string) error {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	if c.flags != nil {
+		c.flags(fs)
+	}
+	api := addAPIFlags(fs)
+	pos, err := parseArgs(fs, args, c.args)
+	if err != nil {
+		return err
+	}
+	client, err := api.client()
+	if err != nil {
+		return err
+	}
+	return c.run(ctx, &opCall{api: client, out: api.output, args: pos, w: os.Stdout})
 }
 
 // get calls GET path and prints the answer: as sent with --output json,

@@ -125,18 +125,24 @@ func runQueues(ctx context.Context, args []string) error {
 				}
 				return c.get(ctx, "/v1/queues", url.Values{"window_minutes": {strconv.Itoa(window)}}, &page, func() {
 					rows := [][]string{{"NAME", "STATE", "RUNNABLE", "SCHEDULED", "RUNNING", "OLDEST WAIT", "DEAD",
-						fmt.Sprintf("SUCCEEDED/%dm", window), fmt.Sprintf("FAILED/%dm", window)}}
+						fmt.Sprintf("SUCCEEDED/%dm", window), fmt.Sprintf("FAILED/%dm", window), "PROCESSES", "SLOTS"}}
 					for _, q := range page.Items {
 						state := "active"
-						if q.Paused {
+						switch {
+						case q.Paused:
 							state = "paused"
 							if q.PausedBy != "" {
 								state += " by " + q.PausedBy
 							}
+						case q.Runnable > 0 && q.Processes == 0:
+							// Its jobs wait for ever: the warning the
+							// dashboard's overview gives.
+							state = "active, no live process serves it"
 						}
 						rows = append(rows, []string{q.Name, state, strconv.FormatInt(q.Runnable, 10), strconv.FormatInt(q.Scheduled, 10),
 							strconv.FormatInt(q.Running, 10), fmtDuration(time.Duration(q.OldestRunnableAgeSeconds * float64(time.Second))),
-							strconv.FormatInt(q.Dead, 10), strconv.FormatInt(q.Succeeded, 10), strconv.FormatInt(q.Failed, 10)})
+							strconv.FormatInt(q.Dead, 10), strconv.FormatInt(q.Succeeded, 10), strconv.FormatInt(q.Failed, 10),
+							strconv.Itoa(q.Processes), strconv.Itoa(q.Slots)})
 					}
 					c.table(rows)
 				})
@@ -144,4 +150,39 @@ func runQueues(ctx context.Context, args []string) error {
 		change("pause", "pause a queue: no worker claims its jobs (running ones finish)"),
 		change("resume", "resume a paused queue"),
 	}, args)
+}
+
+// processesCommand is relay processes: the live processes, from
+// GET /v1/processes.
+func processesCommand() opCommand {
+	var role, queue string
+	return opCommand{summary: "list the live processes: workers with their queues and slots, schedulers, dispatchers, servers",
+		flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&role, "role", "", "only processes of this role: worker, client, scheduler, dispatcher, serve")
+			fs.StringVar(&queue, "queue", "", "only workers serving this queue")
+		},
+		run: func(ctx context.Context, c *opCall) error {
+			q := url.Values{}
+			setString(q, "role", role)
+			setString(q, "queue", queue)
+			var page struct {
+				Items []admin.Process `json:"items"`
+			}
+			return c.get(ctx, "/v1/processes", q, &page, func() {
+				rows := [][]string{{"ROLE", "NAME", "HOST", "PID", "QUEUES (SLOTS)", "DECLARES", "STARTED", "LAST SEEN", "VERSION"}}
+				for _, p := range page.Items {
+					var qs []string
+					for _, q := range p.Queues {
+						qs = append(qs, fmt.Sprintf("%s (%d)", q.Name, q.Slots))
+					}
+					declares := strings.Join(p.Declares, ", ")
+					if p.Namespace != "" && declares != "" {
+						declares = p.Namespace + ": " + declares
+					}
+					rows = append(rows, []string{p.Role, cell(p.Name, 40), p.Host, strconv.Itoa(p.PID), cell(strings.Join(qs, ", "), 60),
+						cell(declares, 60), fmtTime(p.StartedAt), fmtTime(p.LastSeenAt), cell(p.Version, 60)})
+				}
+				c.table(rows)
+			})
+		}}
 }

@@ -334,6 +334,24 @@ func TestOperateCommands(t *testing.T) {
 		t.Errorf("queues resume: %q", out)
 	}
 
+	if q := row(t, e.ok("queues", "list"), "demo"); q["STATE"] != "active, no live process serves it" || q["PROCESSES"] != "0" {
+		t.Errorf("a queue with runnable jobs and no worker: %v", q)
+	}
+
+	// Processes: relay serve records itself; the demo's workers, stopped,
+	// are gone.
+	host, _ := os.Hostname()
+	procs := e.ok("processes")
+	if p := row(t, procs, "serve"); p["HOST"] != host || !utcTime.MatchString(p["LAST SEEN"]) || p["PID"] == "" {
+		t.Errorf("processes: the serve row %v\n%s", p, procs)
+	}
+	var ps struct {
+		Items []admin.Process `json:"items"`
+	}
+	if e.jsonOf(&ps, "processes", "--role", "worker"); len(ps.Items) != 0 {
+		t.Errorf("processes --role worker after the demo stopped its workers: %+v", ps.Items)
+	}
+
 	// No server there; a URL that is not one.
 	e.fails("relay queues list: cannot reach relay serve at http://127.0.0.1:1: dial tcp 127.0.0.1:1: connect: connection refused", "queues", "list", "--url", "http://127.0.0.1:1")
 	e.fails(`relay queues list: --url "ftp://host": want relay serve's address, e.g. http://127.0.0.1:8080`, "queues", "list", "--url", "ftp://host")
@@ -392,7 +410,7 @@ func TestOperateUsage(t *testing.T) {
 	for _, args := range [][]string{
 		{"jobs"}, {"jobs", "bogus"}, {"jobs", "show"}, {"jobs", "show", "1", "2"}, {"jobs", "list", "--limit", "many"},
 		{"jobs", "list", "--output", "yaml"}, {"jobs", "list", "--created-after", "yesterday"}, {"runs", "show", ""},
-		{"runs", "signal", "r1"}, {"runs", "terminate", "r1"}, {"schedules", "trigger"}, {"queues", "pause", "a", "b"}, {"queues", "list", "stray"},
+		{"runs", "signal", "r1"}, {"runs", "terminate", "r1"}, {"schedules", "trigger"}, {"queues", "pause", "a", "b"}, {"queues", "list", "stray"}, {"processes", "stray"}, {"processes", "--role"},
 	} {
 		out, errOut, code := e.run(args...)
 		first := strings.SplitN(errOut, "\n", 2)[0]
@@ -401,7 +419,7 @@ func TestOperateUsage(t *testing.T) {
 		}
 	}
 	for _, args := range [][]string{{"jobs", "--help"}, {"runs", "help"}, {"jobs", "show", "--help"}, {"runs", "signal", "-h"},
-		{"schedules", "list", "--help"}, {"queues", "--help"}, {"help", "jobs", "bulk"}} {
+		{"schedules", "list", "--help"}, {"queues", "--help"}, {"help", "jobs", "bulk"}, {"processes", "--help"}} {
 		out, errOut, code := e.run(args...)
 		if code != 0 || errOut != "" || !strings.Contains(out, "Usage: relay ") || strings.Contains(out, "secret-token-value") {
 			t.Errorf("relay %q: exit %d, stderr %q\n%s", args, code, errOut, out)
