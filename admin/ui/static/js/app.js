@@ -8,6 +8,7 @@ import * as schedules from './schedules.js';
 import * as outbox from './outbox.js';
 import * as workflows from './workflows.js';
 import * as run from './run.js';
+import * as processes from './processes.js';
 
 const main = document.getElementById('main');
 let who = null;       // GET /v1/whoami of the pasted token
@@ -22,6 +23,7 @@ const routes = [
   [/^\/workflows\/run\/(.+)$/, run, 'workflows'],
   [/^\/schedules$/, schedules, 'schedules'],
   [/^\/outbox$/, outbox, 'outbox'],
+  [/^\/processes$/, processes, 'processes'],
 ];
 
 // parseHash splits "#/jobs?state=dead" into a path and its parameters.

@@ -1,6 +1,7 @@
 // Overview: every queue's backlog, running jobs, oldest wait, and its
-// finishes per minute over the last 15 minutes; paused queues marked; the
-// dead jobs to look at.
+// finishes per minute over the last 15 minutes; paused queues marked; a
+// warning for each queue with runnable jobs and no live process serving it;
+// the dead jobs to look at.
 import { api } from './api.js';
 import { h, s, table, duration } from './dom.js';
 import { action } from './app.js';
@@ -31,9 +32,12 @@ function content(queues, blocked, runs, ctx, note, reload) {
   const sum = (f) => queues.reduce((n, q) => n + f(q), 0);
   const dead = sum((q) => q.dead);
   const paused = queues.filter((q) => q.paused).length;
+  // A queue whose runnable jobs no live process serves waits for ever; a
+  // paused queue's jobs wait by choice and count in neither.
+  const unserved = queues.filter((q) => q.runnable > 0 && !q.paused && q.processes === 0);
   const cards = h('div', { class: 'cards' },
     card('Dead jobs', dead, '#/jobs?state=dead', dead > 0, 'card-dead'),
-    card('Runnable', sum((q) => q.runnable), '#/jobs?state=queued'),
+    card('Runnable', sum((q) => (q.paused ? 0 : q.runnable)), '#/jobs?state=queued', false, 'card-runnable'),
     card('Running', sum((q) => q.running), '#/jobs?state=claimed'),
     card(`Succeeded (${WINDOW} min)`, sum((q) => q.succeeded),
       '#/jobs?state=succeeded&finalized_after=' + encodeURIComponent(new Date(Date.now() - WINDOW * 60000).toISOString())),
@@ -47,7 +51,8 @@ function content(queues, blocked, runs, ctx, note, reload) {
   const rows = queues.map((q) => {
     const cells = [
       h('td', {}, h('a', { href: `#/jobs?queue=${encodeURIComponent(q.name)}` }, q.name), ' ',
-        q.paused ? h('span', { class: 'badge paused', title: `paused by ${q.paused_by || '?'} at ${q.paused_at}` }, 'paused') : null),
+        q.paused ? h('span', { class: 'badge paused', title: `paused by ${q.paused_by || '?'} at ${q.paused_at}` }, 'paused') : null,
+        unserved.includes(q) ? h('span', { class: 'badge unserved', title: 'no live process serves this queue' }, 'no process') : null),
       q.runnable, q.scheduled, q.running,
       q.oldest_runnable_age_seconds > 0 ? duration(q.oldest_runnable_age_seconds) : '—',
       h('td', {}, chart(q)),
@@ -65,8 +70,12 @@ function content(queues, blocked, runs, ctx, note, reload) {
   });
   const head = ['Queue', 'Runnable#', 'Scheduled#', 'Running#', 'Oldest runnable#', `Finished per minute, last ${WINDOW} min`, 'Dead#'];
   if (ctx.canWrite) head.push('Actions');
+  const warnings = unserved.map((q) => h('div', { class: 'notice problem', role: 'alert', 'data-unserved-queue': q.name },
+    `No live process serves queue ${q.name}: ${q.runnable} runnable ${q.runnable === 1 ? 'job waits' : 'jobs wait'}. `,
+    h('a', { href: '#/processes' }, 'Live processes')));
   return [
     cards,
+    ...warnings,
     h('h2', {}, 'Queues'),
     h('p', { class: 'legend' }, 'Chart: one bar per minute, oldest left;', h('span', { class: 'sw s' }), 'succeeded', h('span', { class: 'sw f' }), 'failed (dead).'),
     table('Queues', head, rows, 'No queue has jobs, recent finishes or a pause.'),
