@@ -12,8 +12,15 @@ import (
 // replay state belongs to that goroutine alone; Go runs steps in parallel.
 var ErrForeignGoroutine = errors.New("workflow: primitive called from a goroutine other than the run's")
 
-// misuse is a primitive's call from a foreign goroutine, kept for the
-// run's own goroutine to fail the run with.
+// ErrPrimitiveInStep: a workflow primitive was called inside the function
+// of a step (Step, StepTx, a compensation), on the run's goroutine. A
+// replay returns the step's stored output without calling its function,
+// so the inner call would be made on the first execution only and every
+// replay would meet another history: the call is refused at once instead.
+var ErrPrimitiveInStep = errors.New("workflow: primitive called inside a step's function")
+
+// misuse is a primitive's call from a foreign goroutine (or inside a
+// step's function), kept for the run's own goroutine to fail the run with.
 type misuse struct {
 	err    error
 	logged atomic.Bool
@@ -42,6 +49,24 @@ func (x *execution) enter(primitive string) error {
 	}
 	if m := x.misused.Load(); m != nil {
 		x.fatal(m.err)
+	}
+	if x.unwinding != nil {
+		// The function is unwinding (a suspension, a cancel, a failure)
+		// and this is a deferred call, or the function recovered the
+		// panic that unwinds it: the primitive does nothing and the
+		// unwinding goes on, so a deferred step runs on the execution
+		// whose function really returns, once, and never early.
+		panic(x.unwinding)
+	}
+	if x.inStep != "" {
+		err := fmt.Errorf("%w: %s called inside the function of step %q in run %s (call primitives from the workflow function)", ErrPrimitiveInStep, primitive, x.inStep, x.runID)
+		m := &misuse{err: err}
+		if x.misused.CompareAndSwap(nil, m) {
+			m.logged.Store(true)
+			x.r.logger.Error("relay: workflow primitive called inside a step's function; the run fails",
+				"run_id", x.runID, "workflow", x.run.workflow, "primitive", primitive, "step", x.inStep)
+		}
+		return err
 	}
 	return nil
 }

@@ -138,6 +138,10 @@ type execution struct {
 	// nothing and writes nothing; it ends at the first position history
 	// does not hold settled.
 	dryRun bool
+	// inStep is the key of the step whose function runs on the run's
+	// goroutine at the moment ("" for none): primitives are refused
+	// there (enter).
+	inStep string
 }
 
 // unwind ends a workflow function early, carried by a panic from the

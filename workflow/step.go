@@ -397,6 +397,11 @@ var errAttemptAbandoned = errors.New("workflow: step attempt returned after its 
 func timed[R any](x *execution, ctx context.Context, p stepPlan, fn func(ctx context.Context, g *gate) (R, error)) (R, error) {
 	timeout := p.timeout
 	if timeout <= 0 {
+		// On the run's goroutine: a primitive called by fn is refused
+		// (enter), as one from a goroutine of its own is.
+		prev := x.inStep
+		x.inStep = p.key
+		defer func() { x.inStep = prev }()
 		return fn(ctx, nil)
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
@@ -460,7 +465,7 @@ func callStep[T any](ctx context.Context, fn func(context.Context) (T, error)) (
 	defer func() {
 		if p := recover(); p != nil {
 			if u, ok := p.(*unwind); ok {
-				panic(u) // a primitive called inside a step: not ours to catch
+				panic(u) // an unwind raised inside a step (a refused primitive's fatal): not ours to catch
 			}
 			err = fmt.Errorf("step panicked: %v\n%s", p, debug.Stack())
 		}
