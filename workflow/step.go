@@ -308,7 +308,11 @@ func settleStep[T any](x *execution, p stepPlan, began, ended time.Time, out T, 
 	final := core.IsPermanent(err) || nonRetryable(err) || p.n >= p.maxAttempts
 	x.logStepFailure(p, err, final, delay)
 	if final {
-		info := x.r.describeError(err)
+		info, dropped := x.r.describeError(err)
+		for _, d := range dropped {
+			x.r.logger.Warn("relay: workflow step error holds a declared error type that does not round-trip as JSON; errors.As finds none of it",
+				"run_id", x.runID, "workflow", x.run.workflow, "step", p.key, "code", d.code, "error", d.why.Error())
+		}
 		x.record(&stepWrite{row: &stepRow{position: p.pos, key: p.key, kind: p.kind, state: stepFailed, errMsg: msg, errInfo: info,
 			attempt: newAttempt(p.n, began, ended, err)}, attempts: 1, delay: -1})
 		// The error as stored, not err itself: a replay can rebuild only

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 )
@@ -70,8 +71,10 @@ type declaredError struct {
 // declaredType is an error type declared with DeclareErrorType: match finds
 // one in an error's chain and encodes it, build decodes it.
 type declaredType struct {
-	code  string
-	match func(err error) (json.RawMessage, bool)
+	code string
+	// match reports whether err holds an E; v is its encoding, or nil
+	// with why when it does not round-trip (and is not stored).
+	match func(err error) (v json.RawMessage, held bool, why error)
 	build func(v json.RawMessage) (error, error)
 }
 
@@ -114,27 +117,35 @@ func DeclareErrorType[E error](r *Registry, code string) error {
 	if r == nil || code == "" {
 		return errors.New("workflow: declare error type: a registry and a code must be given")
 	}
+	if t := reflect.TypeFor[E](); t.Kind() == reflect.Interface {
+		// JSON cannot decode into an interface that is not empty: such a
+		// declaration would never be stored, silently.
+		return fmt.Errorf("workflow: declare error type %q: %v is an interface, which JSON cannot decode into; declare the concrete type the steps return", code, t)
+	}
 	if err := r.declarable(code); err != nil {
 		return err
 	}
 	r.types = append(r.types, declaredType{
 		code: code,
-		match: func(err error) (json.RawMessage, bool) {
+		match: func(err error) (json.RawMessage, bool, error) {
 			var e E
 			if !errors.As(err, &e) {
-				return nil, false
+				return nil, false, nil
 			}
 			// Stored only if it comes back: a replay must find what the
 			// first execution found.
 			b, jerr := json.Marshal(e)
-			if jerr != nil || len(b) > MaxErrorBytes {
-				return nil, false
+			if jerr != nil {
+				return nil, true, fmt.Errorf("encode %T: %w", e, jerr)
+			}
+			if len(b) > MaxErrorBytes {
+				return nil, true, fmt.Errorf("%T encodes to %d bytes, over MaxErrorBytes (%d)", e, len(b), MaxErrorBytes)
 			}
 			var back E
-			if json.Unmarshal(b, &back) != nil {
-				return nil, false
+			if jerr := json.Unmarshal(b, &back); jerr != nil {
+				return nil, true, fmt.Errorf("decode %T from its encoding: %w", e, jerr)
 			}
-			return b, true
+			return b, true, nil
 		},
 		build: func(v json.RawMessage) (error, error) {
 			var e E
@@ -183,11 +194,20 @@ type storedApp struct {
 	NonRetryable bool   `json:"non_retryable,omitempty"`
 }
 
+// droppedType is a declared error type a step's error held that is not
+// stored, as it does not round-trip as JSON: why, for the warning.
+type droppedType struct {
+	code string
+	why  error
+}
+
 // describeError is err as it is stored with its step: its *Error, the
 // codes of the declared sentinels it matches (the built-in ones
-// included), and the declared types it holds. "" when none of them: the message alone is the error.
-func (r *Registry) describeError(err error) string {
-	var info errorInfo
+// included), and the declared types it holds. "" when none of them: the
+// message alone is the error. dropped are the declared types err holds
+// that do not round-trip, stored on neither execution.
+func (r *Registry) describeError(err error) (info string, dropped []droppedType) {
+	var in errorInfo
 	var app *Error
 	if errors.As(err, &app) {
 		a := &storedApp{Type: app.Type, Message: boundError(app.Message), NonRetryable: app.NonRetryable}
@@ -200,29 +220,33 @@ func (r *Registry) describeError(err error) string {
 		default:
 			a.Details = string(app.Details)
 		}
-		info.App = a
+		in.App = a
 	}
 	for _, d := range r.errs {
 		if errors.Is(err, d.sentinel) || (app != nil && app.Type == d.code) {
-			info.Codes = append(info.Codes, d.code)
+			in.Codes = append(in.Codes, d.code)
 		}
 	}
 	for _, d := range r.types {
-		if v, ok := d.match(err); ok {
-			if info.Types == nil {
-				info.Types = map[string]string{}
+		v, held, why := d.match(err)
+		switch {
+		case why != nil:
+			dropped = append(dropped, droppedType{code: d.code, why: why})
+		case held:
+			if in.Types == nil {
+				in.Types = map[string]string{}
 			}
-			info.Types[d.code] = string(v)
+			in.Types[d.code] = string(v)
 		}
 	}
-	if info.App == nil && len(info.Codes) == 0 && len(info.Types) == 0 {
-		return ""
+	if in.App == nil && len(in.Codes) == 0 && len(in.Types) == 0 {
+		return "", dropped
 	}
-	b, jerr := json.Marshal(info)
+	b, jerr := json.Marshal(in)
 	if jerr != nil {
-		return "" // fields of valid JSON and strings: cannot fail
+		return "", dropped // fields of valid JSON and strings: cannot fail
 	}
-	return string(b)
+	return string(b), dropped
 }
 
 // rebuildError is a failed step's error for the workflow, from its stored

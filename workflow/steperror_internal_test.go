@@ -27,7 +27,7 @@ func TestDescribeAndRebuildError(t *testing.T) {
 		"invalid details":   {err: &Error{Type: "t", Message: "m", Details: json.RawMessage(`{"a":`)}, note: "details dropped: not valid JSON"},
 		"oversized details": {err: &Error{Type: "t", Message: "m", Details: json.RawMessage(`"` + strings.Repeat("x", MaxErrorBytes) + `"`)}, note: "details dropped"},
 	} {
-		info := r.describeError(fmt.Errorf("wrapped: %w", tc.err))
+		info, _ := r.describeError(fmt.Errorf("wrapped: %w", tc.err))
 		for i := 0; i < 2; i++ {
 			got, err := r.rebuildError("wrapped: m", info)
 			if err != nil {
@@ -45,7 +45,7 @@ func TestDescribeAndRebuildError(t *testing.T) {
 	// The sentinel, by errors.Is or by an *Error of its code; another
 	// registry, which has not declared the code, matches nothing.
 	for _, err := range []error{fmt.Errorf("x: %w", sentinel), &Error{Type: "declined"}} {
-		info := r.describeError(err)
+		info, _ := r.describeError(err)
 		got, _ := r.rebuildError("x", info)
 		if !errors.Is(got, sentinel) {
 			t.Fatalf("%v (%s): the declared sentinel is not matched", err, info)
@@ -56,7 +56,7 @@ func TestDescribeAndRebuildError(t *testing.T) {
 		}
 	}
 	// An error with nothing declared in it is stored as its message alone.
-	if info := r.describeError(errors.New("plain")); info != "" {
+	if info, _ := r.describeError(errors.New("plain")); info != "" {
 		t.Fatalf("a plain error described as %s", info)
 	}
 }
