@@ -46,6 +46,18 @@ const (
 type SettleInput struct {
 	Ledger   string    `json:"ledger"`
 	FireTime time.Time `json:"fire_time"`
+	// WaitForMonthEnd, on a run started ahead of the period's end (an
+	// operator opening the settlement early, say), makes the run sleep
+	// until the last day of the fire's month, 02:00 New York time, as the
+	// schedule would have fired: a durable timer, no process waits.
+	WaitForMonthEnd bool `json:"wait_for_month_end,omitempty"`
+}
+
+// monthEnd is 02:00 on the last day of t's month in loc: when the schedule
+// fires for that month.
+func monthEnd(t time.Time, loc *time.Location) time.Time {
+	t = t.In(loc)
+	return time.Date(t.Year(), t.Month()+1, 0, 2, 0, 0, 0, loc)
 }
 
 // Settlement is the workflow's output.
@@ -101,10 +113,15 @@ func printNext(w io.Writer, from time.Time, n int) error {
 // register declares the settlement workflow. Every effect on the ledger is
 // a StepTx, committed with its checkpoint; the settlement row is keyed by
 // (ledger, period), so a second run of the same month writes nothing.
-func register(reg *workflow.Registry, pool *pgxpool.Pool, loc *time.Location, out io.Writer) {
-	workflow.MustRegister(reg, workflowName, func(wctx workflow.Context, in SettleInput) (Settlement, error) {
+func register(reg *workflow.Registry, pool *pgxpool.Pool, loc *time.Location, out io.Writer) *workflow.Workflow[SettleInput, Settlement] {
+	return workflow.MustRegister(reg, workflowName, func(wctx workflow.Context, in SettleInput) (Settlement, error) {
 		run := wctx.RunID()
 		s := Settlement{Ledger: in.Ledger, Period: in.FireTime.In(loc).Format("2006-01")}
+		if in.WaitForMonthEnd {
+			if err := workflow.SleepUntil(wctx, "month-end", monthEnd(in.FireTime, loc)); err != nil {
+				return s, err
+			}
+		}
 
 		// Lock the ledger against postings for the period being settled.
 		// Another settlement holding it makes the step retry later.
@@ -172,6 +189,16 @@ func register(reg *workflow.Registry, pool *pgxpool.Pool, loc *time.Location, ou
 	})
 }
 
+// tables are the example's own: the ledger, its entries, the settlements
+// and the notifications.
+const tables = `
+CREATE TABLE ledgers (ledger text PRIMARY KEY, locked_by text);
+CREATE TABLE entries (ledger text, period text, amount bigint);
+CREATE TABLE settlements (ledger text, period text, run_id text, entries int, total bigint,
+	settled_at timestamptz DEFAULT now(), PRIMARY KEY (ledger, period));
+CREATE TABLE notifications (run_id text PRIMARY KEY, message text);
+INSERT INTO ledgers VALUES ('main', NULL)`
+
 func run(ctx context.Context, url string, out io.Writer) error {
 	// A schema of its own, reset at each run: the example runs again and
 	// again on a shared DATABASE_URL and never counts another run's rows.
@@ -186,13 +213,7 @@ func run(ctx context.Context, url string, out io.Writer) error {
 		return err
 	}
 	period := time.Now().In(loc).Format("2006-01")
-	if _, err := pool.Exec(ctx, `
-		CREATE TABLE ledgers (ledger text PRIMARY KEY, locked_by text);
-		CREATE TABLE entries (ledger text, period text, amount bigint);
-		CREATE TABLE settlements (ledger text, period text, run_id text, entries int, total bigint,
-			settled_at timestamptz DEFAULT now(), PRIMARY KEY (ledger, period));
-		CREATE TABLE notifications (run_id text PRIMARY KEY, message text);
-		INSERT INTO ledgers VALUES ('main', NULL)`); err != nil {
+	if _, err := pool.Exec(ctx, tables); err != nil {
 		return fmt.Errorf("create the example's tables: %w", err)
 	}
 	if _, err := pool.Exec(ctx, `INSERT INTO entries SELECT 'main', $1, a FROM unnest(ARRAY[1200, -300, 4500]) a`, period); err != nil {
