@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -192,6 +193,12 @@ func (c *apiClient) call(ctx context.Context, method, path string, query url.Val
 				e.body = e.body[:200] + "…"
 			}
 		}
+		if ra := resp.Header.Get("Retry-After"); ra != "" && len(ra) < 40 {
+			e.hint = "retry after " + ra + "s"
+			if _, err := strconv.Atoi(ra); err != nil {
+				e.hint = "retry after " + ra
+			}
+		}
 		if resp.StatusCode == http.StatusUnauthorized && c.token == "" {
 			e.hint = "no token sent: set $" + apiTokenEnv + " or pass --token (relay token mints one)"
 		}
@@ -205,5 +212,11 @@ func (c *apiClient) call(ctx context.Context, method, path string, query url.Val
 	return b, nil
 }
 
-// segment escapes one path segment: a child run's id holds a slash.
-func segment(s string) string { return url.PathEscape(s) }
+// segment escapes one path segment: a child run's id holds a slash, and
+// a name of dots would otherwise be a path's "." or "..".
+func segment(s string) string {
+	if strings.Trim(s, ".") == "" {
+		return strings.Repeat("%2E", len(s))
+	}
+	return url.PathEscape(s)
+}

@@ -271,6 +271,8 @@ func TestOperateCommands(t *testing.T) {
 		t.Errorf("runs show %s:\n%s", child, out)
 	}
 	e.fails(`relay runs show: 404 Not Found: workflow run "nope/child" not found`, "runs", "show", "nope/child")
+	e.fails(`relay runs show: 404 Not Found: workflow run ".." not found`, "runs", "show", "..")
+	e.fails(`relay runs show: 404 Not Found: workflow run "a?b#c%d" not found`, "runs", "show", "a?b#c%d")
 	e.fails(`relay runs signal: signal payload "{yes" is not JSON (a string is quoted: '"yes"')`, "runs", "signal", waiting, "confirmed", "{yes")
 	if out := e.ok("runs", "signal", waiting, "confirmed", `"yes"`); out != "run "+waiting+": signal; now running\n" {
 		t.Errorf("runs signal: %q", out)
