@@ -10,12 +10,13 @@ import (
 // through the workflow package, in the audit row's transaction.
 
 const runColumns = `id, workflow, state, queue, coalesce(parent_id, ''), left(coalesce(error, ''), 1000),
-       cancel_requested, executions, created_at, started_at, finished_at`
+       cancel_requested, executions, created_at, started_at, finished_at, tags`
 
 // runFilter is a validated filter over workflow runs.
 type runFilter struct {
 	Workflow, State             string
 	CreatedAfter, CreatedBefore *time.Time
+	Tags                        []string // runs carrying every one
 }
 
 // sqlListRuns lists runs newest first after a (created_at, id) cursor. The
@@ -24,7 +25,9 @@ type runFilter struct {
 // unfinished state walks relay_workflow_runs_unfinished_idx backwards, a
 // state ended with an error relay_workflow_runs_error_idx, completed or no
 // state relay_workflow_runs_list_idx (created_at, id); each stops at the
-// page (TestWorkflowRunListUsesIndex).
+// page (TestWorkflowRunListUsesIndex). Tags can read
+// relay_workflow_runs_tags_idx, which holds only tagged runs (its
+// predicate is repeated so that the planner may).
 func sqlListRuns(f runFilter, after *runCursor, limit int) (string, []any) {
 	var args []any
 	var conds []string
@@ -44,6 +47,9 @@ func sqlListRuns(f runFilter, after *runCursor, limit int) (string, []any) {
 		if c := stateIndexCond(f.State); c != "" {
 			conds = append(conds, c)
 		}
+	}
+	if len(f.Tags) > 0 {
+		add("tags @> $%d::text[] AND tags <> '{}'", f.Tags)
 	}
 	if f.CreatedAfter != nil {
 		add("created_at >= $%d", *f.CreatedAfter)

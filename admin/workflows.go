@@ -30,6 +30,7 @@ type WorkflowRun struct {
 	StartedAt       *time.Time `json:"started_at,omitempty"`
 	FinishedAt      *time.Time `json:"finished_at,omitempty"`
 	DurationMS      *int64     `json:"duration_ms,omitempty" doc:"created_at to finished_at, once finished"`
+	Tags            []string   `json:"tags" doc:"The run's tags (set at start or added by the workflow)"`
 }
 
 // WorkflowRunDetail is one run with its input, output, step timeline and
@@ -64,7 +65,7 @@ type WorkflowSignal struct {
 type WorkflowStep struct {
 	Position int    `json:"position"`
 	Key      string `json:"key"`
-	Kind     string `json:"kind" doc:"step, tx, sleep, signal, child, value, patch, event"`
+	Kind     string `json:"kind" doc:"step, tx, sleep, signal, child, value, patch, event, tags"`
 	State    string `json:"state" doc:"completed, failed (for good), retrying (waits for wake_at), waiting (a sleep, a signal or a child)"`
 	// Compensation is true for the undo steps a failed or cancelled run ran
 	// (key compensate:<name>).
@@ -107,13 +108,24 @@ type listRunsInput struct {
 	CreatedBefore time.Time `query:"created_before" doc:"RFC 3339; exclusive"`
 	Limit         int       `query:"limit" minimum:"1" maximum:"500" default:"50"`
 	Cursor        string    `query:"cursor" maxLength:"600" doc:"next_cursor of the previous page"`
+	Tags          []string  `query:"tag,explode" maxItems:"32" doc:"Runs carrying every tag given (repeat the parameter: ?tag=tenant:acme&tag=order:123)"`
 }
 
 // Resolve checks what the tags cannot.
-func (in *listRunsInput) Resolve(huma.Context) []error {
+func (in *listRunsInput) Resolve(hctx huma.Context) []error {
 	errs := checkRanges("query", in.CreatedAfter, in.CreatedBefore, time.Time{}, time.Time{})
+	u := hctx.URL()
+	if tags := u.Query()["tag"]; len(tags) > len(in.Tags) { // an empty ?tag= is left out of in.Tags
+		errs = append(errs, &huma.ErrorDetail{Location: "query.tag", Message: "a tag is empty"})
+	}
 	if !cleanText(in.Workflow) {
 		errs = append(errs, &huma.ErrorDetail{Location: "query.workflow", Message: "must be UTF-8 without NUL bytes"})
+	}
+	for i, t := range in.Tags {
+		if t == "" || len(t) > workflow.MaxTagBytes || !cleanText(t) {
+			errs = append(errs, &huma.ErrorDetail{Location: fmt.Sprintf("query.tag[%d]", i), Value: t,
+				Message: fmt.Sprintf("a tag is 1 to %d bytes of UTF-8 without NUL bytes", workflow.MaxTagBytes)})
+		}
 	}
 	return errs
 }
@@ -307,7 +319,7 @@ func (s *server) listRuns(ctx context.Context, in *listRunsInput) (*listRunsOutp
 	if err != nil {
 		return nil, err
 	}
-	f := runFilter{Workflow: in.Workflow, State: in.State, CreatedAfter: timePtr(in.CreatedAfter), CreatedBefore: timePtr(in.CreatedBefore)}
+	f := runFilter{Workflow: in.Workflow, State: in.State, CreatedAfter: timePtr(in.CreatedAfter), CreatedBefore: timePtr(in.CreatedBefore), Tags: in.Tags}
 	sql, args := sqlListRuns(f, c, in.Limit+1)
 	rows, err := s.read.Query(ctx, sql, args...)
 	if err != nil {
@@ -330,11 +342,22 @@ func (s *server) listRuns(ctx context.Context, in *listRunsInput) (*listRunsOutp
 func scanRun(r pgx.CollectableRow) (WorkflowRun, error) {
 	var w WorkflowRun
 	err := r.Scan(&w.ID, &w.Workflow, &w.State, &w.Queue, &w.ParentID, &w.Error, &w.CancelRequested, &w.Executions,
-		&w.CreatedAt, &w.StartedAt, &w.FinishedAt)
+		&w.CreatedAt, &w.StartedAt, &w.FinishedAt, &w.Tags)
+	if w.Tags == nil {
+		w.Tags = []string{}
+	}
 	if w.FinishedAt != nil {
 		w.DurationMS = millis(w.CreatedAt, *w.FinishedAt)
 	}
 	return w, err
+}
+
+// nonNilTags is tags, or an empty list (the API's "tags": [] for none).
+func nonNilTags(tags []string) []string {
+	if tags == nil {
+		return []string{}
+	}
+	return tags
 }
 
 func millis(from, to time.Time) *int64 {
@@ -350,7 +373,7 @@ func (s *server) getRun(ctx context.Context, in *runIDInput) (*runOutput, error)
 	d := WorkflowRunDetail{
 		WorkflowRun: WorkflowRun{ID: run.ID, Workflow: run.Workflow, State: string(run.State), Queue: run.Queue,
 			ParentID: run.ParentID, Error: run.Error, CancelRequested: run.CancelRequested, Executions: run.Executions,
-			CreatedAt: run.CreatedAt, StartedAt: run.StartedAt, FinishedAt: run.FinishedAt},
+			CreatedAt: run.CreatedAt, StartedAt: run.StartedAt, FinishedAt: run.FinishedAt, Tags: nonNilTags(run.Tags)},
 		Input: run.Input, Output: run.Output, JobID: run.JobID, Generation: run.Generation,
 		TraceID: traceID(run.TraceParent), Steps: []WorkflowStep{},
 	}

@@ -345,10 +345,11 @@ func TestWorkflowRunListUsesIndex(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.exec(`ALTER TABLE relay_workflow_runs DISABLE TRIGGER USER`)
-	b.exec(`INSERT INTO relay_workflow_runs (id, workflow, state, input, queue, created_at, finished_at, error)
+	b.exec(`INSERT INTO relay_workflow_runs (id, workflow, state, input, queue, created_at, finished_at, error, tags)
 		SELECT 'run-' || g, 'wf-' || (g % 5), CASE WHEN g % 1000 = 0 THEN 'failed' ELSE 'completed' END, '{}', 'default',
 		       now() - g * interval '1 second', now() - g * interval '1 second' + interval '1 s',
-		       CASE WHEN g % 1000 = 0 THEN 'boom' END
+		       CASE WHEN g % 1000 = 0 THEN 'boom' END,
+		       CASE WHEN g % 10000 = 0 THEN ARRAY['order:' || g, 'tenant:acme'] ELSE '{}' END
 		FROM generate_series(1, 200000) AS g`)
 	b.exec(`ALTER TABLE relay_workflow_runs ENABLE TRIGGER USER`)
 	b.exec(`ANALYZE relay_workflow_runs`)
@@ -368,6 +369,13 @@ func TestWorkflowRunListUsesIndex(t *testing.T) {
 			t.Fatalf("first page of %+v does not walk %s:\n%s", c.f, c.index, plan)
 		}
 		t.Logf("%+v:\n%s", c.f, plan)
+	}
+	// A tag filter reads the tags index (a few rows, then sorted).
+	for _, f := range []runFilter{{Tags: []string{"order:50000"}}, {Tags: []string{"tenant:acme", "order:50000"}, Workflow: "wf-0"}} {
+		sql, args := sqlListRuns(f, nil, defaultLimit+1)
+		if plan := explain(t, b.pool, sql, args...); !strings.Contains(plan, "relay_workflow_runs_tags_idx") || strings.Contains(plan, "Seq Scan") {
+			t.Fatalf("runs of tags %q do not read relay_workflow_runs_tags_idx:\n%s", f.Tags, plan)
+		}
 	}
 	page := b.ok(b.do("GET", "/v1/workflows/runs?state=failed&limit=50", b.ro, nil))
 	c, err := decodeRunCursor(page["next_cursor"].(string))

@@ -890,7 +890,8 @@ CREATE TABLE public.relay_workflow_runs (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     started_at timestamp with time zone,
     finished_at timestamp with time zone,
-    retry_from integer
+    retry_from integer,
+    tags text[] DEFAULT '{}'::text[] NOT NULL
 )
 WITH (fillfactor='70');
 
@@ -1103,6 +1104,10 @@ CREATE INDEX relay_workflow_runs_list_idx ON public.relay_workflow_runs USING bt
 -- Name: relay_workflow_runs_parent_idx; Type: INDEX; Schema: public
 
 CREATE INDEX relay_workflow_runs_parent_idx ON public.relay_workflow_runs USING btree (parent_id) WHERE (parent_id IS NOT NULL);
+
+-- Name: relay_workflow_runs_tags_idx; Type: INDEX; Schema: public
+
+CREATE INDEX relay_workflow_runs_tags_idx ON public.relay_workflow_runs USING gin (tags) WHERE (tags <> '{}'::text[]);
 
 -- Name: relay_workflow_runs_unfinished_idx; Type: INDEX; Schema: public
 

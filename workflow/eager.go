@@ -185,6 +185,11 @@ func startDefaults(name string, opts *StartOpts) (StartOpts, error) {
 	if err := o.checkIDPolicies(); err != nil {
 		return o, fmt.Errorf("workflow: start %s: %w", name, err)
 	}
+	tags, err := checkTags(o.Tags)
+	if err != nil {
+		return o, fmt.Errorf("workflow: start %s: %w", name, err)
+	}
+	o.Tags = nonNil(tags)
 	return o, nil
 }
 
@@ -209,7 +214,7 @@ func insertEager(ctx context.Context, c *core.Client, reg *Registry, name string
 	return ins.Insert(ctx, runArgs{RunID: o.ID}, &core.EnqueueOpts{
 		Queue: o.Queue, Priority: new(o.Priority), MaxAttempts: o.MaxAttempts + failReserve, Metadata: meta,
 	}, &eager.With{
-		Queue: func(b *pgx.Batch) { b.Queue(sqlEagerInsertRun, o.ID, name, string(input), o.Queue, string(traceJSON)) },
+		Queue: func(b *pgx.Batch) { b.Queue(sqlEagerInsertRun, o.ID, name, string(input), o.Queue, string(traceJSON), nonNil(o.Tags)) },
 		Read:  func(br pgx.BatchResults) error { _, err := br.Exec(); return err },
 	})
 }

@@ -127,6 +127,8 @@ type Run struct {
 	CreatedAt       time.Time
 	StartedAt       *time.Time
 	FinishedAt      *time.Time
+	// Tags are the run's tags (StartOpts.Tags, AddTags), nil for none.
+	Tags []string
 	// TraceParent is the run's root trace context (W3C), "" if untraced.
 	TraceParent string
 	// Steps is the run's timeline, by position (Get only).
@@ -139,7 +141,7 @@ type Run struct {
 type StepInfo struct {
 	Position   int
 	Key        string
-	Kind       string // step, tx, sleep, signal, child, value, patch, event
+	Kind       string // step, tx, sleep, signal, child, value, patch, event, tags
 	State      string // completed, failed, retrying, waiting
 	Output     json.RawMessage
 	Error      string
@@ -173,11 +175,17 @@ func realAttempts(log []StepAttempt) []StepAttempt {
 
 func scanRun(r dbx.Scanner) (*Run, error) {
 	run := &Run{}
-	var input, output, state string
+	var input, output, state, tags string
 	if err := r.Scan(&run.ID, &run.Workflow, &state, &input, &output, &run.Error, &run.Queue, &run.JobID,
 		&run.ParentID, &run.traceJSON, &run.CancelRequested, &run.Generation, &run.Executions,
-		&run.CreatedAt, &run.StartedAt, &run.FinishedAt); err != nil {
+		&run.CreatedAt, &run.StartedAt, &run.FinishedAt, &tags); err != nil {
 		return nil, err
+	}
+	if err := json.Unmarshal([]byte(tags), &run.Tags); err != nil {
+		return nil, fmt.Errorf("decode tags of run %s: %w", run.ID, err)
+	}
+	if len(run.Tags) == 0 {
+		run.Tags = nil
 	}
 	run.State = RunState(state)
 	run.Input = json.RawMessage(input)
@@ -245,6 +253,8 @@ func Get(ctx context.Context, db core.DB, id string) (*Run, error) {
 type ListOpts struct {
 	Workflow string
 	State    RunState
+	// Tags keeps the runs carrying every one of these tags (none: any run).
+	Tags []string
 	// Limit is at most 1000. Default 100.
 	Limit int
 	// After continues a listing after this run (the last of a page).
@@ -270,8 +280,17 @@ func List(ctx context.Context, db core.DB, opts *ListOpts) ([]*Run, error) {
 	if o.After != nil {
 		afterAt, afterID = &o.After.CreatedAt, o.After.ID
 	}
+	q, args := sqlListRuns, []any{o.Workflow, string(o.State), afterAt, afterID, o.Limit}
+	if len(o.Tags) > 0 {
+		tags, err := checkTags(o.Tags)
+		if err != nil {
+			return nil, fmt.Errorf("workflow: list runs: %w", err)
+		}
+		enc, _ := json.Marshal(tags)
+		q, args = sqlListTaggedRuns, append(args, string(enc))
+	}
 	var runs []*Run
-	err = ex.Query(ctx, sqlListRuns, []any{o.Workflow, string(o.State), afterAt, afterID, o.Limit}, func(r dbx.Scanner) error {
+	err = ex.Query(ctx, q, args, func(r dbx.Scanner) error {
 		run, err := scanRun(r)
 		if err != nil {
 			return err

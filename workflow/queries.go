@@ -8,7 +8,8 @@ import "github.com/relayq/relay/internal/jobinsert"
 // only while the execution's attempt still holds the run, so a late
 // execution can record nothing (see checkpoint.go).
 
-// sqlStartRun creates a run unless its id exists and, with it, the core
+// sqlStartRun creates a run unless its id exists (its tags $9 a JSON
+// array: every database/sql driver sends text) and, with it, the core
 // job that executes it: the job's id is drawn from relay_jobs' sequence
 // into the run row, and the core's enqueue statement (internal/jobinsert)
 // inserts the job, through relay_jobs' triggers, once per run row
@@ -24,8 +25,9 @@ var sqlStartRunAfter = startRunSQL(jobinsert.NotifyAfter)
 func startRunSQL(n jobinsert.Notify) string {
 	return `
 WITH run AS (
-    INSERT INTO relay_workflow_runs (id, workflow, input, queue, parent_id, parent_position, trace, job_id)
-    VALUES ($1, $2, $3::jsonb, $4, nullif($5, ''), $6, $7::jsonb, nextval(pg_get_serial_sequence('relay_jobs', 'id')))
+    INSERT INTO relay_workflow_runs (id, workflow, input, queue, parent_id, parent_position, trace, job_id, tags)
+    VALUES ($1, $2, $3::jsonb, $4, nullif($5, ''), $6, $7::jsonb, nextval(pg_get_serial_sequence('relay_jobs', 'id')),
+            ARRAY(SELECT t FROM jsonb_array_elements_text($9::jsonb) WITH ORDINALITY AS e(t, i) ORDER BY i))
     ON CONFLICT (id) DO NOTHING
     RETURNING job_id
 ), job AS (` + jobinsert.SQLInto("run", "job_id", 8, n) + `)
@@ -253,7 +255,7 @@ const sqlGetEvent = `SELECT value::text FROM relay_workflow_events WHERE run_id 
 const sqlGetRun = `
 SELECT id, workflow, state, input::text, coalesce(output::text, ''), coalesce(error, ''), queue,
        coalesce(job_id, 0), coalesce(parent_id, ''), trace::text, cancel_requested, generation,
-       executions, created_at, started_at, finished_at
+       executions, created_at, started_at, finished_at, array_to_json(tags)::text
 FROM relay_workflow_runs WHERE id = $1`
 
 // sqlListRuns lists runs newest first, after a keyset cursor ($3 created_at,
@@ -261,12 +263,33 @@ FROM relay_workflow_runs WHERE id = $1`
 const sqlListRuns = `
 SELECT id, workflow, state, input::text, coalesce(output::text, ''), coalesce(error, ''), queue,
        coalesce(job_id, 0), coalesce(parent_id, ''), trace::text, cancel_requested, generation,
-       executions, created_at, started_at, finished_at
+       executions, created_at, started_at, finished_at, array_to_json(tags)::text
 FROM relay_workflow_runs
 WHERE ($1 = '' OR workflow = $1) AND ($2 = '' OR state = $2)
   AND ($3::timestamptz IS NULL OR (created_at, id) < ($3::timestamptz, $4))
 ORDER BY created_at DESC, id DESC
 LIMIT $5`
+
+// sqlListTaggedRuns is sqlListRuns of the runs carrying every tag of $6
+// (a JSON array, not empty): written out, so that its plan can read
+// relay_workflow_runs_tags_idx, whose predicate the condition implies.
+const sqlListTaggedRuns = `
+SELECT id, workflow, state, input::text, coalesce(output::text, ''), coalesce(error, ''), queue,
+       coalesce(job_id, 0), coalesce(parent_id, ''), trace::text, cancel_requested, generation,
+       executions, created_at, started_at, finished_at, array_to_json(tags)::text
+FROM relay_workflow_runs
+WHERE tags @> ARRAY(SELECT jsonb_array_elements_text($6::jsonb)) AND tags <> '{}'
+  AND ($1 = '' OR workflow = $1) AND ($2 = '' OR state = $2)
+  AND ($3::timestamptz IS NULL OR (created_at, id) < ($3::timestamptz, $4))
+ORDER BY created_at DESC, id DESC
+LIMIT $5`
+
+// sqlRunTags reads run $1's tags (AddTags, in its checkpoint's
+// transaction: the execution holding the run is their only writer).
+const sqlRunTags = `SELECT tags FROM relay_workflow_runs WHERE id = $1`
+
+// sqlSetRunTags sets run $1's tags to $2 (AddTags).
+const sqlSetRunTags = `UPDATE relay_workflow_runs SET tags = $2::text[] WHERE id = $1`
 
 // sqlStepTimeline reads a run's steps for inspection.
 const sqlStepTimeline = `
@@ -343,8 +366,8 @@ const sqlRequestCancelChildren = `SELECT relay_workflow_cancel_tree($1, false)`
 // existing run.
 // The job_id expression is eager.InsertedJobID (TestEagerInsertRunNamesTheJob).
 const sqlEagerInsertRun = `
-INSERT INTO relay_workflow_runs (id, workflow, input, queue, trace, job_id)
-VALUES ($1, $2, $3::jsonb, $4, $5::jsonb, (SELECT currval(pg_get_serial_sequence('relay_jobs', 'id'))))`
+INSERT INTO relay_workflow_runs (id, workflow, input, queue, trace, job_id, tags)
+VALUES ($1, $2, $3::jsonb, $4, $5::jsonb, (SELECT currval(pg_get_serial_sequence('relay_jobs', 'id'))), $6::text[])`
 
 // sqlTerminateRun ends unfinished run $1 terminated with error $2 and
 // returns its job (0: none). The same statement asks the run's unfinished

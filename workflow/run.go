@@ -47,6 +47,13 @@ type StartOpts struct {
 	// finished. Default IDReuseUseExisting: that run is returned
 	// (Handle.Existing), so a start repeated is one run.
 	IDReuse IDReusePolicy
+	// Tags label the run for people and tools ("order:123",
+	// "tenant:acme"): stored with it (Run.Tags), matched by ListOpts.Tags
+	// and the admin API's ?tag= filter; the workflow may add more
+	// (AddTags). At most MaxTags, each 1 to MaxTagBytes bytes of UTF-8
+	// without NUL (else ErrInvalidTag); duplicates are dropped. A start
+	// that finds its run existing changes nothing of it, tags included.
+	Tags []string
 }
 
 // DefaultMaxAttempts is how many executions of a run may crash or fail
@@ -151,6 +158,10 @@ func startRun(ctx context.Context, db core.DB, tracer trace.Tracer, name string,
 	if err := o.checkIDPolicies(); err != nil {
 		return "", false, fmt.Errorf("workflow: start %s: %w", name, err)
 	}
+	tags, err := checkTags(o.Tags)
+	if err != nil {
+		return "", false, fmt.Errorf("workflow: start %s: %w", name, err)
+	}
 	if o.mayReplace() && parent == nil && !dbx.InTransaction(db) {
 		// Replacing a run deletes it and inserts the new one: both commit,
 		// or neither.
@@ -200,7 +211,7 @@ func startRun(ctx context.Context, db core.DB, tracer trace.Tracer, name string,
 		if own || parent != nil {
 			q = sqlStartRunAfter
 		}
-		if err := ex.Query(job.Ctx, q, []any{o.ID, name, string(input), o.Queue, parentID, parentPos, string(traceJSON), job.Param()},
+		if err := ex.Query(job.Ctx, q, []any{o.ID, name, string(input), o.Queue, parentID, parentPos, string(traceJSON), job.Param(), tagsJSON(tags)},
 			func(r dbx.Scanner) error { return r.Scan(&jobID) }); err != nil {
 			job.Done(0, err)
 			return err
@@ -281,6 +292,21 @@ func runJobRow(o StartOpts, meta map[string]any) (jobinsert.Row, error) {
 		Kind: RunKind, Queue: o.Queue, Args: args, Priority: o.Priority,
 		MaxAttempts: o.MaxAttempts + failReserve, Metadata: metadata,
 	}, nil
+}
+
+// nonNil is tags, or an empty slice for none (the column is NOT NULL).
+func nonNil(tags []string) []string {
+	if tags == nil {
+		return []string{}
+	}
+	return tags
+}
+
+// tagsJSON is tags as a JSON array, as the statements that any
+// database/sql driver runs take them.
+func tagsJSON(tags []string) string {
+	b, _ := json.Marshal(nonNil(tags))
+	return string(b)
 }
 
 // inTx runs fn in db's transaction when db is one, else in a transaction

@@ -124,7 +124,7 @@ func TestWorkflowRunPages(t *testing.T) {
 	})
 	for _, err := range []error{
 		startRun(ctx, pool, report, "report-q3", "q3"),
-		startRun(ctx, pool, pay, "pay-42", 42),
+		startRun(ctx, pool, pay, "pay-42", 42, "tenant:acme", "order:42"),
 		startRun(ctx, pool, approve, "po-7", "po-7"),
 		startRun(ctx, pool, hold, "hold-9", "seat-9"),
 	} {
@@ -295,6 +295,34 @@ func TestWorkflowRunPages(t *testing.T) {
 		}
 	})
 
+	// The runs page filters by tag (comma-separated: every tag), and a
+	// run's tag links to the runs carrying it.
+	t.Run("tags", func(t *testing.T) {
+		tab := browsertest.Tab(t, bctx)
+		f.signIn(t, tab, ro)
+		browsertest.Run(t, tab, "filter by tags",
+			chromedp.Navigate(base+"#/workflows"), at("#/workflows"),
+			chromedp.SetValue(chromedp.CSS("#wf-tag"), "tenant:acme, order:42"),
+			chromedp.Click(chromedp.CSS("#apply-filter")),
+			at("#/workflows?tag=tenant%3Aacme%2C+order%3A42"),
+			chromedp.WaitVisible(chromedp.CSS(`a[data-run-id="pay-42"]`)),
+			browsertest.Screenshot(shots, "workflow-runs-by-tag"))
+		if n := count(t, tab, "a[data-run-id]"); n != 1 {
+			t.Fatalf("%d runs listed for tenant:acme and order:42, want pay-42 alone", n)
+		}
+		browsertest.Run(t, tab, "a tag's link",
+			chromedp.Click(chromedp.CSS(`a.tag[href*="order%3A42"]`)),
+			at("#/workflows?tag=order%3A42"),
+			chromedp.WaitVisible(chromedp.CSS(`a[data-run-id="pay-42"]`)))
+		browsertest.Run(t, tab, "a tag no run carries",
+			chromedp.SetValue(chromedp.CSS("#wf-tag"), "tenant:nobody"),
+			chromedp.Click(chromedp.CSS("#apply-filter")),
+			at("#/workflows?tag=tenant%3Anobody"))
+		if n := count(t, tab, "a[data-run-id]"); n != 0 {
+			t.Fatalf("%d runs listed for a tag no run carries", n)
+		}
+	})
+
 	t.Run("read-only", func(t *testing.T) {
 		tab := browsertest.Tab(t, bctx)
 		f.signIn(t, tab, ro)
@@ -319,7 +347,7 @@ func TestWorkflowRunPages(t *testing.T) {
 	})
 }
 
-func startRun[In, Out any](ctx context.Context, pool interface{ core.DB }, wf *workflow.Workflow[In, Out], id string, in In) error {
-	_, err := workflow.Start(ctx, pool, wf, in, &workflow.StartOpts{ID: id})
+func startRun[In, Out any](ctx context.Context, pool interface{ core.DB }, wf *workflow.Workflow[In, Out], id string, in In, tags ...string) error {
+	_, err := workflow.Start(ctx, pool, wf, in, &workflow.StartOpts{ID: id, Tags: tags})
 	return err
 }
