@@ -214,7 +214,9 @@ func insertEager(ctx context.Context, c *core.Client, reg *Registry, name string
 	return ins.Insert(ctx, runArgs{RunID: o.ID}, &core.EnqueueOpts{
 		Queue: o.Queue, Priority: new(o.Priority), MaxAttempts: o.MaxAttempts + failReserve, Metadata: meta,
 	}, &eager.With{
-		Queue: func(b *pgx.Batch) { b.Queue(sqlEagerInsertRun, o.ID, name, string(input), o.Queue, string(traceJSON), nonNil(o.Tags)) },
-		Read:  func(br pgx.BatchResults) error { _, err := br.Exec(); return err },
+		Queue: func(b *pgx.Batch) {
+			b.Queue(sqlEagerInsertRun, o.ID, name, string(input), o.Queue, string(traceJSON), nonNil(o.Tags))
+		},
+		Read: func(br pgx.BatchResults) error { _, err := br.Exec(); return err },
 	})
 }

@@ -119,7 +119,7 @@ type execution struct {
 	setState  RunState
 	waitSeq   map[string]int
 	eventSeq  map[string]int
-	tagSeq    int // AddTags calls so far
+	tagSeq    int             // AddTags calls so far
 	patches   map[string]bool // Patch's answer by name
 	ctx       context.Context
 	unwinding *unwind
