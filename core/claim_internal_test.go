@@ -330,13 +330,36 @@ func repeat[T any](v T, n int) []T {
 	return s
 }
 
-// A statement variant whose base text changed fails loudly instead of
-// silently being the base statement.
-func TestMustReplaceRefusesAMissingAnchor(t *testing.T) {
-	defer func() {
-		if recover() == nil {
-			t.Fatal("mustReplace accepted an anchor that is not in the statement")
+// Each statement variant is its base statement with its named part, and
+// only that part, changed: the builders cannot drift into two statements.
+func TestStatementVariantsDifferOnlyInTheirParts(t *testing.T) {
+	cursor := "\n      AND (priority, run_at, id) > ($6::smallint, $7::timestamptz, $8::bigint)"
+	floorCursor := "\n           AND (priority, run_at, id) > ($2::smallint, $3::timestamptz, $4::bigint)"
+	for _, c := range []struct {
+		name, variant, base, old, new string
+		n                             int
+	}{
+		{"sqlClaimSync", sqlClaimSync, sqlClaim, asyncCommit, sessionCommit, 1},
+		{"sqlClaimAfterSync", sqlClaimAfterSync, sqlClaimAfter, asyncCommit, sessionCommit, 1},
+		{"sqlLockLimitsSync", sqlLockLimitsSync, sqlLockLimits, asyncCommit, sessionCommit, 1},
+		{"sqlClaimAfter", sqlClaimAfter, sqlClaim, "run_at <= now()\n", "run_at <= now()" + cursor + "\n", 1},
+		{"sqlFloorProbeAfter", sqlFloorProbeAfter, sqlFloorProbe, "queue = $1\n", "queue = $1" + floorCursor + "\n", 2},
+	} {
+		if got := strings.Count(c.base, c.old); got != c.n {
+			t.Errorf("%s: its base holds the part %q %d times, want %d", c.name, c.old, got, c.n)
+			continue
 		}
-	}()
-	mustReplace("SELECT 1", "WHERE", "WHERE x AND")
+		if want := strings.ReplaceAll(c.base, c.old, c.new); c.variant != want {
+			t.Errorf("%s differs from its base by more than its part:\n%s\nwant:\n%s", c.name, c.variant, want)
+		}
+	}
+	// The fenced writes share their shape: everything but the SET list
+	// (and sqlFailMany's inputs) is one text.
+	for name, sql := range map[string]string{"sqlCompleteMany": sqlCompleteMany, "sqlFailMany": sqlFailMany, "sqlReleaseMany": sqlReleaseMany, "sqlHeartbeat": sqlHeartbeat} {
+		for _, part := range []string{"FOR NO KEY UPDATE SKIP LOCKED", "WHERE j.id = ANY(ARRAY(SELECT id FROM locked))", "AND (SELECT count(*) FROM done) < cardinality($1::bigint[])"} {
+			if strings.Count(sql, part) != 1 {
+				t.Errorf("%s does not hold %q once", name, part)
+			}
+		}
+	}
 }

@@ -1,28 +1,25 @@
 package core
 
 import (
-	"fmt"
-	"strings"
-
 	"github.com/relayq/relay/internal/eager"
 	"github.com/relayq/relay/internal/jobinsert"
 )
 
-// mustReplace returns sql with old replaced by new, and panics (at package
-// init, where every caller runs) unless old occurs exactly once: a variant
-// built from a base statement can never silently be the base statement.
-func mustReplace(sql, old, new string) string {
-	if n := strings.Count(sql, old); n != 1 {
-		panic(fmt.Sprintf("core: building a statement variant: %q occurs %d times, want 1", old, n))
-	}
-	return strings.Replace(sql, old, new, 1)
-}
-
-// All of the core's SQL, in one place. Every UPDATE of state names the state
+// All of the core's SQL, in one place (the enqueue statements are the
+// engine's, in internal/jobinsert). Every UPDATE of state names the state
 // it moves from in its WHERE clause, so it can only make a transition of the
 // state machine (and the table's trigger refuses any other). Every write about
 // a running attempt names the attempt's lease token: that is the fence that
 // keeps a late worker from recording anything once its lease has gone.
+//
+// A statement with variants (the claim with and without its cursor, with
+// an asynchronous or the session's commit; the fenced batch writes, which
+// share one shape) is written once, as a function of its named parts, and
+// each variant is that function's text for its parts. Written-out copies
+// drift (a fix made to one and not the others), and a text replacement
+// can silently match nothing or the wrong place once the base statement
+// changes; the parts a builder takes are what differs, named, and the rest
+// is one text. Statements without variants stay constants.
 
 // The enqueue statements are the engine's (internal/jobinsert), which the
 // workflow layer's start of a run shares: sqlEnqueue for a batch without
@@ -79,11 +76,38 @@ const sqlNotifyQueues = jobinsert.SQLNotifyQueues
 //     lost; at worst an attempt runs again, which at-least-once allows. The
 //     claim is on every job's critical path, so its fsync was the largest
 //     single cost of a slot-bound worker (see docs/benchmarks.md).
-const sqlClaim = `
+//
+// sqlClaimSync and sqlClaimAfterSync commit synchronously
+// (Config.SynchronousClaims); sqlClaimAfter and sqlClaimAfterSync claim
+// from the cursor (see claimStatement).
+var (
+	sqlClaim          = claimStatement(false, asyncCommit)
+	sqlClaimSync      = claimStatement(false, sessionCommit)
+	sqlClaimAfter     = claimStatement(true, asyncCommit)
+	sqlClaimAfterSync = claimStatement(true, sessionCommit)
+)
+
+// claimStatement is the claim statement: from the cursor (after: sqlClaimAfter)
+// or the front of the queue, committing as commit says.
+//
+// sqlClaimAfter starts after the position ($6 priority, $7 run_at, $8 id)
+// in claim order: the last job of the previous claim, when that claim took
+// all it asked for (a drain). Every claimed job leaves a dead entry at the
+// front of the claim index until VACUUM, so a claim from the start steps
+// over all the jobs claimed since; one from the cursor starts where the
+// last left off. Jobs that become runnable behind the cursor (a more
+// urgent new job, a rescued one) are reached when the fetch loop drops the
+// cursor: on every notification and every poll.
+func claimStatement(after bool, commit string) string {
+	cursor := ""
+	if after {
+		cursor = "\n      AND (priority, run_at, id) > ($6::smallint, $7::timestamptz, $8::bigint)"
+	}
+	return `
 WITH picked AS (
     SELECT id
     FROM relay_jobs AS c
-    WHERE state = 'queued' AND NOT key_waiting AND queue = $1 AND run_at <= now()
+    WHERE state = 'queued' AND NOT key_waiting AND queue = $1 AND run_at <= now()` + cursor + `
       AND NOT EXISTS (SELECT 1 FROM relay_queue_pauses WHERE queue = $1)
       AND (ordering_key IS NULL OR c.id = (
           SELECT min(e.id) FROM relay_jobs AS e
@@ -100,10 +124,11 @@ SET state            = 'claimed',
     attempted_by     = $4,
     lease_token      = $5::uuid,
     lease_expires_at = now() + $3 * interval '1 millisecond'
-FROM picked, (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+FROM picked, ` + commit + `
 WHERE j.id = picked.id
 RETURNING j.id, j.kind, j.queue, j.priority, j.attempt, j.max_attempts, j.run_at,
           j.created_at, j.attempted_at, j.args, j.metadata, j.lease_token, coalesce(j.ordering_key, ''), j.tags`
+}
 
 // asyncCommit, in a claim statement, makes its transaction commit
 // asynchronously; sessionCommit, in the synchronous twins of those
@@ -113,24 +138,6 @@ const (
 	asyncCommit   = `(SELECT set_config('synchronous_commit', 'off', true)) AS async_commit`
 	sessionCommit = `(SELECT set_config('synchronous_commit', current_setting('synchronous_commit'), true)) AS session_commit`
 )
-
-// sqlClaimSync is sqlClaim committing synchronously.
-var sqlClaimSync = mustReplace(sqlClaim, asyncCommit, sessionCommit)
-
-// sqlClaimAfter is sqlClaim starting after the position ($6 priority, $7
-// run_at, $8 id) in claim order: the last job of the previous claim, when
-// that claim took all it asked for (a drain). Every claimed job leaves a
-// dead entry at the front of the claim index until VACUUM, so a claim from
-// the start steps over all the jobs claimed since; one from the cursor
-// starts where the last left off. Jobs that become runnable behind the
-// cursor (a more urgent new job, a rescued one) are reached when the fetch
-// loop drops the cursor: on every notification and every poll.
-var sqlClaimAfter = mustReplace(sqlClaim,
-	"WHERE state = 'queued' AND NOT key_waiting AND queue = $1 AND run_at <= now()\n",
-	"WHERE state = 'queued' AND NOT key_waiting AND queue = $1 AND run_at <= now()\n      AND (priority, run_at, id) > ($6::smallint, $7::timestamptz, $8::bigint)\n")
-
-// sqlClaimAfterSync is sqlClaimAfter committing synchronously.
-var sqlClaimAfterSync = mustReplace(sqlClaimAfter, asyncCommit, sessionCommit)
 
 // The fenced writes about running attempts (sqlCompleteMany, sqlFailMany,
 // sqlReleaseMany, sqlHeartbeat) share one shape, because they must never
@@ -164,26 +171,47 @@ var sqlClaimAfterSync = mustReplace(sqlClaimAfter, asyncCommit, sessionCommit)
 // ANALYZE, when workers then claim thousands); without it the plan is a
 // primary-key probe per id. TestFencedWritesProbeThePrimaryKey keeps it so.
 
-// sqlCompleteMany records the success of a batch of attempts.
-const sqlCompleteMany = `
-WITH locked AS (
+// fencedWrite is the one text of the fenced batch writes: inputs, a CTE
+// ahead of locked ("" for none); pairs, the relation of the batch's (id,
+// token) pairs; set, the UPDATE's SET list over relay_jobs AS j; from and
+// join, a relation the UPDATE reads and its join condition ("" for none).
+func fencedWrite(inputs, pairs, set, from, join string) string {
+	with := "WITH "
+	if inputs != "" {
+		with += inputs + ", "
+	}
+	if from != "" {
+		from = "\n    FROM " + from
+		join = " AND " + join
+	}
+	return `
+` + with + `locked AS (
     SELECT id FROM relay_jobs
     WHERE id = ANY($1::bigint[])
-      AND (id, lease_token) IN (SELECT * FROM unnest($1::bigint[], $2::uuid[]))
+      AND (id, lease_token) IN (` + pairs + `)
     FOR NO KEY UPDATE SKIP LOCKED
 ), done AS (
-    UPDATE relay_jobs
-    SET state = 'succeeded', finalized_at = now(), lease_token = NULL, lease_expires_at = NULL
-    WHERE id = ANY(ARRAY(SELECT id FROM locked))
-    RETURNING id
+    UPDATE relay_jobs AS j
+    SET ` + set + from + `
+    WHERE j.id = ANY(ARRAY(SELECT id FROM locked))` + join + `
+    RETURNING j.id
 )
 SELECT id, true FROM done
 UNION ALL
 SELECT id, false FROM relay_jobs
 WHERE id = ANY($1::bigint[])
-  AND (id, lease_token) IN (SELECT * FROM unnest($1::bigint[], $2::uuid[]))
+  AND (id, lease_token) IN (` + pairs + `)
   AND id NOT IN (SELECT id FROM done)
   AND (SELECT count(*) FROM done) < cardinality($1::bigint[])`
+}
+
+// batchPairs is the (id, token) pairs of a batch given as $1 ids and $2
+// their tokens.
+const batchPairs = `SELECT * FROM unnest($1::bigint[], $2::uuid[])`
+
+// sqlCompleteMany records the success of a batch of attempts.
+var sqlCompleteMany = fencedWrite("", batchPairs,
+	`state = 'succeeded', finalized_at = now(), lease_token = NULL, lease_expires_at = NULL`, "", "")
 
 // sqlCompleteOne is sqlCompleteMany for one attempt, in a caller's
 // transaction on any driver (the token travels as text). It is the
@@ -197,18 +225,10 @@ WHERE id = $1 AND lease_token = $2::uuid`
 // back to queued after $4 microseconds, or dead ($3 names which), with
 // error $5. The delay goes into the attempt's history entry beside the
 // error (retry_in_us, null when the job ended dead).
-const sqlFailMany = `
-WITH f AS (
+var sqlFailMany = fencedWrite(`f AS (
     SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::bigint[], $5::text[])
         AS f(id, token, state, delay_us, error)
-), locked AS (
-    SELECT id FROM relay_jobs
-    WHERE id = ANY($1::bigint[])
-      AND (id, lease_token) IN (SELECT id, token FROM f)
-    FOR NO KEY UPDATE SKIP LOCKED
-), done AS (
-    UPDATE relay_jobs AS j
-    SET state            = f.state,
+)`, `SELECT id, token FROM f`, `state            = f.state,
         run_at           = CASE WHEN f.state = 'queued' THEN now() + f.delay_us * interval '1 microsecond' ELSE j.run_at END,
         finalized_at     = CASE WHEN f.state = 'dead' THEN now() END,
         lease_token      = NULL,
@@ -217,72 +237,26 @@ WITH f AS (
         history          = j.history || jsonb_build_array(jsonb_build_object(
             'attempt', j.attempt, 'started_at', j.attempted_at, 'finished_at', now(),
             'error', f.error, 'worker', j.attempted_by,
-            'retry_in_us', CASE WHEN f.state = 'queued' THEN f.delay_us END))
-    FROM f
-    WHERE j.id = ANY(ARRAY(SELECT id FROM locked)) AND f.id = j.id
-    RETURNING j.id
-)
-SELECT id, true FROM done
-UNION ALL
-SELECT id, false FROM relay_jobs
-WHERE id = ANY($1::bigint[])
-  AND (id, lease_token) IN (SELECT id, token FROM f)
-  AND id NOT IN (SELECT id FROM done)
-  AND (SELECT count(*) FROM done) < cardinality($1::bigint[])`
+            'retry_in_us', CASE WHEN f.state = 'queued' THEN f.delay_us END))`,
+	"f", "f.id = j.id")
 
 // sqlReleaseMany returns attempts interrupted by a client's shutdown to
 // the queue at once. The attempt is not counted: a deploy must not burn
 // attempts.
-const sqlReleaseMany = `
-WITH locked AS (
-    SELECT id FROM relay_jobs
-    WHERE id = ANY($1::bigint[])
-      AND (id, lease_token) IN (SELECT * FROM unnest($1::bigint[], $2::uuid[]))
-    FOR NO KEY UPDATE SKIP LOCKED
-), done AS (
-    UPDATE relay_jobs AS j
-    SET state            = 'queued',
+var sqlReleaseMany = fencedWrite("", batchPairs, `state            = 'queued',
         attempt          = j.attempt - 1,
         lease_token      = NULL,
         lease_expires_at = NULL,
         history          = j.history || jsonb_build_array(jsonb_build_object(
             'attempt', j.attempt, 'started_at', j.attempted_at, 'finished_at', now(),
-            'error', 'interrupted: worker shut down; attempt not counted', 'worker', j.attempted_by))
-    WHERE j.id = ANY(ARRAY(SELECT id FROM locked))
-    RETURNING j.id
-)
-SELECT id, true FROM done
-UNION ALL
-SELECT id, false FROM relay_jobs
-WHERE id = ANY($1::bigint[])
-  AND (id, lease_token) IN (SELECT * FROM unnest($1::bigint[], $2::uuid[]))
-  AND id NOT IN (SELECT id FROM done)
-  AND (SELECT count(*) FROM done) < cardinality($1::bigint[])`
+            'error', 'interrupted: worker shut down; attempt not counted', 'worker', j.attempted_by))`, "", "")
 
 // sqlHeartbeat renews the leases of a batch of running attempts by $3
 // milliseconds from the database's now(). Renewed ids come with true; ids
 // whose rows another transaction holds with false (not renewed this tick:
 // the lease still holds, but the local lease deadline runs on); a job
 // missing has lost its lease (rescued or cancelled): its handler must stop.
-const sqlHeartbeat = `
-WITH locked AS (
-    SELECT id FROM relay_jobs
-    WHERE id = ANY($1::bigint[])
-      AND (id, lease_token) IN (SELECT * FROM unnest($1::bigint[], $2::uuid[]))
-    FOR NO KEY UPDATE SKIP LOCKED
-), done AS (
-    UPDATE relay_jobs
-    SET lease_expires_at = now() + $3 * interval '1 millisecond'
-    WHERE id = ANY(ARRAY(SELECT id FROM locked))
-    RETURNING id
-)
-SELECT id, true FROM done
-UNION ALL
-SELECT id, false FROM relay_jobs
-WHERE id = ANY($1::bigint[])
-  AND (id, lease_token) IN (SELECT * FROM unnest($1::bigint[], $2::uuid[]))
-  AND id NOT IN (SELECT id FROM done)
-  AND (SELECT count(*) FROM done) < cardinality($1::bigint[])`
+var sqlHeartbeat = fencedWrite("", batchPairs, `lease_expires_at = now() + $3 * interval '1 millisecond'`, "", "")
 
 // sqlRescueExpired locks up to $1 expired leases, oldest first, for rescue
 // to give each its retry delay. SKIP LOCKED lets any number of processes
@@ -454,16 +428,22 @@ const sqlLimitsApply = `SELECT EXISTS (SELECT 1 FROM relay_limits WHERE (scope =
 // work serialise here, so each counts what the previous one claimed. The
 // transaction commits asynchronously, as sqlClaim does, for the same
 // reasons.
-const sqlLockLimits = `
+//
+// sqlLockLimitsSync leaves the claim's transaction to commit synchronously
+// (Config.SynchronousClaims).
+var (
+	sqlLockLimits     = lockLimitsStatement(asyncCommit)
+	sqlLockLimitsSync = lockLimitsStatement(sessionCommit)
+)
+
+func lockLimitsStatement(commit string) string {
+	return `
 SELECT scope, name, max_running, rate, per_us, window_start, window_count, now()
-FROM relay_limits, (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+FROM relay_limits, ` + commit + `
 WHERE (scope = 'queue' AND name = $1) OR scope IN ('kind', 'tag')
 ORDER BY scope, name
 FOR UPDATE OF relay_limits`
-
-// sqlLockLimitsSync is sqlLockLimits leaving the claim's transaction to
-// commit synchronously (Config.SynchronousClaims).
-var sqlLockLimitsSync = mustReplace(sqlLockLimits, asyncCommit, sessionCommit)
+}
 
 // sqlCountRunning counts claimed jobs by kind, split by whether they are
 // of queue $1, among those of queue $1 or of a kind in $2. It walks
@@ -598,29 +578,35 @@ RETURNING j.id, j.kind, j.queue, j.priority, j.attempt, j.max_attempts, j.run_at
 // range of their own, so the first of each range is read (one LIMIT 1 walk
 // each) and the lesser taken: a waiting job keeps its run_at when it
 // becomes its key's head, and a floor past it would hide it.
-const sqlFloorProbe = `
+var sqlFloorProbe = floorProbeStatement(false)
+
+// sqlFloorProbeAfter is sqlFloorProbe starting after the floor ($2
+// priority, $3 run_at, $4 id): it reads only what the claims read, and the
+// waiting range after the same point.
+var sqlFloorProbeAfter = floorProbeStatement(true)
+
+func floorProbeStatement(after bool) string {
+	cursor := ""
+	if after {
+		cursor = "\n           AND (priority, run_at, id) > ($2::smallint, $3::timestamptz, $4::bigint)"
+	}
+	return `
 SELECT now(), j.priority, j.run_at, j.id
 FROM (SELECT 1) AS one
 LEFT JOIN LATERAL (
     SELECT * FROM (
         (SELECT priority, run_at, id FROM relay_jobs
-         WHERE state = 'queued' AND NOT key_waiting AND queue = $1
+         WHERE state = 'queued' AND NOT key_waiting AND queue = $1` + cursor + `
          ORDER BY priority, run_at, id
          LIMIT 1)
         UNION ALL
         (SELECT priority, run_at, id FROM relay_jobs
-         WHERE state = 'queued' AND key_waiting AND queue = $1
+         WHERE state = 'queued' AND key_waiting AND queue = $1` + cursor + `
          ORDER BY priority, run_at, id
          LIMIT 1)) AS firsts
     ORDER BY priority, run_at, id
     LIMIT 1) AS j ON true`
-
-// sqlFloorProbeAfter is sqlFloorProbe starting after the floor ($2
-// priority, $3 run_at, $4 id): it reads only what the claims read, and the
-// waiting range after the same point.
-var sqlFloorProbeAfter = strings.ReplaceAll(sqlFloorProbe,
-	"AND queue = $1\n",
-	"AND queue = $1\n           AND (priority, run_at, id) > ($2::smallint, $3::timestamptz, $4::bigint)\n")
+}
 
 // sqlFloorCost is sqlFloorProbe under EXPLAIN: the buffers its walk from
 // the front of the claim index touches, which grow with the dead entries
