@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"strings"
 	"time"
@@ -82,6 +83,16 @@ type Config struct {
 	// so they see the changes just made. GET /v1/replica reports how far
 	// the replica is behind. Default: every read on the primary's pool.
 	ReadPool *pgxpool.Pool
+	// RateLimit, when above zero, bounds each bearer token's requests per
+	// second (a token bucket per token, after the token verified; with
+	// NoAuth, one bucket for every request). A request over the limit is
+	// answered 429 with Retry-After, before its body is read or any SQL
+	// runs. Default 0: no limit.
+	RateLimit float64
+	// RateBurst is how many requests a token may make at once before
+	// RateLimit paces it. Default twice RateLimit, at least 10 (a
+	// dashboard page makes a few calls at once).
+	RateBurst int
 }
 
 // Version is the API's version in its OpenAPI document.
@@ -97,6 +108,7 @@ type server struct {
 	cfg      Config
 	log      *slog.Logger
 	verifier *verifier
+	limiter  *rateLimiter // nil: no rate limit
 }
 
 // Handler returns the admin API as an http.Handler, to serve on its own (relay
@@ -137,6 +149,14 @@ func newAPI(pool *pgxpool.Pool, cfg *Config) (http.Handler, huma.API, error) {
 		s.verifier = v
 	case !c.NoAuth:
 		return nil, nil, errors.New("admin: no Auth configured (set NoAuth to serve without authentication)")
+	}
+	switch {
+	case c.RateLimit < 0 || math.IsNaN(c.RateLimit) || math.IsInf(c.RateLimit, 0):
+		return nil, nil, fmt.Errorf("admin: RateLimit %v: want requests per second above 0, or 0 for no limit", c.RateLimit)
+	case c.RateBurst < 0:
+		return nil, nil, fmt.Errorf("admin: RateBurst %d: want 0 (the default) or more", c.RateBurst)
+	case c.RateLimit > 0:
+		s.limiter = newRateLimiter(c.RateLimit, cmp.Or(c.RateBurst, max(10, int(math.Ceil(2*c.RateLimit)))))
 	}
 	if c.TraceURL != "" && !strings.Contains(c.TraceURL, "{trace_id}") {
 		return nil, nil, errors.New("admin: TraceURL must contain {trace_id}")
@@ -179,10 +199,11 @@ func newAPI(pool *pgxpool.Pool, cfg *Config) (http.Handler, huma.API, error) {
 func op(id, method, path, summary, tag string) huma.Operation {
 	scope := ScopeWrite
 	errs := []int{http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound,
-		http.StatusConflict, http.StatusRequestEntityTooLarge, http.StatusUnprocessableEntity}
+		http.StatusConflict, http.StatusRequestEntityTooLarge, http.StatusUnprocessableEntity, http.StatusTooManyRequests}
 	if method == http.MethodGet {
 		scope = ScopeRead
-		errs = []int{http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound, http.StatusUnprocessableEntity}
+		errs = []int{http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound, http.StatusUnprocessableEntity,
+			http.StatusTooManyRequests}
 	}
 	return huma.Operation{
 		OperationID:  id,

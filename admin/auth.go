@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -335,7 +336,7 @@ func (s *server) authenticate(api huma.API) func(huma.Context, func(huma.Context
 			need = ScopeRead
 		}
 		if s.verifier == nil {
-			if !s.bodyAllowed(api, ctx) {
+			if !s.withinRate(api, ctx, "") || !s.bodyAllowed(api, ctx) {
 				return
 			}
 			next(huma.WithValue(huma.WithValue(ctx, subjectKey{}, "anonymous"), scopesKey{}, []string{ScopeRead, ScopeWrite}))
@@ -353,6 +354,9 @@ func (s *server) authenticate(api huma.API) func(huma.Context, func(huma.Context
 			huma.WriteErr(api, ctx, http.StatusUnauthorized, "invalid token: "+err.Error()) //nolint:errcheck // logged by huma
 			return
 		}
+		if !s.withinRate(api, ctx, token) {
+			return
+		}
 		if !slices.Contains(scopes, need) {
 			ctx.SetHeader("WWW-Authenticate", `Bearer realm="relay", error="insufficient_scope", scope="`+need+`"`)
 			huma.WriteErr(api, ctx, http.StatusForbidden, "the token lacks scope "+need) //nolint:errcheck // logged by huma
@@ -363,6 +367,23 @@ func (s *server) authenticate(api huma.API) func(huma.Context, func(huma.Context
 		}
 		next(huma.WithValue(huma.WithValue(ctx, subjectKey{}, sub), scopesKey{}, scopes))
 	}
+}
+
+// withinRate takes the request from its token's bucket (Config.RateLimit),
+// or answers 429 with Retry-After.
+func (s *server) withinRate(api huma.API, ctx huma.Context, token string) bool {
+	if s.limiter == nil {
+		return true
+	}
+	ok, wait := s.limiter.allow(strings.TrimSpace(token))
+	if ok {
+		return true
+	}
+	secs := retryAfter(wait)
+	ctx.SetHeader("Retry-After", strconv.Itoa(secs))
+	huma.WriteErr(api, ctx, http.StatusTooManyRequests, fmt.Sprintf("this token's requests are over the server's rate limit "+ //nolint:errcheck // logged by huma
+		"(%g per second, bursts of %g): try again in %d s", s.limiter.rate, s.limiter.burst, secs))
+	return false
 }
 
 // bodyAllowed refuses (400) a request body sent to an operation that takes

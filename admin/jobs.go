@@ -32,6 +32,7 @@ type Job struct {
 	FinalizedAt *time.Time `json:"finalized_at,omitempty"`
 	LastError   string     `json:"last_error,omitempty" doc:"The latest failure's error (first 1000 bytes in lists)"`
 	OrderingKey string     `json:"ordering_key,omitempty"`
+	Tags        []string   `json:"tags,omitempty" doc:"The job's tags (core.EnqueueOpts.Tags)"`
 }
 
 // JobDetail is one job with its args, metadata, attempts and trace.
@@ -61,6 +62,7 @@ type listJobsInput struct {
 	Queue           string    `query:"queue" maxLength:"128"`
 	Kind            string    `query:"kind" maxLength:"255"`
 	OrderingKey     string    `query:"ordering_key" maxLength:"500"`
+	Tags            []string  `query:"tag,explode" maxItems:"32" doc:"Jobs carrying every tag given (repeat the parameter: tag=a&tag=b)"`
 	CreatedAfter    time.Time `query:"created_after" doc:"RFC 3339; inclusive"`
 	CreatedBefore   time.Time `query:"created_before" doc:"RFC 3339; exclusive"`
 	FinalizedAfter  time.Time `query:"finalized_after" doc:"RFC 3339; inclusive"`
@@ -69,9 +71,16 @@ type listJobsInput struct {
 	Cursor          string    `query:"cursor" maxLength:"200" doc:"next_cursor of the previous page"`
 }
 
-// Resolve checks what the tags cannot: time ranges run forwards.
+// Resolve checks what the struct tags cannot: time ranges run forwards,
+// job tags are 1 to 255 bytes.
 func (in *listJobsInput) Resolve(huma.Context) []error {
-	return checkRanges("query", in.CreatedAfter, in.CreatedBefore, in.FinalizedAfter, in.FinalizedBefore)
+	errs := checkRanges("query", in.CreatedAfter, in.CreatedBefore, in.FinalizedAfter, in.FinalizedBefore)
+	for i, tag := range in.Tags {
+		if tag == "" || len(tag) > 255 {
+			errs = append(errs, &huma.ErrorDetail{Location: fmt.Sprintf("query.tag[%d]", i), Message: "a tag is 1 to 255 bytes", Value: tag})
+		}
+	}
+	return errs
 }
 
 func checkRanges(loc string, ca, cb, fa, fb time.Time) []error {
@@ -95,7 +104,7 @@ func timePtr(t time.Time) *time.Time {
 type listJobsOutput struct {
 	Body struct {
 		Items      []Job  `json:"items"`
-		NextCursor string `json:"next_cursor,omitempty" doc:"Pass as cursor for the next page; absent on the last page"`
+		NextCursor string `json:"next_cursor,omitempty" doc:"Pass as cursor for the next page; absent on the last page. With a queue, kind, ordering key or time filter a page examines at most 10,000 jobs, so it may hold fewer items than limit (even none) and still have a next_cursor: the next page searches on"`
 	}
 }
 
@@ -124,6 +133,7 @@ type BulkFilter struct {
 	Queue           string    `json:"queue,omitempty" maxLength:"128"`
 	Kind            string    `json:"kind,omitempty" maxLength:"255"`
 	OrderingKey     string    `json:"ordering_key,omitempty" maxLength:"500"`
+	Tags            []string  `json:"tags,omitempty" maxItems:"32" doc:"Jobs carrying every one of these tags"`
 	CreatedAfter    time.Time `json:"created_after,omitzero"`
 	CreatedBefore   time.Time `json:"created_before,omitzero"`
 	FinalizedAfter  time.Time `json:"finalized_after,omitzero"`
@@ -146,6 +156,11 @@ func (in *bulkInput) Resolve(huma.Context) []error {
 	for name, v := range map[string]string{"queue": f.Queue, "kind": f.Kind, "ordering_key": f.OrderingKey} {
 		if !cleanText(v) {
 			errs = append(errs, &huma.ErrorDetail{Location: "body.filter." + name, Message: "must be UTF-8 without NUL bytes"})
+		}
+	}
+	for i, tag := range f.Tags {
+		if tag == "" || len(tag) > 255 || !cleanText(tag) {
+			errs = append(errs, &huma.ErrorDetail{Location: fmt.Sprintf("body.filter.tags[%d]", i), Message: "a tag is 1 to 255 bytes of UTF-8 without NUL bytes", Value: tag})
 		}
 	}
 	if f.State != "" && !slices.Contains(bulkStates(in.Body.Action), f.State) {
@@ -269,7 +284,7 @@ func (s *server) jobError(what string, id int64, err error) error {
 }
 
 func (s *server) listJobs(ctx context.Context, in *listJobsInput) (*listJobsOutput, error) {
-	f := jobFilter{Queue: in.Queue, Kind: in.Kind, OrderingKey: in.OrderingKey,
+	f := jobFilter{Queue: in.Queue, Kind: in.Kind, OrderingKey: in.OrderingKey, Tags: in.Tags,
 		CreatedAfter: timePtr(in.CreatedAfter), CreatedBefore: timePtr(in.CreatedBefore),
 		FinalizedAfter: timePtr(in.FinalizedAfter), FinalizedBefore: timePtr(in.FinalizedBefore)}
 	if in.State != "" {
@@ -311,6 +326,14 @@ func (s *server) listJobs(ctx context.Context, in *listJobsInput) (*listJobsOutp
 			next.At = *last.FinalizedAt
 		}
 		out.Body.NextCursor = next.encode()
+	} else if f.hasOther() {
+		// A short page of a filter checked row by row: its scan may have
+		// stopped at listScanRows with jobs left to search.
+		bound, err := s.scanBound(ctx, f, c, byFinalized, kind)
+		if err != nil {
+			return nil, s.internalError("list jobs", err)
+		}
+		out.Body.NextCursor = bound
 	}
 	for i := range out.Body.Items {
 		if e := &out.Body.Items[i].LastError; len(*e) > 1000 {
@@ -320,10 +343,35 @@ func (s *server) listJobs(ctx context.Context, in *listJobsInput) (*listJobsOutp
 	return out, nil
 }
 
+// scanBound is the cursor after the last job a short page examined, or ""
+// when the page examined every job left.
+func (s *server) scanBound(ctx context.Context, f jobFilter, after *cursor, byFinalized bool, kind string) (string, error) {
+	next := cursor{Kind: kind}
+	var err error
+	if byFinalized {
+		sql, args := sqlScanBoundByFinalized(f, after)
+		var at *time.Time
+		err = s.read.QueryRow(ctx, sql, args...).Scan(&at, &next.ID)
+		if at != nil {
+			next.At = *at
+		}
+	} else {
+		sql, args := sqlScanBoundByID(f, after)
+		err = s.read.QueryRow(ctx, sql, args...).Scan(&next.ID)
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	return next.encode(), nil
+}
+
 func scanJob(r pgx.CollectableRow) (Job, error) {
 	var j Job
 	err := r.Scan(&j.ID, &j.Kind, &j.Queue, &j.State, &j.Priority, &j.Attempt, &j.MaxAttempts, &j.RunAt, &j.CreatedAt,
-		&j.AttemptedAt, &j.AttemptedBy, &j.FinalizedAt, &j.LastError, &j.OrderingKey)
+		&j.AttemptedAt, &j.AttemptedBy, &j.FinalizedAt, &j.LastError, &j.OrderingKey, &j.Tags)
 	return j, err
 }
 
@@ -352,7 +400,7 @@ func jobFromRow(row *core.JobRow) Job {
 	return Job{ID: row.ID, Kind: row.Kind, Queue: row.Queue, State: string(row.State), Priority: row.Priority,
 		Attempt: row.Attempt, MaxAttempts: row.MaxAttempts, RunAt: row.RunAt, CreatedAt: row.CreatedAt,
 		AttemptedAt: timePtr(row.AttemptedAt), AttemptedBy: row.AttemptedBy, FinalizedAt: row.FinalizedAt,
-		LastError: row.LastError, OrderingKey: row.OrderingKey}
+		LastError: row.LastError, OrderingKey: row.OrderingKey, Tags: row.Tags}
 }
 
 // traceID is the trace id of a W3C traceparent (version-traceid-spanid-flags):
@@ -405,7 +453,7 @@ func (s *server) bulkJobs(ctx context.Context, in *bulkInput) (*bulkOutput, erro
 	if max == 0 {
 		max = 10000
 	}
-	f := jobFilter{Queue: b.Filter.Queue, Kind: b.Filter.Kind, OrderingKey: b.Filter.OrderingKey,
+	f := jobFilter{Queue: b.Filter.Queue, Kind: b.Filter.Kind, OrderingKey: b.Filter.OrderingKey, Tags: b.Filter.Tags,
 		CreatedAfter: timePtr(b.Filter.CreatedAfter), CreatedBefore: timePtr(b.Filter.CreatedBefore),
 		FinalizedAfter: timePtr(b.Filter.FinalizedAfter), FinalizedBefore: timePtr(b.Filter.FinalizedBefore),
 		States: bulkStates(b.Action)}

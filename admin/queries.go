@@ -14,50 +14,74 @@ import (
 // at run time is a WHERE clause from the fixed conditions of jobFilter.
 
 const jobColumns = `id, kind, queue, state, priority, attempt, max_attempts, run_at, created_at,
-       attempted_at, coalesce(attempted_by, ''), finalized_at, coalesce(last_error, ''), coalesce(ordering_key, '')`
+       attempted_at, coalesce(attempted_by, ''), finalized_at, coalesce(last_error, ''), coalesce(ordering_key, ''),
+       nullif(tags, '{}')`
+
+// scannedColumns are the columns of the jobs a bounded list examines: what
+// jobColumns and the filter's conditions read, and not the large ones
+// (args, metadata, history).
+const scannedColumns = `id, kind, queue, state, priority, attempt, max_attempts, run_at, created_at,
+           attempted_at, attempted_by, finalized_at, last_error, ordering_key, tags`
 
 // jobFilter is a validated filter over jobs.
 type jobFilter struct {
 	States                          []string // any of
 	Queue, Kind, OrderingKey        string
+	Tags                            []string // every one of
 	CreatedAfter, CreatedBefore     *time.Time
 	FinalizedAfter, FinalizedBefore *time.Time
 }
 
-// where renders the filter as AND-ed conditions, appending their values to
-// args and numbering placeholders after the ones already there. Each
-// condition is a fixed string; only the placeholder numbers vary.
-func (f jobFilter) where(args *[]any) string {
+// The parts of a filter where renders.
+const (
+	allConds     = iota
+	indexedConds // the states and tags: what an index of relay_jobs finds
+	otherConds   // the rest: checked row by row
+)
+
+// where renders the filter's conditions of one part as AND-ed SQL,
+// appending their values to args and numbering placeholders after the
+// ones already there. Each condition is a fixed string; only the
+// placeholder numbers vary.
+func (f jobFilter) where(args *[]any, part int) string {
 	var conds []string
-	add := func(cond string, v any) {
+	add := func(p int, cond string, v any) {
+		if part != allConds && part != p {
+			return
+		}
 		*args = append(*args, v)
 		conds = append(conds, fmt.Sprintf(cond, len(*args)))
 	}
 	if len(f.States) == 1 {
-		add("state = $%d", f.States[0])
+		add(indexedConds, "state = $%d", f.States[0])
 	} else if len(f.States) > 1 {
-		add("state = ANY($%d::text[])", f.States)
+		add(indexedConds, "state = ANY($%d::text[])", f.States)
+	}
+	if len(f.Tags) > 0 {
+		// tags <> '{}' is relay_jobs_tags_idx's predicate: with it the
+		// GIN index serves the containment.
+		add(indexedConds, "tags <> '{}' AND tags @> $%d::text[]", f.Tags)
 	}
 	if f.Queue != "" {
-		add("queue = $%d", f.Queue)
+		add(otherConds, "queue = $%d", f.Queue)
 	}
 	if f.Kind != "" {
-		add("kind = $%d", f.Kind)
+		add(otherConds, "kind = $%d", f.Kind)
 	}
 	if f.OrderingKey != "" {
-		add("ordering_key = $%d", f.OrderingKey)
+		add(otherConds, "ordering_key = $%d", f.OrderingKey)
 	}
 	if f.CreatedAfter != nil {
-		add("created_at >= $%d", *f.CreatedAfter)
+		add(otherConds, "created_at >= $%d", *f.CreatedAfter)
 	}
 	if f.CreatedBefore != nil {
-		add("created_at < $%d", *f.CreatedBefore)
+		add(otherConds, "created_at < $%d", *f.CreatedBefore)
 	}
 	if f.FinalizedAfter != nil {
-		add("finalized_at >= $%d", *f.FinalizedAfter)
+		add(otherConds, "finalized_at >= $%d", *f.FinalizedAfter)
 	}
 	if f.FinalizedBefore != nil {
-		add("finalized_at < $%d", *f.FinalizedBefore)
+		add(otherConds, "finalized_at < $%d", *f.FinalizedBefore)
 	}
 	if len(conds) == 0 {
 		return "true"
@@ -65,40 +89,103 @@ func (f jobFilter) where(args *[]any) string {
 	return strings.Join(conds, " AND ")
 }
 
+// hasOther reports whether the filter has conditions no index serves.
+func (f jobFilter) hasOther() bool {
+	var args []any
+	return f.where(&args, otherConds) != "true"
+}
+
+// listScanRows bounds the jobs one list request examines when its filter
+// has conditions checked row by row (queue, kind, ordering key, time
+// ranges): the page walks at most this many jobs of its order (those of
+// the filter's states and tags) and stops there, even with fewer matches
+// than asked for. Without the bound a filter that matches nothing walked
+// every finished row: 100 ms a request beside a million of them.
+const listScanRows = 10000
+
 // sqlListJobsByFinalized lists jobs of one finished state newest first, after
 // a (finalized_at, id) cursor: it walks relay_jobs_finalized_idx (state,
 // finalized_at) backwards and stops at the page, however many finished rows
-// the table holds (TestListDeadJobsUsesIndex).
+// the table holds (TestListDeadJobsUsesIndex). With conditions checked row
+// by row, it walks at most listScanRows jobs (sqlScanBoundByFinalized says
+// where a short page stopped).
 func sqlListJobsByFinalized(f jobFilter, after *cursor, limit int) (string, []any) {
 	var args []any
-	w := f.where(&args)
+	w := f.where(&args, indexedConds)
 	if after != nil {
 		args = append(args, after.At, after.ID)
 		w += fmt.Sprintf(" AND (finalized_at, id) < ($%d, $%d)", len(args)-1, len(args))
 	}
+	if !f.hasOther() {
+		args = append(args, limit)
+		return fmt.Sprintf(`SELECT %s FROM relay_jobs WHERE %s ORDER BY finalized_at DESC, id DESC LIMIT $%d`,
+			jobColumns, w, len(args)), args
+	}
+	args = append(args, listScanRows)
+	scan := len(args)
+	rest := f.where(&args, otherConds)
 	args = append(args, limit)
-	return fmt.Sprintf(`SELECT %s FROM relay_jobs WHERE %s ORDER BY finalized_at DESC, id DESC LIMIT $%d`,
-		jobColumns, w, len(args)), args
+	return fmt.Sprintf(`SELECT %s FROM (
+    SELECT %s FROM relay_jobs WHERE %s ORDER BY finalized_at DESC, id DESC LIMIT $%d) AS scanned
+WHERE %s ORDER BY finalized_at DESC, id DESC LIMIT $%d`, jobColumns, scannedColumns, w, scan, rest, len(args)), args
 }
 
-// sqlListJobsByID lists jobs newest first by id, after an id cursor.
+// sqlScanBoundByFinalized is where a short page of sqlListJobsByFinalized
+// stopped: the last of the listScanRows jobs it examined, or no row when
+// it examined every job left.
+func sqlScanBoundByFinalized(f jobFilter, after *cursor) (string, []any) {
+	var args []any
+	w := f.where(&args, indexedConds)
+	if after != nil {
+		args = append(args, after.At, after.ID)
+		w += fmt.Sprintf(" AND (finalized_at, id) < ($%d, $%d)", len(args)-1, len(args))
+	}
+	args = append(args, listScanRows-1)
+	return fmt.Sprintf(`SELECT finalized_at, id FROM relay_jobs WHERE %s ORDER BY finalized_at DESC, id DESC OFFSET $%d LIMIT 1`,
+		w, len(args)), args
+}
+
+// sqlListJobsByID lists jobs newest first by id, after an id cursor. With
+// conditions checked row by row, it walks at most listScanRows jobs
+// (sqlScanBoundByID says where a short page stopped).
 func sqlListJobsByID(f jobFilter, after *cursor, limit int) (string, []any) {
 	var args []any
-	w := f.where(&args)
+	w := f.where(&args, indexedConds)
 	if after != nil {
 		args = append(args, after.ID)
 		w += fmt.Sprintf(" AND id < $%d", len(args))
 	}
+	if !f.hasOther() {
+		args = append(args, limit)
+		return fmt.Sprintf(`SELECT %s FROM relay_jobs WHERE %s ORDER BY id DESC LIMIT $%d`,
+			jobColumns, w, len(args)), args
+	}
+	args = append(args, listScanRows)
+	scan := len(args)
+	rest := f.where(&args, otherConds)
 	args = append(args, limit)
-	return fmt.Sprintf(`SELECT %s FROM relay_jobs WHERE %s ORDER BY id DESC LIMIT $%d`,
-		jobColumns, w, len(args)), args
+	return fmt.Sprintf(`SELECT %s FROM (
+    SELECT %s FROM relay_jobs WHERE %s ORDER BY id DESC LIMIT $%d) AS scanned
+WHERE %s ORDER BY id DESC LIMIT $%d`, jobColumns, scannedColumns, w, scan, rest, len(args)), args
+}
+
+// sqlScanBoundByID is where a short page of sqlListJobsByID stopped.
+func sqlScanBoundByID(f jobFilter, after *cursor) (string, []any) {
+	var args []any
+	w := f.where(&args, indexedConds)
+	if after != nil {
+		args = append(args, after.ID)
+		w += fmt.Sprintf(" AND id < $%d", len(args))
+	}
+	args = append(args, listScanRows-1)
+	return fmt.Sprintf(`SELECT id FROM relay_jobs WHERE %s ORDER BY id DESC OFFSET $%d LIMIT 1`, w, len(args)), args
 }
 
 // sqlBulkBatch picks the next batch of a bulk operation: ids below the last
 // batch's smallest, newest first.
 func sqlBulkBatch(f jobFilter, belowID int64, limit int) (string, []any) {
 	var args []any
-	w := f.where(&args)
+	w := f.where(&args, allConds)
 	args = append(args, belowID, limit)
 	return fmt.Sprintf(`SELECT id FROM relay_jobs WHERE %s AND id < $%d ORDER BY id DESC LIMIT $%d`,
 		w, len(args)-1, len(args)), args
@@ -107,7 +194,7 @@ func sqlBulkBatch(f jobFilter, belowID int64, limit int) (string, []any) {
 // sqlBulkCount counts a bulk operation's jobs, up to a cap.
 func sqlBulkCount(f jobFilter, max int) (string, []any) {
 	var args []any
-	w := f.where(&args)
+	w := f.where(&args, allConds)
 	args = append(args, max)
 	return fmt.Sprintf(`SELECT count(*) FROM (SELECT 1 FROM relay_jobs WHERE %s LIMIT $%d) AS matched`, w, len(args)), args
 }

@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -389,6 +390,15 @@ func (s *server) getRun(ctx context.Context, in *runIDInput) (*runOutput, error)
 			StartedAt: st.StartedAt, FinishedAt: st.FinishedAt, WakeAt: st.WakeAt, ChildID: st.ChildID,
 			OutputBytes: len(st.Output), AttemptLog: []WorkflowStepAttempt{}, AttemptLogError: st.AttemptLogError}
 		for _, a := range st.AttemptLog {
+			// An entry without its times (stored by an older version, or
+			// written behind the API) is left out and said so: its zero
+			// times, 0001-01-01, stretched the run page's time axis over
+			// two thousand years.
+			if a.StartedAt.IsZero() || a.FinishedAt.IsZero() {
+				ws.AttemptLogError = cmp.Or(ws.AttemptLogError,
+					fmt.Sprintf("attempt %d of the stored log has no start or end time; left out", a.Attempt))
+				continue
+			}
 			ws.AttemptLog = append(ws.AttemptLog, WorkflowStepAttempt{Attempt: a.Attempt, StartedAt: a.StartedAt,
 				FinishedAt: a.FinishedAt, DurationMS: a.FinishedAt.Sub(a.StartedAt).Milliseconds(), Error: a.Error})
 		}

@@ -1049,6 +1049,10 @@ CREATE INDEX relay_idempotency_keys_expires_idx ON public.relay_idempotency_keys
 
 CREATE INDEX relay_jobs_claim_idx ON public.relay_jobs USING btree (queue, key_waiting, priority, run_at, id) WHERE (state = 'queued'::text);
 
+-- Name: relay_jobs_dead_idx; Type: INDEX; Schema: public
+
+CREATE INDEX relay_jobs_dead_idx ON public.relay_jobs USING btree (queue) WHERE (state = 'dead'::text);
+
 -- Name: relay_jobs_finalized_idx; Type: INDEX; Schema: public
 
 CREATE INDEX relay_jobs_finalized_idx ON public.relay_jobs USING btree (state, finalized_at) WHERE (state = ANY (ARRAY['succeeded'::text, 'dead'::text, 'cancelled'::text]));

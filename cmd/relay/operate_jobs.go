@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"net/url"
+	"reflect"
 	"strconv"
 
 	"github.com/relayq/relay/admin"
@@ -125,7 +126,7 @@ func runJobs(ctx context.Context, args []string) error {
 				if action != "requeue" && action != "cancel" && action != "delete" {
 					return fmt.Errorf("bulk action %q: want requeue, cancel or delete", action)
 				}
-				if !dryRun && filter.bulk() == (admin.BulkFilter{}) {
+				if !dryRun && reflect.DeepEqual(filter.bulk(), admin.BulkFilter{}) { // a struct with a slice (tags): no ==
 					return fmt.Errorf("bulk %s without a filter would change every job it applies to: "+
 						"add filter flags (--state, --queue, --kind, ...), and run with --dry-run first", action)
 				}

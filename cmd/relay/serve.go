@@ -36,6 +36,7 @@ func runServe(ctx context.Context, args []string) error {
 	traceURL := fs.String("trace-url", "", "link each traced job to its trace: a URL with {trace_id}, e.g. http://localhost:16686/trace/{trace_id}")
 	noLoginLink := fs.Bool("no-login-link", false, "do not print the dashboard's one-time login link (printed on loopback with $"+secretEnv+")")
 	demoWorkers := fs.Bool("demo-workers", false, "also run workers for the demo's jobs, with demo.doomed fixed (the README walkthrough)")
+	rateLimit := fs.Float64("rate-limit", 0, "requests per second each token may make (a burst of twice that, at least 10; over it: 429 with Retry-After); 0: no limit")
 	allowUnmigrated := fs.Bool("allow-unmigrated", false, "serve even when the database has migrations pending (its calls fail until `relay migrate` runs)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -43,7 +44,7 @@ func runServe(ctx context.Context, args []string) error {
 	if *url == "" {
 		return errors.New("serve: no database: pass --database-url or set $DATABASE_URL")
 	}
-	cfg := &admin.Config{Logger: slog.Default(), TraceURL: *traceURL}
+	cfg := &admin.Config{Logger: slog.Default(), TraceURL: *traceURL, RateLimit: *rateLimit}
 	secret := os.Getenv(secretEnv)
 	switch {
 	case *jwks != "" && secret != "":
