@@ -47,8 +47,8 @@ type apiFlags struct {
 func addAPIFlags(fs *flag.FlagSet) *apiFlags {
 	f := &apiFlags{output: "table"}
 	fs.StringVar(&f.url, "url", cmpEnv(apiURLEnv, defaultAPIURL), "relay serve's address")
-	fs.StringVar(&f.token, "token", os.Getenv(apiTokenEnv), "bearer token (relay token); prefer $"+apiTokenEnv+": command lines show in ps")
-	fs.Var(&f.output, "output", "table (for people) or json (the API's JSON, for scripts)")
+	fs.StringVar(&f.token, "token", os.Getenv(apiTokenEnv), "bearer token (relay token mints one); prefer $"+apiTokenEnv+": command lines show in ps")
+	fs.Var(&f.output, "output", "output `format`: table (for people) or json (the API's JSON as it answered, for scripts)")
 	return f
 }
 

@@ -45,7 +45,8 @@ Usage:
 
 Operating a running relay serve (over its admin API; relay <group> --help):
   relay jobs list|show|retry|cancel|requeue|bulk       find, read and change jobs
-  relay runs list|show|signal|cancel|terminate|retry   workflow runs, with their step timeline
+  relay runs list|show|history|signal|cancel|terminate|retry
+                                                       workflow runs, with their step timeline
   relay schedules list|trigger|pause|resume            cron schedules and their next fires
   relay queues list|pause|resume                       queues: backlog, pause
   relay processes                                      the live processes: workers, schedulers, servers
@@ -172,6 +173,9 @@ func parseArgs(fs *flag.FlagSet, args []string, names []string) ([]string, error
 			// The default came from $DATABASE_URL: name it, never print
 			// it (it may hold a password).
 			f.DefValue = "$DATABASE_URL"
+		}
+		if f := fs.Lookup("url"); f != nil && os.Getenv(apiURLEnv) != "" {
+			f.DefValue = "$" + apiURLEnv
 		}
 		if f := fs.Lookup("token"); f != nil && f.DefValue != "" {
 			f.DefValue = "$" + apiTokenEnv // a credential, never printed

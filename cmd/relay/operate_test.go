@@ -427,6 +427,12 @@ func TestOperateUsage(t *testing.T) {
 			t.Errorf("relay %q: exit %d, stderr %q\n%s", args, code, errOut, out)
 		}
 	}
+	out, _, _ := e.run("--help")
+	for _, cmd := range []string{"relay jobs ", "relay runs ", "relay schedules ", "relay queues ", "relay processes "} {
+		if !strings.Contains(out, cmd) {
+			t.Errorf("relay --help does not list %q:\n%s", cmd, out)
+		}
+	}
 	// Flags after the arguments, and an argument after "--".
 	if _, errOut, code := e.run("jobs", "show", "7", "--url", "http://127.0.0.1:1"); code != 1 || !strings.Contains(errOut, "cannot reach relay serve") {
 		t.Errorf("a flag after the id: exit %d, %q", code, errOut)
