@@ -82,6 +82,9 @@ func TestProcessesThroughAPI(t *testing.T) {
 	if got := items("/v1/processes?role=worker"); len(got) != 1 || got[0]["name"] != "mailer" {
 		t.Errorf("after the reporter stopped: %v; want the mailer alone", got)
 	}
+	if q := b.ok(b.do("GET", "/v1/queues/default", b.ro, nil)); q["processes"].(float64) != 1 || q["slots"].(float64) != 1 {
+		t.Errorf("idle queue default: %v processes, %v slots; want the mailer's 1", q["processes"], q["slots"])
+	}
 	for _, q := range items("/v1/queues") {
 		want := map[string][2]float64{"mail": {1, 4}, "reports": {0, 0}}[q["name"].(string)]
 		if q["processes"].(float64) != want[0] || q["slots"].(float64) != want[1] {

@@ -99,9 +99,6 @@ func (s *server) registerQueues(api huma.API) {
 			if err != nil {
 				return nil, s.internalError("get queue", err)
 			}
-			if len(qs) == 0 { // no jobs, no pause: an idle (or unknown) queue
-				qs = []Queue{{Name: in.Name, WindowMinutes: in.WindowMinutes, Minutes: []MinuteCount{}}}
-			}
 			return &queueOutput{Body: qs[0]}, nil
 		})
 	pause := op("pause-queue", http.MethodPost, "/v1/queues/{name}/pause", "Pause a queue: no worker claims its jobs", "queues")
@@ -142,7 +139,8 @@ func b2i(b bool) int64 {
 }
 
 // queues reads the stats of every queue (on the read pool), or of one (on
-// the primary: its page shows it again after a pause or a resume).
+// the primary: its page shows it again after a pause or a resume; zeros for
+// an idle or unknown one), with the live processes serving each.
 func (s *server) queues(ctx context.Context, window int, name string) ([]Queue, error) {
 	db := s.read
 	if name != "" {
@@ -163,6 +161,9 @@ func (s *server) queues(ctx context.Context, window int, name string) ([]Queue, 
 	})
 	if err != nil {
 		return nil, err
+	}
+	if name != "" && len(out) == 0 { // no jobs, no pause: an idle (or unknown) queue, maybe served
+		out = []Queue{{Name: name, WindowMinutes: window, Minutes: []MinuteCount{}}}
 	}
 	byName := map[string]*Queue{}
 	for i := range out {
