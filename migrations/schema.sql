@@ -891,6 +891,7 @@ CREATE TABLE public.relay_workflow_runs (
     started_at timestamp with time zone,
     finished_at timestamp with time zone,
     retry_from integer,
+    deadline_at timestamp with time zone,
     tags text[] DEFAULT '{}'::text[] NOT NULL
 )
 WITH (fillfactor='70');

@@ -63,9 +63,10 @@ func RunNow[In, Out any](ctx context.Context, c *core.Client, wf *Workflow[In, O
 	if err != nil {
 		return zero, err
 	}
-	if o.IDConflict != IDConflictUseExisting || o.IDReuse != IDReuseUseExisting {
-		// The id policies decide on the run that holds the id, which the
-		// eager insert cannot: start it as Start does, and wait.
+	if o.IDConflict != IDConflictUseExisting || o.IDReuse != IDReuseUseExisting || o.ExecutionTimeout != 0 {
+		// The id policies decide on the run that holds the id, and a
+		// deadline is written with the run, which the eager insert does
+		// not do: start it as Start does, and wait.
 		h, err := Start(ctx, reg.pool, wf, in, &o)
 		if err != nil {
 			return zero, err

@@ -25,9 +25,10 @@ var sqlStartRunAfter = startRunSQL(jobinsert.NotifyAfter)
 func startRunSQL(n jobinsert.Notify) string {
 	return `
 WITH run AS (
-    INSERT INTO relay_workflow_runs (id, workflow, input, queue, parent_id, parent_position, trace, job_id, tags)
+    INSERT INTO relay_workflow_runs (id, workflow, input, queue, parent_id, parent_position, trace, job_id, tags, deadline_at)
     VALUES ($1, $2, $3::jsonb, $4, nullif($5, ''), $6, $7::jsonb, nextval(pg_get_serial_sequence('relay_jobs', 'id')),
-            ARRAY(SELECT t FROM jsonb_array_elements_text($9::jsonb) WITH ORDINALITY AS e(t, i) ORDER BY i))
+            ARRAY(SELECT t FROM jsonb_array_elements_text($9::jsonb) WITH ORDINALITY AS e(t, i) ORDER BY i),
+            now() + $10::bigint * interval '1 microsecond')
     ON CONFLICT (id) DO NOTHING
     RETURNING job_id
 ), job AS (` + jobinsert.SQLInto("run", "job_id", 8, n) + `)
@@ -46,7 +47,7 @@ const sqlSetRunJob = `UPDATE relay_workflow_runs SET job_id = $2 WHERE id = $1`
 // with it).
 const sqlLoadRun = `
 SELECT workflow, state, input::text, queue, coalesce(parent_id, ''), trace::text,
-       cancel_requested, generation, executions, coalesce(job_id, 0), now()
+       cancel_requested, generation, executions, coalesce(job_id, 0), now(), deadline_at
 FROM relay_workflow_runs
 WHERE id = $1`
 
@@ -211,7 +212,7 @@ const sqlRequestCancel = `SELECT relay_workflow_cancel_tree($1, true)`
 // row locked by the subquery, as RETURNING sees only the new one.
 const sqlRetryRun = `
 UPDATE relay_workflow_runs AS r
-SET state = 'pending', finished_at = NULL, error = NULL, output = NULL, retry_from = NULL,
+SET state = 'pending', finished_at = NULL, error = NULL, output = NULL, retry_from = NULL, deadline_at = NULL,
     cancel_requested = r.cancel_requested AND EXISTS (
         SELECT 1 FROM relay_workflow_steps AS l
         WHERE l.run_id = r.id AND l.kind = 'step' AND starts_with(l.key, 'compensate:'))

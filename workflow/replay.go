@@ -86,6 +86,9 @@ type runInfo struct {
 	// this one: this one is number executions+1.
 	executions int
 	jobID      int64 // the job that executes the run now
+	// deadline is when the run's execution timeout passes (database
+	// clock), nil for none.
+	deadline *time.Time
 }
 
 // execution is one execution of a run: the function called from the top,
@@ -97,6 +100,10 @@ type execution struct {
 	run   runInfo
 	def   *definition
 	now   time.Time // the database's clock when the execution began
+	// began is when the execution began on this process's monotonic
+	// clock: now plus time.Since(began) is the database's clock of the
+	// moment, as near as a deadline needs (dbNow).
+	began time.Time
 	hist  map[int]*stepRow
 	pos   int
 	keys  map[string]int
@@ -162,6 +169,7 @@ const (
 	unwindFatal                       // the run fails, without compensation
 	unwindCancel                      // a cancel was asked for: compensate
 	unwindReplayEnd                   // a dry run reached the end of the settled history
+	unwindTimeout                     // the run's execution timeout passed: compensate, fail
 )
 
 // fatalError fails a run at once, without compensation (non-determinism,
@@ -177,6 +185,11 @@ func (x *execution) stop(u *unwind) {
 }
 
 func (x *execution) suspend(d time.Duration) {
+	if x.run.deadline != nil && !x.compensating {
+		// The run's execution timeout ends every wait: the run comes back
+		// at its deadline and fails there (checkDeadline).
+		d = min(d, x.run.deadline.Sub(x.dbNow()))
+	}
 	x.stop(&unwind{kind: unwindSuspend, delay: max(d, 0)})
 }
 
@@ -188,6 +201,7 @@ func (x *execution) checkCancel() {
 	if x.cancelling && !x.compensating {
 		x.stop(&unwind{kind: unwindCancel})
 	}
+	x.checkDeadline()
 }
 
 // next places the step kind:key at the next position of the run, and
@@ -226,7 +240,7 @@ func (x *execution) load(ctx context.Context) error {
 	br := x.r.pool.SendBatch(ctx, b)
 	defer br.Close()
 	i := &x.run
-	err := br.QueryRow().Scan(&i.workflow, &i.state, &i.input, &i.queue, &i.parentID, &i.trace, &i.cancelRequested, &i.generation, &i.executions, &i.jobID, &x.now)
+	err := br.QueryRow().Scan(&i.workflow, &i.state, &i.input, &i.queue, &i.parentID, &i.trace, &i.cancelRequested, &i.generation, &i.executions, &i.jobID, &x.now, &i.deadline)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrRunNotFound
 	}
@@ -256,7 +270,7 @@ func (x *execution) load(ctx context.Context) error {
 func (r *Registry) execute(ctx context.Context, job *core.Job[runArgs]) error {
 	r.stats.executions.Add(1)
 	x := &execution{r: r, job: job, runID: job.Args.RunID, keys: map[string]int{}, waitSeq: map[string]int{}, eventSeq: map[string]int{}, patches: map[string]bool{},
-		goroutine: goroutineID(), hooks: wfhook.From(ctx)}
+		goroutine: goroutineID(), hooks: wfhook.From(ctx), began: time.Now()}
 	if err := x.loadOrEager(ctx); err != nil {
 		if errors.Is(err, ErrRunNotFound) {
 			r.logger.Warn("relay: workflow run not found; its job ends", "run_id", x.runID, "job_id", job.ID)
@@ -450,6 +464,8 @@ func (x *execution) unwound(u *unwind, err error) error {
 		return x.finish(StateFailed, nil, u.err.Error())
 	case unwindCancel:
 		return x.compensate(StateCancelled, cancelledMsg)
+	case unwindTimeout:
+		return x.compensate(StateFailed, u.err.Error())
 	}
 	return u.err
 }

@@ -39,6 +39,14 @@ type StartOpts struct {
 	// of running it (its job has a few attempts more for that). Default
 	// DefaultMaxAttempts.
 	MaxAttempts int
+	// ExecutionTimeout bounds the run, from its start, whatever it waits
+	// on (a step's retries, a sleep, a signal, a child): once it passes,
+	// the run's next execution (it is woken at the deadline) runs its
+	// compensations and the run ends failed or compensated, its error
+	// starting with ErrRunTimedOut's text. A step running at the deadline
+	// is not interrupted (give it StepOpts.Timeout). 0 is none; negative
+	// is ErrBadOptions. Retry clears it.
+	ExecutionTimeout time.Duration
 	// IDConflict is what Start does when a run with ID exists and has not
 	// finished. Default IDConflictUseExisting: that run is returned
 	// (Handle.Existing).
@@ -162,6 +170,9 @@ func startRun(ctx context.Context, db core.DB, tracer trace.Tracer, name string,
 	if err != nil {
 		return "", false, fmt.Errorf("workflow: start %s: %w", name, err)
 	}
+	if o.ExecutionTimeout < 0 {
+		return "", false, fmt.Errorf("workflow: start %s: %w: StartOpts.ExecutionTimeout is %s (0 is none)", name, ErrBadOptions, o.ExecutionTimeout)
+	}
 	if o.mayReplace() && parent == nil && !dbx.InTransaction(db) {
 		// Replacing a run deletes it and inserts the new one: both commit,
 		// or neither.
@@ -211,7 +222,7 @@ func startRun(ctx context.Context, db core.DB, tracer trace.Tracer, name string,
 		if own || parent != nil {
 			q = sqlStartRunAfter
 		}
-		if err := ex.Query(job.Ctx, q, []any{o.ID, name, string(input), o.Queue, parentID, parentPos, string(traceJSON), job.Param(), tagsJSON(tags)},
+		if err := ex.Query(job.Ctx, q, []any{o.ID, name, string(input), o.Queue, parentID, parentPos, string(traceJSON), job.Param(), tagsJSON(tags), deadlineParam(o.ExecutionTimeout)},
 			func(r dbx.Scanner) error { return r.Scan(&jobID) }); err != nil {
 			job.Done(0, err)
 			return err
