@@ -3,6 +3,9 @@ package workflowtest_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -192,5 +195,76 @@ func TestFakeChildAndCompensations(t *testing.T) {
 	comps := env.Compensations("o2")
 	if len(comps) != 1 || comps[0].Key != "compensate:refund" || comps[0].State != "completed" {
 		t.Fatalf("compensations %+v, want the refund completed", comps)
+	}
+}
+
+// A select's timer is a timer of the environment: with no signal the
+// 48-hour timer wins once the clock has moved 48 hours; a signal sent a
+// day in wins over it.
+func TestSelectTimerInVirtualTime(t *testing.T) {
+	env := workflowtest.New(t, testdb.URL(t), nil)
+	type choice struct {
+		Index  int
+		Waited time.Duration
+	}
+	wf := workflow.MustRegister(env.Registry(), "await", func(wctx workflow.Context, _ struct{}) (choice, error) {
+		before := workflow.Now(wctx, "before")
+		i, err := workflow.Select(wctx, "await-customer", workflow.OnSignal[string]("confirm"), workflow.OnTimer(48*time.Hour))
+		return choice{Index: i, Waited: workflow.Now(wctx, "after").Sub(before)}, err
+	})
+	got, run := workflowtest.Run(env, wf, struct{}{}, &workflow.StartOpts{ID: "silent"})
+	if run.State != workflow.StateCompleted || got.Index != 1 || got.Waited < 48*time.Hour {
+		t.Fatalf("silent: %s %+v, want the timer after 48h", run.State, got)
+	}
+	env.SignalAfter(24*time.Hour, "confirmed", "confirm", "yes")
+	got, run = workflowtest.Run(env, wf, struct{}{}, &workflow.StartOpts{ID: "confirmed"})
+	if run.State != workflow.StateCompleted || got.Index != 0 || got.Waited >= 48*time.Hour {
+		t.Fatalf("confirmed: %s %+v, want the signal within the day", run.State, got)
+	}
+}
+
+// fatalRecorder is a testing.TB whose Fatal records the message and ends
+// the calling goroutine, as testing's does.
+type fatalRecorder struct {
+	testing.TB
+	msg string
+}
+
+func (r *fatalRecorder) Helper() {}
+func (r *fatalRecorder) Fatalf(format string, args ...any) {
+	r.msg = fmt.Sprintf(format, args...)
+	runtime.Goexit()
+}
+func (r *fatalRecorder) Fatal(args ...any) { r.Fatalf("%s", fmt.Sprint(args...)) }
+
+// Wait fails, saying why, for a run that nothing will ever wake (a signal
+// wait without timeout, no event to send it) and for a run on a queue the
+// environment does not serve, instead of hanging.
+func TestWaitSaysWhyARunCannotEnd(t *testing.T) {
+	rec := &fatalRecorder{TB: t}
+	env := workflowtest.New(rec, testdb.URL(t), nil)
+	wf := workflow.MustRegister(env.Registry(), "stuck", func(wctx workflow.Context, _ struct{}) (string, error) {
+		v, _, err := workflow.WaitSignal[string](wctx, "never", 0)
+		return v, err
+	})
+	for id, queue := range map[string]string{"stuck": "", "elsewhere": "other"} {
+		rec.msg = ""
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			workflowtest.Run(env, wf, struct{}{}, &workflow.StartOpts{ID: id, Queue: queue})
+		}()
+		<-done
+		want := []string{"run " + id + " cannot end", "no timer or event of the environment will wake a run in flight", "run " + id + " (stuck)"}
+		if queue != "" {
+			want = append(want, `on queue "other", a queue the environment does not serve`)
+		} else {
+			want = append(want, "last step: signal signal:never#1 (waiting)")
+		}
+		for _, w := range want {
+			if !strings.Contains(rec.msg, w) {
+				t.Errorf("run %s: %q lacks %q", id, rec.msg, w)
+			}
+		}
 	}
 }
