@@ -405,3 +405,49 @@ WITH RECURSIVE tree AS (
 SELECT r.id FROM relay_workflow_runs AS r JOIN tree ON r.id = tree.id
 WHERE r.finished_at IS NULL
 ORDER BY tree.depth, r.id`
+
+// sqlStartRunsAfter is StartMany's statement: the runs of the JSON array
+// $1 (id, workflow, input, queue, trace, tags), each with its job, the
+// job at the same position of the JSON array $2 (internal/jobinsert), in
+// one statement however many runs. A run whose id exists is not inserted
+// and gets no job; the statement returns the ids of the runs it inserted
+// and their jobs' ids. Its queue wake-ups are sent after the commit
+// (jobinsert.NotifyAfter); sqlStartRunsAtCommit is it in a caller's
+// transaction.
+var sqlStartRunsAfter = startRunsSQL(jobinsert.NotifyAfter)
+
+// sqlStartRunsAtCommit is sqlStartRunsAfter in a caller's transaction: the
+// wake-ups ride on its commit.
+var sqlStartRunsAtCommit = startRunsSQL(jobinsert.NotifyAtCommit)
+
+func startRunsSQL(n jobinsert.Notify) string {
+	return `
+WITH given AS (
+    SELECT * FROM ROWS FROM (jsonb_to_recordset($1::jsonb) AS (
+             id text, workflow text, input jsonb, queue text, trace jsonb, tags text[]))
+         WITH ORDINALITY AS g(id, workflow, input, queue, trace, tags, ord)
+), run AS (
+    INSERT INTO relay_workflow_runs (id, workflow, input, queue, trace, job_id, tags)
+    SELECT id, workflow, input, queue, trace, nextval(pg_get_serial_sequence('relay_jobs', 'id')), coalesce(tags, '{}')
+    FROM given
+    ORDER BY ord
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id, job_id
+), placed AS (
+    SELECT run.id, run.job_id, given.ord FROM run JOIN given USING (id)
+), job AS (` + jobinsert.SQLIntoEach("placed", "job_id", "ord", 2, n) + `)
+SELECT placed.id, job.id FROM placed JOIN job ON job.id = placed.job_id`
+}
+
+// sqlRunIdentities is sqlRunIdentity for the runs of ids $1 (a JSON array).
+const sqlRunIdentities = `
+SELECT id, workflow, parent_id IS NOT NULL FROM relay_workflow_runs
+WHERE id IN (SELECT jsonb_array_elements_text($1::jsonb))`
+
+// sqlRunOutcomes is sqlRunOutcome for the finished runs among ids $1 (a
+// JSON array); a missing run is returned with an empty state.
+const sqlRunOutcomes = `
+SELECT i.id, coalesce(r.workflow, ''), coalesce(r.state, ''), coalesce(r.output::text, ''), coalesce(r.error, '')
+FROM jsonb_array_elements_text($1::jsonb) AS i(id)
+LEFT JOIN relay_workflow_runs AS r ON r.id = i.id
+WHERE r.id IS NULL OR r.finished_at IS NOT NULL`

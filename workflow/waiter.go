@@ -16,7 +16,7 @@ import (
 type waiter struct {
 	r         *Registry
 	mu        sync.Mutex
-	waiting   map[string][]chan struct{}
+	waiting   map[string][]*sub
 	n         int
 	cancel    context.CancelFunc // the listener's, nil when not running
 	connected chan struct{}      // closed once the listener listens
@@ -50,12 +50,21 @@ func (w *waiter) close() {
 		close(w.connected)
 	}
 	for id, list := range w.waiting {
-		for _, ch := range list {
-			close(ch)
+		for _, s := range list {
+			s.fire()
 		}
 		delete(w.waiting, id)
 	}
 }
+
+// sub is one caller's interest in one or more runs: its channel is closed
+// once, by the first of them to finish.
+type sub struct {
+	ch   chan struct{}
+	once sync.Once
+}
+
+func (s *sub) fire() { s.once.Do(func() { close(s.ch) }) }
 
 // open reports whether Result may wait on the listener.
 func (w *waiter) open() bool {
@@ -67,18 +76,27 @@ func (w *waiter) open() bool {
 const waiterIdle = 10 * time.Second
 
 // subscribe registers interest in run id and returns a channel closed when
-// it may have finished, and the release to call when done waiting.
+// it may have finished, a channel closed once the listener listens, and
+// the release to call when done waiting.
 func (w *waiter) subscribe(id string) (<-chan struct{}, <-chan struct{}, func()) {
-	ch := make(chan struct{})
+	return w.subscribeAll([]string{id})
+}
+
+// subscribeAll is subscribe for the runs of ids: its channel is closed
+// when any of them may have finished.
+func (w *waiter) subscribeAll(ids []string) (<-chan struct{}, <-chan struct{}, func()) {
+	s := &sub{ch: make(chan struct{})}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.waiting == nil {
-		w.waiting = map[string][]chan struct{}{}
+		w.waiting = map[string][]*sub{}
 	}
 	if w.closed {
-		close(ch) // no notification will come: read the run again
+		s.fire() // no notification will come: read the runs again
 	} else {
-		w.waiting[id] = append(w.waiting[id], ch)
+		for _, id := range ids {
+			w.waiting[id] = append(w.waiting[id], s)
+		}
 	}
 	w.n++
 	if w.idle != nil {
@@ -104,17 +122,19 @@ func (w *waiter) subscribe(id string) (<-chan struct{}, <-chan struct{}, func())
 	release := func() {
 		w.mu.Lock()
 		defer w.mu.Unlock()
-		list := w.waiting[id]
-		for i, c := range list {
-			if c == ch {
-				list = append(list[:i], list[i+1:]...)
-				break
+		for _, id := range ids {
+			list := w.waiting[id]
+			for i, c := range list {
+				if c == s {
+					list = append(list[:i], list[i+1:]...)
+					break
+				}
 			}
-		}
-		if len(list) == 0 {
-			delete(w.waiting, id)
-		} else {
-			w.waiting[id] = list
+			if len(list) == 0 {
+				delete(w.waiting, id)
+			} else {
+				w.waiting[id] = list
+			}
 		}
 		w.n--
 		if w.n == 0 && w.cancel != nil {
@@ -129,15 +149,15 @@ func (w *waiter) subscribe(id string) (<-chan struct{}, <-chan struct{}, func())
 			})
 		}
 	}
-	return ch, connected, release
+	return s.ch, connected, release
 }
 
 // wake closes the channels of the callers waiting on run id.
 func (w *waiter) wake(id string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for _, ch := range w.waiting[id] {
-		close(ch)
+	for _, s := range w.waiting[id] {
+		s.fire()
 	}
 	delete(w.waiting, id)
 }
@@ -148,8 +168,8 @@ func (w *waiter) wakeAll() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for id, list := range w.waiting {
-		for _, ch := range list {
-			close(ch)
+		for _, s := range list {
+			s.fire()
 		}
 		delete(w.waiting, id)
 	}

@@ -30,7 +30,7 @@ const (
 // A job's run_at is absolute when given, else database now() plus its
 // delay.
 func SQL(n Notify) string {
-	return insertSQL("", "", "$1", n, "id, false")
+	return insertSQL("", "", "$1", n, "id, false", "")
 }
 
 // SQLInto returns the body of a CTE (INSERT … RETURNING id) that inserts
@@ -40,13 +40,22 @@ func SQL(n Notify) string {
 // triggers and rules as any enqueue's; another layer writes its own row
 // and the job in one statement with it.
 func SQLInto(from, idCol string, param int, n Notify) string {
-	return insertSQL(from, from+"."+idCol, "$"+strconv.Itoa(param), n, "id")
+	return insertSQL(from, from+"."+idCol, "$"+strconv.Itoa(param), n, "id", "")
+}
+
+// SQLIntoEach is SQLInto for a batch: the job at position i (from 1) of
+// the JSON array $param is inserted, with the id in column idCol, for the
+// row of from whose column ordCol is i, if there is one (a row of the
+// batch whose own row was not inserted gets no job). It returns each
+// inserted job's id.
+func SQLIntoEach(from, idCol, ordCol string, param int, n Notify) string {
+	return insertSQL(from, from+"."+idCol, "$"+strconv.Itoa(param), n, "id", "\nWHERE j.ord = "+from+"."+ordCol)
 }
 
 // insertSQL is the insert statement: ids drawn by relay_jobs' default, or
-// taken from idExpr of the relation from; the batch read from param;
-// RETURNING returning.
-func insertSQL(from, idExpr, param string, n Notify, returning string) string {
+// taken from idExpr of the relation from (joined by where, if not empty);
+// the batch read from param; RETURNING returning.
+func insertSQL(from, idExpr, param string, n Notify, returning, where string) string {
 	idCol, idVal, fromRel := "", "", ""
 	if idExpr != "" {
 		idCol, idVal, fromRel = "id, ", idExpr+", ", from+", "
@@ -59,7 +68,7 @@ SELECT ` + idVal + `j.kind, j.queue, j.args, j.priority, j.max_attempts,
 FROM ` + fromRel + `ROWS FROM (jsonb_to_recordset(` + param + `::jsonb) AS (
          kind text, queue text, args jsonb, priority smallint, max_attempts integer,
          run_at timestamptz, delay_us bigint, metadata jsonb, ordering_key text, tags text[]))
-     WITH ORDINALITY AS j(kind, queue, args, priority, max_attempts, run_at, delay_us, metadata, ordering_key, tags, ord)` + notifyJoin(n) + `
+     WITH ORDINALITY AS j(kind, queue, args, priority, max_attempts, run_at, delay_us, metadata, ordering_key, tags, ord)` + notifyJoin(n) + where + `
 ORDER BY j.ord
 RETURNING ` + returning
 }
