@@ -67,6 +67,16 @@ type WorkflowSpec struct {
 	Poll time.Duration `json:"poll,omitempty"`
 	// Starters is how many goroutines start the queued runs. Default 16.
 	Starters int `json:"starters,omitempty"`
+	// Batch is, in mode "starts", how many runs an engine that starts
+	// batches (BatchStarter) starts per transaction.
+	Batch int `json:"batch,omitempty"`
+}
+
+// BatchStarter is a WorkflowEngine that starts runs in batches, for mode
+// "starts".
+type BatchStarter interface {
+	// StartBatch starts n runs of shape in one transaction.
+	StartBatch(ctx context.Context, shape Shape, n int) error
 }
 
 // WorkflowSystem is a durable-workflow engine under test.
@@ -130,9 +140,12 @@ type WorkflowResult struct {
 func (r WorkflowResult) Line() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "bench: mode=workflow-%s system=%s shape=%s runs=%d", r.Spec.Mode, r.System, r.Spec.Shape, r.Runs)
-	if r.Spec.Mode == "queued" {
+	switch r.Spec.Mode {
+	case "queued":
 		fmt.Fprintf(&b, " workers=%d started_per_s=%.0f", r.Spec.Workers, r.StartedPerSec)
-	} else {
+	case "starts":
+		fmt.Fprintf(&b, " batch=%d started_per_s=%.0f", r.Spec.Batch, r.StartedPerSec)
+	default:
 		fmt.Fprintf(&b, " callers=%d", r.Spec.Callers)
 	}
 	fmt.Fprintf(&b, " runs_per_s=%.0f steps_per_s=%.0f", r.RunsPerSec, r.StepsPerSec)
@@ -143,7 +156,7 @@ func (r WorkflowResult) Line() string {
 	if r.PGCPU >= 0 && r.Runs > 0 {
 		pg = ms(r.PGCPU * 1000 / time.Duration(r.Runs))
 	}
-	fmt.Fprintf(&b, " pg_cpu_ms_per_1k=%s statements_per_run=%.1f elapsed=%s", pg, r.StatementsPerRun, r.Elapsed.Round(time.Millisecond))
+	fmt.Fprintf(&b, " pg_cpu_ms_per_1k=%s statements_per_run=%.3g elapsed=%s", pg, r.StatementsPerRun, r.Elapsed.Round(time.Millisecond))
 	return b.String()
 }
 
@@ -167,6 +180,8 @@ func RunWorkflow(ctx context.Context, sys WorkflowSystem, spec WorkflowSpec) (re
 		return runQueued(ctx, eng, res)
 	case "latency":
 		return runLatency(ctx, eng, res)
+	case "starts":
+		return runStarts(ctx, eng, res)
 	}
 	return res, fmt.Errorf("bench: unknown workflow mode %q", spec.Mode)
 }
@@ -235,6 +250,62 @@ func runQueued(ctx context.Context, eng WorkflowEngine, res WorkflowResult) (Wor
 	res.StatementsPerRun = perRun(st0, eng.Statements(), spec.Runs)
 	res.RunsPerSec = float64(spec.Runs) / res.Elapsed.Seconds()
 	res.StepsPerSec = res.RunsPerSec * ChainSteps
+	return res, nil
+}
+
+// runStarts measures starting spec.Runs runs, nothing executing them: by
+// Starters goroutines, each start its own transaction (Enqueue), or, for a
+// BatchStarter and spec.Batch > 0, spec.Batch runs per transaction.
+func runStarts(ctx context.Context, eng WorkflowEngine, res WorkflowResult) (WorkflowResult, error) {
+	spec := res.Spec
+	starters := spec.Starters
+	if starters <= 0 {
+		starters = 16
+	}
+	bs, batched := eng.(BatchStarter)
+	per := 1
+	if batched && spec.Batch > 0 {
+		per = spec.Batch
+	}
+	calls := (spec.Runs + per - 1) / per
+	var next atomic.Int64
+	var firstErr error
+	var once sync.Once
+	var wg sync.WaitGroup
+	cpu0 := pgCPU(ctx, eng.Pool())
+	st0 := eng.Statements()
+	began := time.Now()
+	for range starters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1)
+				if i > int64(calls) {
+					return
+				}
+				var err error
+				if per > 1 {
+					err = bs.StartBatch(ctx, spec.Shape, min(per, spec.Runs-int(i-1)*per))
+				} else {
+					err = eng.Enqueue(ctx, spec.Shape)
+				}
+				if err != nil {
+					once.Do(func() { firstErr = err })
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return res, fmt.Errorf("start runs: %w", firstErr)
+	}
+	res.Elapsed = time.Since(began)
+	res.PGCPU = cpuSince(ctx, eng.Pool(), cpu0)
+	res.Runs = spec.Runs
+	res.StatementsPerRun = perRun(st0, eng.Statements(), spec.Runs)
+	res.StartedPerSec = float64(spec.Runs) / res.Elapsed.Seconds()
 	return res, nil
 }
 

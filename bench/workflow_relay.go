@@ -24,16 +24,28 @@ import (
 // wait with Result (LISTEN/NOTIFY, polling as a fallback). With Eager,
 // callers use workflow.RunNow instead: the run is inserted already claimed
 // by that client and executed in the caller's goroutine (an eager start).
+//
+// Start picks how mode "starts" starts a batch (WorkflowSpec.Batch): "tx",
+// one workflow.Start per run in one transaction; "many", one
+// workflow.StartMany; "" starts each run in its own transaction.
 type RelayWorkflow struct {
 	Eager bool
+	Start string
 }
 
 func (r RelayWorkflow) Name() string {
-	if r.Eager {
+	switch {
+	case r.Eager:
 		return "relay_eager"
+	case r.Start != "":
+		return "relay_" + r.Start
 	}
 	return "relay"
 }
+
+// StartsOnly says the system differs from plain Relay only in how it
+// starts batches (mode "starts").
+func (r RelayWorkflow) StartsOnly() bool { return r.Start != "" }
 
 // LatencyOnly says the system differs from plain Relay only in how
 // callers start and wait (the latency mode): an eager start has no queued
@@ -41,6 +53,12 @@ func (r RelayWorkflow) Name() string {
 func (r RelayWorkflow) LatencyOnly() bool { return r.Eager }
 
 func (r RelayWorkflow) Describe(spec WorkflowSpec) string {
+	switch r.Start {
+	case "many":
+		return fmt.Sprintf("workflow.StartMany of %d runs per call (one statement, its own transaction), %d callers", spec.Batch, max(spec.Starters, 16))
+	case "tx":
+		return fmt.Sprintf("workflow.Start of each run, %d per transaction, %d callers", spec.Batch, max(spec.Starters, 16))
+	}
 	if r.Eager {
 		return fmt.Sprintf("workflow.RunNow (eager start: run and job inserted in one round trip, the job claimed by a core client with MaxWorkers %d on queue %q, executed in the caller's goroutine; a queued start when no slot is free), Step per step",
 			spec.Workers, relayWFQueue)
@@ -54,6 +72,7 @@ const relayWFQueue = "bench"
 type relayWFEngine struct {
 	spec     WorkflowSpec
 	eager    bool
+	start    string // RelayWorkflow.Start
 	url      string
 	pool     *pgxpool.Pool // the callers' and the harness's
 	wpool    *pgxpool.Pool // the workers'
@@ -69,7 +88,7 @@ var relaySleepKeys = [ChainSteps]string{"z0", "z1", "z2"}
 var relayChildKeys = [ChainSteps]string{"c1", "c2", "c3"}
 
 func (r RelayWorkflow) Open(ctx context.Context, spec WorkflowSpec) (WorkflowEngine, error) {
-	e := &relayWFEngine{spec: spec, eager: r.Eager}
+	e := &relayWFEngine{spec: spec, eager: r.Eager, start: r.Start}
 	schema := pgx.Identifier{spec.Schema}.Sanitize()
 	conn, err := pgx.Connect(ctx, spec.URL)
 	if err != nil {
@@ -164,6 +183,37 @@ func (r RelayWorkflow) Open(ctx context.Context, spec WorkflowSpec) (WorkflowEng
 func (e *relayWFEngine) Enqueue(ctx context.Context, shape Shape) error {
 	_, err := workflow.Start(ctx, e.pool, e.chain, shape, &workflow.StartOpts{Queue: relayWFQueue})
 	return err
+}
+
+// StartBatch implements BatchStarter: n runs in one transaction, by
+// workflow.Start each ("tx") or by one workflow.StartMany ("many"); the
+// plain system starts each in its own transaction.
+func (e *relayWFEngine) StartBatch(ctx context.Context, shape Shape, n int) error {
+	opts := &workflow.StartOpts{Queue: relayWFQueue}
+	switch e.start {
+	case "many":
+		runs := make([]workflow.StartParams[Shape], n)
+		for i := range runs {
+			runs[i] = workflow.StartParams[Shape]{Input: shape, Opts: opts}
+		}
+		_, err := workflow.StartMany(ctx, e.pool, e.chain, runs)
+		return err
+	case "tx":
+		return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			for range n {
+				if _, err := workflow.Start(ctx, tx, e.chain, shape, opts); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	for range n {
+		if err := e.Enqueue(ctx, shape); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (e *relayWFEngine) Serve(ctx context.Context) error {

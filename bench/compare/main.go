@@ -24,6 +24,9 @@
 //     result: p50, p99;
 //  7. suspension: the chain with a Sleep(0) between steps, and with each
 //     step a child run, queued as in 5;
+//  9. starts: 20,000 runs started by 16 callers, none executed: Relay's
+//     Start (each its own transaction), 500 Starts per transaction, and
+//     StartMany of 500, beside DBOS's enqueue;
 //
 // and, only when named (--workloads 8):
 //
@@ -83,6 +86,7 @@ type options struct {
 	w4Fill, w4Jobs, w4Workers int
 
 	wfRuns, wfSuspendRuns, wfWorkers int
+	wfStartRuns, wfStartBatch        int
 	wfCallers                        []int
 	wfDuration, wfWarmup, wfDBOSPoll time.Duration
 
@@ -95,7 +99,7 @@ func run(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("compare", flag.ContinueOnError)
 	var o options
 	fs.StringVar(&o.url, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL (default: a throwaway cluster with default settings)")
-	fs.StringVar(&o.workloads, "workloads", "1,2,3,4,5,6,7", "which workloads to run (8, the steady-load sweep, only when named)")
+	fs.StringVar(&o.workloads, "workloads", "1,2,3,4,5,6,7,9", "which workloads to run (8, the steady-load sweep, only when named)")
 	fs.IntVar(&o.rounds, "rounds", 2, "rounds per workload; each round runs Relay then River (then the floor)")
 	fs.BoolVar(&o.floor, "floor", true, "workloads 1-4: also run the floor (bench.Floor: the minimal SQL of a leased queue, no library), Relay's figures then also as a ratio of the floor's")
 	fs.IntVar(&o.w1Jobs, "w1-jobs", 1_000_000, "workload 1: jobs")
@@ -110,6 +114,8 @@ func run(ctx context.Context, args []string) error {
 	fs.IntVar(&o.w4Workers, "w4-workers", 100, "workload 4: workers (both)")
 	fs.IntVar(&o.wfRuns, "wf-runs", 20_000, "workflow workload 5: runs started up front, then drained")
 	fs.IntVar(&o.wfSuspendRuns, "wf-suspend-runs", 5_000, "workflow workload 7: runs of each suspending shape")
+	fs.IntVar(&o.wfStartRuns, "wf-start-runs", 20_000, "workflow workload 9: runs started")
+	fs.IntVar(&o.wfStartBatch, "wf-start-batch", 500, "workflow workload 9: runs per transaction (Relay's batched starts and StartMany)")
 	fs.IntVar(&o.wfWorkers, "wf-workers", 100, "workflow workloads 5 and 7: runs executed at once (both)")
 	callers := fs.String("wf-callers", "32,1", "workflow workload 6: caller counts")
 	rates := fs.String("sweep-rates", "1000,5000", "workload 8: steady rates (jobs/s)")
@@ -200,7 +206,7 @@ func run(ctx context.Context, args []string) error {
 		id  string
 		run func(context.Context) error
 	}{{"1", c.burnDown}, {"2", c.steady}, {"3", c.slots}, {"4", c.scale},
-		{"5", c.wfQueued}, {"6", c.wfLatency}, {"7", c.wfSuspend}, {"8", c.steadySweep}} {
+		{"5", c.wfQueued}, {"6", c.wfLatency}, {"7", c.wfSuspend}, {"8", c.steadySweep}, {"9", c.wfStarts}} {
 		if slices.Contains(want, w.id) {
 			if err := w.run(ctx); err != nil {
 				return fmt.Errorf("workload %s: %w", w.id, err)

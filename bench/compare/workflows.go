@@ -25,6 +25,9 @@ func (c *comparison) wfEach(ctx context.Context, title string, spec bench.Workfl
 		if lo, ok := sys.(interface{ LatencyOnly() bool }); ok && lo.LatencyOnly() && spec.Mode != "latency" {
 			continue
 		}
+		if so, ok := sys.(interface{ StartsOnly() bool }); ok && so.StartsOnly() && spec.Mode != "starts" {
+			continue
+		}
 		systems = append(systems, sys)
 	}
 	for _, sys := range systems {
@@ -88,6 +91,23 @@ func (c *comparison) queuedShape(ctx context.Context, name string, shape bench.S
 	c.add(name, "runs/s", false, wfCollect(res, func(r bench.WorkflowResult) float64 { return r.RunsPerSec }))
 	c.add(name, "steps/s", false, wfCollect(res, func(r bench.WorkflowResult) float64 { return r.StepsPerSec }))
 	c.add(name, "PostgreSQL CPU ms / 1k runs", true, wfCollect(res, func(r bench.WorkflowResult) float64 { return perKRuns(r) }))
+	return nil
+}
+
+// wfStarts is workload 9: starting runs, nothing executing them — Relay's
+// Start (each its own transaction), Start batched in one transaction,
+// StartMany, and DBOS's enqueue (each its own transaction: its client
+// enqueues one workflow a call).
+func (c *comparison) wfStarts(ctx context.Context) error {
+	spec := bench.WorkflowSpec{Mode: "starts", Shape: bench.ShapeChain, Runs: c.o.wfStartRuns, Batch: c.o.wfStartBatch, Workers: c.o.wfWorkers, Poll: c.o.wfDBOSPoll}
+	res, err := c.wfEach(ctx, fmt.Sprintf("workload 9 wf starts: %d runs started by 16 callers (batches of %d where the system batches), none executed",
+		spec.Runs, spec.Batch), spec)
+	if err != nil {
+		return err
+	}
+	c.add("9 wf starts", "runs started/s", false, wfCollect(res, func(r bench.WorkflowResult) float64 { return r.StartedPerSec }))
+	c.add("9 wf starts", "statements / run", true, wfCollect(res, func(r bench.WorkflowResult) float64 { return r.StatementsPerRun }))
+	c.add("9 wf starts", "PostgreSQL CPU ms / 1k runs", true, wfCollect(res, func(r bench.WorkflowResult) float64 { return perKRuns(r) }))
 	return nil
 }
 
