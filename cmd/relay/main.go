@@ -44,7 +44,8 @@ Usage:
   relay token   [flags]                print a development token signed with $RELAY_JWT_SECRET
 
 Operating a running relay serve (over its admin API; relay <group> --help):
-  relay jobs list|show|retry|cancel|requeue|bulk       find, read and change jobs
+  relay jobs list|show|retry|cancel|requeue|delete|bulk
+                                                       find, read and change jobs
   relay runs list|show|history|signal|cancel|terminate|retry
                                                        workflow runs, with their step timeline
   relay schedules list|trigger|pause|resume            cron schedules and their next fires

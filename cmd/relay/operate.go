@@ -101,6 +101,11 @@ func (c *opCall) post(ctx context.Context, path string, body, v any, table func(
 	return c.print(c.api.call(ctx, "POST", path, nil, body, v))(table)
 }
 
+// delete calls DELETE path and prints the answer like get.
+func (c *opCall) delete(ctx context.Context, path string, v any, table func()) error {
+	return c.print(c.api.call(ctx, "DELETE", path, nil, nil, v))(table)
+}
+
 func (c *opCall) print(b []byte, err error) func(table func()) error {
 	return func(table func()) error {
 		if err != nil {

@@ -114,6 +114,15 @@ func runJobs(ctx context.Context, args []string) error {
 		change("retry", "retry-now", "make a job queued for later (a retry's backoff) runnable now"),
 		change("cancel", "cancel", "cancel a queued or running job"),
 		change("requeue", "requeue", "requeue a dead or cancelled job, runnable now"),
+		{name: "delete", args: []string{"ID"}, summary: "delete a finished (succeeded, dead or cancelled) job",
+			run: func(ctx context.Context, c *opCall) error {
+				id, err := jobID(c.args[0])
+				if err != nil {
+					return err
+				}
+				var r admin.ChangeResult
+				return c.delete(ctx, "/v1/jobs/"+id, &r, func() { fmt.Fprintf(c.w, "job %d: deleted\n", r.ID) })
+			}},
 		{name: "bulk", args: []string{"ACTION"},
 			summary: "requeue, cancel or delete every job the filter flags match (--dry-run counts them)",
 			flags: func(fs *flag.FlagSet) {

@@ -354,6 +354,41 @@ func TestOperateCommands(t *testing.T) {
 		t.Errorf("processes --role worker after the demo stopped its workers: %+v", ps.Items)
 	}
 
+	// --output json is the API's body as it answered, for each read
+	// whose answer does not move between two calls.
+	for path, args := range map[string][]string{
+		"/v1/jobs?limit=50":                    {"jobs", "list"},
+		"/v1/jobs/" + id:                       {"jobs", "show", id},
+		"/v1/workflows/runs?limit=50":          {"runs", "list"},
+		"/v1/workflows/runs/" + segment(child): {"runs", "show", child},
+		"/v1/schedules?last=1&next=3":          {"schedules", "list"},
+	} {
+		if got, want := e.ok(append(args, "--output", "json")...), e.apiBody(path); strings.TrimSpace(got) != strings.TrimSpace(want) {
+			t.Errorf("relay %s --output json is not GET %s:\n%s\nwant\n%s", strings.Join(args, " "), path, got, want)
+		}
+	}
+	var qs struct {
+		Items []admin.Queue `json:"items"`
+	}
+	if e.jsonOf(&qs, "queues", "list"); len(qs.Items) != 3 || qs.Items[0].WindowMinutes != 15 {
+		t.Errorf("queues list --output json: %+v", qs.Items)
+	}
+	for args, want := range map[string]string{
+		"queues pause email":                      `{"queue":"email","paused":true,"changed":true}`,
+		"schedules pause month-end-settlement":    `{"name":"month-end-settlement","action":"pause"}`,
+		"jobs bulk delete --kind no.such --max 5": `{"action":"delete","dry_run":false,"matched":0,"changed":0,"skipped":0,"batches":0,"done":true}`,
+	} {
+		if got := e.ok(append(strings.Fields(args), "--output", "json")...); strings.TrimSpace(got) != want {
+			t.Errorf("relay %s --output json: %s, want %s", args, got, want)
+		}
+	}
+	// A finished job deleted.
+	e.ok("jobs", "cancel", id)
+	if out := e.ok("jobs", "delete", id); out != "job "+id+": deleted\n" {
+		t.Errorf("jobs delete: %q", out)
+	}
+	e.fails("relay jobs show: 404 Not Found: job "+id+" not found", "jobs", "show", id)
+
 	// No server there; a URL that is not one.
 	e.fails("relay queues list: cannot reach relay serve at http://127.0.0.1:1: dial tcp 127.0.0.1:1: connect: connection refused", "queues", "list", "--url", "http://127.0.0.1:1")
 	e.fails(`relay queues list: --url "ftp://host": want relay serve's address, e.g. http://127.0.0.1:8080`, "queues", "list", "--url", "ftp://host")
