@@ -226,16 +226,17 @@ const sqlJobPlacement = `SELECT priority, max_attempts FROM relay_jobs WHERE id 
 // sqlRetryDropSteps is Retry's drop for run $1 failed by the step at
 // position $2 (retry_from): that step and those after it go, so the
 // replay runs it again, except that nothing at or before a completed
-// StepTx or a consumed signal wait is ever dropped (running a StepTx again
-// would repeat its writes; dropping a wait would lose its signal, consumed
-// with it). Such a step after the failed one moves the resume point past
+// StepTx, a consumed signal wait or a Select that chose a signal is ever
+// dropped (running a StepTx again would repeat its writes; dropping a wait
+// would lose its signal, consumed with it). Such a step after the failed one moves the resume point past
 // it: the failed step is then kept, and the run replays to the same error
 // unless its code changed. NULL drops nothing.
 const sqlRetryDropSteps = `
 DELETE FROM relay_workflow_steps
 WHERE run_id = $1 AND $2::int IS NOT NULL AND position >= greatest($2::int,
     (SELECT coalesce(max(position), -1) + 1 FROM relay_workflow_steps
-     WHERE run_id = $1 AND state = 'completed' AND kind IN ('tx', 'signal')))`
+     WHERE run_id = $1 AND state = 'completed'
+       AND (kind IN ('tx', 'signal') OR (kind = 'select' AND output ? 'payload'))))`
 
 // sqlContinueAsNew restarts run $1 with input $2 and an empty history.
 const sqlContinueAsNew = `

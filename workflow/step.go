@@ -137,7 +137,7 @@ func StepTx[T any](wctx Context, key string, fn func(ctx context.Context, tx pgx
 			userErr error
 			cancel  bool // the cancel flag as the transaction began
 			late    bool // a cancel asked for while fn ran
-			fnDone  bool // fn and the checkpoint ran: only the fence and the commit are left
+			fnDone  bool // fn returned its output: what fails after is the checkpoint's, the fence's or the commit's
 			err     error
 		}
 		res, err := timed(x, ctx, p, func(ctx context.Context, g *gate) (txResult, error) {
@@ -152,6 +152,7 @@ func StepTx[T any](wctx Context, key string, fn func(ctx context.Context, tx pgx
 					r.userErr = err
 					return err
 				}
+				r.fnDone = true
 				enc, err := encode("output of step "+key, out)
 				if err != nil {
 					r.userErr = core.Permanent(err)
@@ -172,18 +173,20 @@ func StepTx[T any](wctx Context, key string, fn func(ctx context.Context, tx pgx
 				if err := tx.QueryRow(txCtx, sqlCancelRequested, x.runID).Scan(&r.late); err != nil {
 					return fmt.Errorf("read cancel flag: %w", err)
 				}
-				r.fnDone = true
 				return nil
 			}, true)
 			var pgErr *pgconn.PgError
 			if r.err != nil && r.fnDone && !errors.Is(r.err, core.ErrLeaseLost) && errors.As(r.err, &pgErr) {
-				// The server refused the commit (a deferred check of the
-				// user's own data, typically): the transaction rolled back
-				// whole, so the attempt failed as if fn had returned the
-				// error, and is the step's to retry or return. An error
-				// without the server's word (a connection lost) leaves the
-				// outcome unknown: the execution ends, and the next one
-				// reads whether the checkpoint committed.
+				// The server refused the transaction after fn returned (a
+				// deferred check of the user's own data at the commit, or
+				// the transaction ended for idling past
+				// idle_in_transaction_session_timeout while fn did
+				// something else): it rolled back whole, so the attempt
+				// failed as if fn had returned the error, and is the
+				// step's to retry or return. An error without the
+				// server's word (a connection lost) leaves the outcome
+				// unknown: the execution ends, and the next one reads
+				// whether the checkpoint committed.
 				r.userErr = fmt.Errorf("commit: %w", r.err)
 			}
 			return r, nil

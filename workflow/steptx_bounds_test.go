@@ -95,3 +95,41 @@ func TestStepTxCommitFailureIsTheStepsError(t *testing.T) {
 		t.Fatalf("the step's function ran %d times, want its 2 attempts", n)
 	}
 }
+
+// A StepTx whose transaction the server ends after fn returned (here it
+// idled past idle_in_transaction_session_timeout, set short by fn itself,
+// as the 30-second bound every StepTx has would be by a function that
+// waits that long between statements) fails that attempt, retried per
+// StepOpts: it is not taken for a crashed execution, which spent the
+// run's executions and failed it without the step's retries.
+func TestStepTxEndedByTheServerFailsTheAttempt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	var calls atomic.Int32
+	wf := workflow.MustRegister(b.reg, "idle-tx", func(wctx workflow.Context, _ int) (int, error) {
+		return workflow.StepTx(wctx, "idle", func(ctx context.Context, tx pgx.Tx) (int, error) {
+			if calls.Add(1) > 1 {
+				return 2, nil
+			}
+			var pid int
+			if err := tx.QueryRow(ctx, `SELECT pg_backend_pid() FROM set_config('idle_in_transaction_session_timeout', '100ms', true)`).Scan(&pid); err != nil {
+				return 0, err
+			}
+			// Idle in the transaction until the server ends its session.
+			b.waitFor("the server ended the idle transaction's session", func() bool {
+				return b.count(`SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid) == 0
+			})
+			return 1, nil
+		}, &workflow.StepOpts{MaxAttempts: 2})
+	})
+	b.start()
+	h, _ := workflow.Start(ctx, b.pool, wf, 0, &workflow.StartOpts{MaxAttempts: 1})
+	out, err := result[int](t, b.pool, h.ID)
+	if err != nil || out != 2 {
+		t.Fatalf("the run ended %d, %v; want the step's second attempt's 2", out, err)
+	}
+	if n := b.count(`SELECT count(*) FROM relay_workflow_steps WHERE run_id = $1 AND attempts = 2 AND attempt_log->0->>'error' LIKE '%idle-in-transaction%'`, h.ID); n != 1 {
+		t.Fatal("the first attempt is not logged failed with the server's error")
+	}
+}
