@@ -268,3 +268,29 @@ func TestWaitSaysWhyARunCannotEnd(t *testing.T) {
 		}
 	}
 }
+
+// A run's execution timeout is a timer of the environment: a run waiting
+// without deadline for a signal that never comes fails at its 7-day
+// timeout, its compensation run, once the clock has moved 7 days.
+func TestExecutionTimeoutInVirtualTime(t *testing.T) {
+	env := workflowtest.New(t, testdb.URL(t), nil)
+	wf := workflow.MustRegister(env.Registry(), "approval", func(wctx workflow.Context, _ struct{}) (string, error) {
+		if _, err := workflow.Step(wctx, "reserve", func(ctx context.Context) (int, error) { return 1, nil }, nil); err != nil {
+			return "", err
+		}
+		workflow.Compensate(wctx, "release", func(ctx context.Context) error { return nil })
+		v, _, err := workflow.WaitSignal[string](wctx, "approved", 0)
+		return v, err
+	})
+	start := env.Now()
+	_, run := workflowtest.Run(env, wf, struct{}{}, &workflow.StartOpts{ID: "a1", ExecutionTimeout: 7 * 24 * time.Hour})
+	if run.State == workflow.StateCompleted || !strings.Contains(run.Error, workflow.ErrRunTimedOut.Error()) {
+		t.Fatalf("run %s: %q, want it timed out", run.State, run.Error)
+	}
+	if waited := env.Now().Sub(start); waited < 7*24*time.Hour {
+		t.Fatalf("timed out %s after its start, before its 7 days", waited)
+	}
+	if comps := env.Compensations("a1"); len(comps) != 1 || comps[0].State != "completed" {
+		t.Fatalf("compensations %+v, want the release", comps)
+	}
+}

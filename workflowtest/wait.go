@@ -19,8 +19,8 @@ SELECT EXISTS (SELECT 1 FROM relay_jobs WHERE queue = ANY($1) AND (state = 'clai
     OR EXISTS (SELECT 1 FROM relay_job_rewake)`
 
 // sqlNextTimer is the next instant something of the environment's queues
-// waits for: a sleep's or a signal timeout's wake_at, a step's retry, or a
-// queued job's run_at (an execution's retry, a job of the code under test)
+// waits for: a sleep's or a signal timeout's wake_at, a step's retry, a
+// run's execution timeout (deadline_at), or a queued job's run_at (an execution's retry, a job of the code under test)
 // — but not the run_at of a run waiting without deadline (a signal without
 // timeout, a child), which is only the engine's poll for a lost wake-up.
 const sqlNextTimer = `
@@ -28,6 +28,9 @@ SELECT min(t) FROM (
   SELECT s.wake_at AS t
   FROM relay_workflow_steps s JOIN relay_workflow_runs r ON r.id = s.run_id
   WHERE r.state IN ('pending', 'running', 'compensating') AND s.state IN ('waiting', 'retrying') AND s.wake_at > now()
+  UNION ALL
+  SELECT deadline_at FROM relay_workflow_runs
+  WHERE state IN ('pending', 'running', 'compensating') AND deadline_at > now()
   UNION ALL
   SELECT j.run_at
   FROM relay_jobs j
@@ -38,14 +41,16 @@ SELECT min(t) FROM (
 ) timers`
 
 // sqlDueJobs are the queued jobs due once the clock moved: due by run_at,
-// or the jobs of runs whose timer is due (a snooze's run_at is a moment
-// past its wake_at).
+// or the jobs of runs whose timer or deadline is due (a snooze's run_at is
+// a moment past its wake_at).
 const sqlDueJobs = `
 SELECT j.id FROM relay_jobs j
 WHERE j.state = 'queued' AND j.queue = ANY($1)
-  AND (j.run_at <= now() OR EXISTS (
-        SELECT 1 FROM relay_workflow_runs r JOIN relay_workflow_steps s ON s.run_id = r.id
-        WHERE r.job_id = j.id AND s.state IN ('waiting', 'retrying') AND s.wake_at <= now()))`
+  AND (j.run_at <= now()
+       OR EXISTS (SELECT 1 FROM relay_workflow_runs r JOIN relay_workflow_steps s ON s.run_id = r.id
+                  WHERE r.job_id = j.id AND s.state IN ('waiting', 'retrying') AND s.wake_at <= now())
+       OR EXISTS (SELECT 1 FROM relay_workflow_runs r
+                  WHERE r.job_id = j.id AND r.state IN ('pending', 'running', 'compensating') AND r.deadline_at <= now()))`
 
 // sqlBlocked describes the runs in flight: each with its queue and its
 // last step.
