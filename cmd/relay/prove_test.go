@@ -198,8 +198,9 @@ func TestProveOutbox(t *testing.T) {
 }
 
 // The workflow proof, small: payment runs (charge → email ∥ report as
-// children on another queue → sleep → a signal → notify, one in ten
-// compensated) executed by worker processes that are SIGKILLed and one
+// children on another queue, the first to end chosen by a Select → sleep
+// → a Select of the approval signal and a timer → notify, one in ten
+// compensated, each with an execution timeout) executed by worker processes that are SIGKILLed and one
 // SIGSTOPped past its lease: every run ends as its input asked, each
 // database effect once, no run forked, nothing out of order.
 func TestProveWorkflow(t *testing.T) {

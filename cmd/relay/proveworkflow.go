@@ -59,6 +59,9 @@ type proveWFConfig struct {
 // end failed, and are retried.
 const outageEvery = 10
 
+// proveRunTimeout is each payment run's StartOpts.ExecutionTimeout.
+const proveRunTimeout = 6 * time.Hour
+
 // cohort is what run seq is asked to do: fail in report (compensated), go
 // through the ledger outage (failed, then retried), or be cancelled.
 func (c proveWFConfig) cohort(seq int) (fail, outage, cancel bool) {
@@ -198,7 +201,10 @@ func runProveWorkflow(ctx context.Context, args []string) error {
 			for j := i; j < i+n; j++ {
 				fail, outage, cancel := c.cohort(j)
 				in := payIn{Seq: j, Fail: fail, Outage: outage, SleepMs: int(c.sleep.Milliseconds())}
-				if _, err := workflow.Start(ctx, tx, wfs.payment, in, &workflow.StartOpts{ID: proveRunID(j), Queue: proveQueue, MaxAttempts: 1000}); err != nil {
+				if _, err := workflow.Start(ctx, tx, wfs.payment, in, &workflow.StartOpts{ID: proveRunID(j), Queue: proveQueue, MaxAttempts: 1000,
+					// An execution timeout far past the proof's length:
+					// every suspension is cut to it, and no run reaches it.
+					ExecutionTimeout: proveRunTimeout}); err != nil {
 					return err
 				}
 				if cancel {

@@ -118,8 +118,9 @@ func (e *proveEnv) effect(ctx context.Context, tx pgx.Tx, run, kind, stepRun str
 	})
 }
 
-// payment: charge → email ∥ report (children on the side queue) → sleep →
-// wait for the approval → notify. The charge registers its refund.
+// payment: charge → email ∥ report (children on the side queue, the first
+// to end chosen by a Select) → sleep → a Select of the approval and a
+// timer → notify. The charge registers its refund.
 func (e *proveEnv) payment(wctx workflow.Context, in payIn, w proveWorkflows) (string, error) {
 	run := wctx.RunID()
 	exec, err := e.execution(wctx, run)
@@ -150,6 +151,11 @@ func (e *proveEnv) payment(wctx workflow.Context, in payIn, w proveWorkflows) (s
 	})
 	email := workflow.Child(wctx, "email", w.email, sideIn{Run: run}, &workflow.ChildOpts{Queue: proveSideQueue})
 	report := workflow.Child(wctx, "report", w.report, sideIn{Run: run, Fail: in.Fail}, &workflow.ChildOpts{Queue: proveSideQueue})
+	// The first child to end, chosen once (a replay after a kill takes the
+	// same branch): both are collected in the same order either way.
+	if _, err := workflow.Select(wctx, "first-side", workflow.OnChild(email), workflow.OnChild(report)); err != nil {
+		return "", err
+	}
 	if _, err := email.Get(wctx); err != nil {
 		return "", err
 	}
@@ -165,13 +171,17 @@ func (e *proveEnv) payment(wctx workflow.Context, in payIn, w proveWorkflows) (s
 	}, proveStep()); err != nil {
 		return "", err
 	}
-	approval, ok, err := workflow.WaitSignal[string](wctx, proveSignalName, 5*time.Minute)
+	// The approval, or 5 minutes: a Select of a signal and a timer, its
+	// choice checkpointed with the signal it consumed.
+	approve := workflow.OnSignal[string](proveSignalName)
+	chosen, err := workflow.Select(wctx, "approval", approve, workflow.OnTimer(5*time.Minute))
 	if err != nil {
 		return "", err
 	}
-	if !ok {
+	if chosen != 0 {
 		return "", core.Permanent(errors.New("payment: no approval within 5 minutes"))
 	}
+	approval := approve.Payload()
 	if _, err := workflow.StepTx(wctx, "notify", func(ctx context.Context, tx pgx.Tx) (bool, error) {
 		return true, e.effect(ctx, tx, run, "notify", run, exec)
 	}, proveStep()); err != nil {
@@ -244,7 +254,15 @@ func (e *proveEnv) side(wctx workflow.Context, in sideIn, kind string) (string, 
 			return "", fmt.Errorf("sink: %s", resp.Status)
 		}
 		return token, nil
-	}, proveStep())
+	}, proveSendStep())
+}
+
+// proveSendStep is proveStep with a start-to-close timeout on each
+// attempt: a sink call stalled by a fault fails at 10 s and is retried.
+func proveSendStep() *workflow.StepOpts {
+	o := proveStep()
+	o.Timeout = 10 * time.Second
+	return o
 }
 
 // runProveWorkflowWorker is one worker process of `relay prove workflow`:
