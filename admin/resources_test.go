@@ -570,10 +570,10 @@ func TestStoredSubscriptionsAndBrokenSchedules(t *testing.T) {
 }
 
 // TestScheduleChangesNeedOneConnection: a schedule change (made through the
-// scheduler package, on the pool) does not hold a second connection open
-// for its audit row meanwhile, so it works on a pool of one connection — and
-// concurrent changes cannot starve each other (or a service's workers on a
-// shared pool) of connections.
+// scheduler package, in the audit row's transaction) holds one connection,
+// so it works on a pool of one connection — and concurrent changes cannot
+// starve each other (or a service's workers on a shared pool) of
+// connections. A trigger's audit row names the job it enqueued.
 func TestScheduleChangesNeedOneConnection(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -602,6 +602,10 @@ func TestScheduleChangesNeedOneConnection(t *testing.T) {
 	}
 	if n := b.count(`SELECT count(*) FROM relay_admin_audit WHERE action LIKE 'schedules.%' AND subject = $1`, b.subject); n != 3 {
 		t.Fatalf("%d schedule audit rows, want 3", n)
+	}
+	if n := b.count(`SELECT count(*) FROM relay_admin_audit AS a JOIN relay_schedule_fires AS f ON f.job_id = (a.target->>'job_id')::bigint
+		WHERE a.action = 'schedules.trigger' AND f.outcome = 'triggered'`); n != 1 {
+		t.Fatalf("the trigger's audit row names %d triggered fires' jobs, want 1", n)
 	}
 	b.problem(b.do("POST", "/v1/schedules/nope/pause", b.rw, nil), 404)
 	if n := b.count(`SELECT count(*) FROM relay_admin_audit`); n != 3 {

@@ -110,39 +110,39 @@ func (s *server) registerSchedules(api huma.API) {
 		})
 	for _, a := range []struct {
 		action, summary string
-		do              func(ctx context.Context, name string) (int64, error)
+		do              func(ctx context.Context, tx pgx.Tx, name string) (int64, error)
 	}{
-		{"pause", "Pause a schedule (lasts across restarts)", func(ctx context.Context, name string) (int64, error) {
-			return 0, scheduler.Pause(ctx, s.pool, name)
+		{"pause", "Pause a schedule (lasts across restarts)", func(ctx context.Context, tx pgx.Tx, name string) (int64, error) {
+			return 0, scheduler.Pause(ctx, tx, name)
 		}},
-		{"resume", "Resume a paused schedule", func(ctx context.Context, name string) (int64, error) {
-			return 0, scheduler.Resume(ctx, s.pool, name)
+		{"resume", "Resume a paused schedule", func(ctx context.Context, tx pgx.Tx, name string) (int64, error) {
+			return 0, scheduler.Resume(ctx, tx, name)
 		}},
-		{"trigger", "Enqueue the schedule's job now, as an extra fire", func(ctx context.Context, name string) (int64, error) {
-			r, err := scheduler.TriggerNow(ctx, s.pool, name)
+		{"trigger", "Enqueue the schedule's job now, as an extra fire", func(ctx context.Context, tx pgx.Tx, name string) (int64, error) {
+			r, err := scheduler.TriggerNow(ctx, tx, name)
 			return r.ID, err
 		}},
 	} {
 		o := op(a.action+"-schedule", http.MethodPost, "/v1/schedules/{name}/"+a.action, a.summary, "schedules")
-		o.Description = "Made through the scheduler package's API, which commits in its own transaction; the audit row is " +
-			"written right after, when the change succeeded (the scheduler takes no caller's transaction)."
+		o.Description = "The change and its audit row commit in one transaction."
 		huma.Register(api, o, func(ctx context.Context, in *scheduleNameInput) (*scheduleChangeOutput, error) {
-			// The call first, then its audit row: holding the audit's
-			// transaction open around a call that takes another connection
-			// from the same pool deadlocked a small pool.
-			jobID, err := a.do(ctx, in.Name)
+			target := map[string]any{"name": in.Name}
+			var jobID int64
+			_, err := s.change(ctx, "schedules."+a.action, target, func(tx pgx.Tx) (int64, error) {
+				var err error
+				if jobID, err = a.do(ctx, tx, in.Name); err != nil {
+					return 0, err
+				}
+				if jobID != 0 {
+					target["job_id"] = jobID
+				}
+				return 1, nil
+			})
 			if errors.Is(err, scheduler.ErrNotFound) {
 				return nil, huma.Error404NotFound(fmt.Sprintf("schedule %q not found", in.Name))
 			}
 			if err != nil {
 				return nil, s.internalError(a.action+" schedule", err)
-			}
-			target := map[string]any{"name": in.Name}
-			if jobID != 0 {
-				target["job_id"] = jobID
-			}
-			if _, err := s.change(ctx, "schedules."+a.action, target, func(pgx.Tx) (int64, error) { return 1, nil }); err != nil {
-				return nil, s.internalError(a.action+" schedule (done; its audit row failed)", err)
 			}
 			return &scheduleChangeOutput{Body: ScheduleChange{Name: in.Name, Action: a.action, JobID: jobID}}, nil
 		})

@@ -1,11 +1,6 @@
 package core
 
 import (
-	"errors"
-	"fmt"
-	"reflect"
-	"strings"
-
 	"github.com/relayq/relay/internal/dbx"
 )
 
@@ -25,19 +20,4 @@ type (
 	scanner = dbx.Scanner
 )
 
-func execerFor(db DB) (execer, error) {
-	if db == nil {
-		return nil, fmt.Errorf("%w: nil (want a pgx, bun or database/sql transaction, connection or pool)", ErrUnsupportedDB)
-	}
-	// A typed nil (a *pgxpool.Pool or *sql.DB never opened) would panic on
-	// first use.
-	if v := reflect.ValueOf(db); v.Kind() == reflect.Pointer && v.IsNil() {
-		return nil, fmt.Errorf("%w: a nil %T", ErrUnsupportedDB, db)
-	}
-	ex, err := dbx.For(db)
-	if errors.Is(err, dbx.ErrUnsupported) {
-		// dbx's message starts with the sentinel's text: say it once.
-		return nil, fmt.Errorf("%w: %s", ErrUnsupportedDB, strings.TrimPrefix(err.Error(), dbx.ErrUnsupported.Error()+": "))
-	}
-	return ex, err
-}
+func execerFor(db DB) (execer, error) { return dbx.For(db) }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/relayq/relay/internal/dbx"
 	"github.com/relayq/relay/internal/fence"
 )
 
@@ -29,7 +30,7 @@ var (
 	// client stops before the handler finished.
 	ErrShutdown = errors.New("core: client stopped")
 	// ErrUnsupportedDB: a DB argument of a type Relay cannot run SQL through.
-	ErrUnsupportedDB = errors.New("core: unsupported database handle")
+	ErrUnsupportedDB = dbx.ErrUnsupported
 
 	// ErrUniqueConflict: a requeue would make a second job with the same
 	// unique key queued or running (see UniqueOpts).

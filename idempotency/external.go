@@ -8,6 +8,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/internal/dbx"
 )
 
 // External makes a call to an outside service at most once per successful
@@ -35,7 +37,7 @@ func External[T any](ctx context.Context, pool *pgxpool.Pool, scope, key string,
 	var owned bool
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		var err error
-		st, owned, err = acquire(ctx, tx, scope, key, owner, o.Lease, o.TTL, "", true)
+		st, owned, err = acquire(ctx, dbx.PGX{Q: tx}, scope, key, owner, o.Lease, o.TTL, "", true)
 		return err
 	})
 	if err != nil {

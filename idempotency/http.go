@@ -18,6 +18,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/internal/dbx"
 )
 
 // HeaderKey is the request header the middleware honours.
@@ -115,7 +117,7 @@ func Middleware(pool *pgxpool.Pool, opts *MiddlewareOptions) func(http.Handler) 
 			var owned bool
 			err = pgx.BeginFunc(r.Context(), pool, func(tx pgx.Tx) error {
 				var err error
-				st, owned, err = acquire(r.Context(), tx, o.Scope, key, owner, o.Lease, o.TTL, hash, true)
+				st, owned, err = acquire(r.Context(), dbx.PGX{Q: tx}, o.Scope, key, owner, o.Lease, o.TTL, hash, true)
 				return err
 			})
 			switch {

@@ -9,10 +9,10 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/dbx"
 )
 
 // Options tune the helpers. The zero value (or nil) is usable.
@@ -81,7 +81,7 @@ type state struct {
 // already succeeded it returns the stored state instead (owned false).
 // With sweepToo, a new key may also delete a batch of expired keys in tx
 // (see sweep): only for a transaction of Relay's own, never a caller's.
-func acquire(ctx context.Context, tx pgx.Tx, scope, key string, owner uuid.UUID, lease, ttl time.Duration, reqHash string, sweepToo bool) (st state, owned bool, err error) {
+func acquire(ctx context.Context, tx dbx.Execer, scope, key string, owner uuid.UUID, lease, ttl time.Duration, reqHash string, sweepToo bool) (st state, owned bool, err error) {
 	if scope == "" || key == "" {
 		return state{}, false, errors.New("idempotency: scope and key must not be empty")
 	}
@@ -90,8 +90,8 @@ func acquire(ctx context.Context, tx pgx.Tx, scope, key string, owner uuid.UUID,
 		hash = &reqHash
 	}
 	for try := 0; try < 3; try++ {
-		err := tx.QueryRow(ctx, sqlClaim, scope, key, owner, lease.Seconds(), hash, ttl.Seconds()).Scan(&st.token)
-		if err == nil {
+		found, err := queryRow(ctx, tx, sqlClaim, []any{scope, key, owner, lease.Seconds(), hash, ttl.Seconds()}, &st.token)
+		if err == nil && found {
 			if sweepToo {
 				if err := sweep(ctx, tx, key); err != nil {
 					return state{}, false, err
@@ -99,16 +99,16 @@ func acquire(ctx context.Context, tx pgx.Tx, scope, key string, owner uuid.UUID,
 			}
 			return st, true, nil
 		}
-		if !errors.Is(err, pgx.ErrNoRows) {
+		if err != nil {
 			return state{}, false, fmt.Errorf("idempotency: claim key %s/%s: %w", scope, key, err)
 		}
-		err = tx.QueryRow(ctx, sqlLock, scope, key).Scan(&st.status, &st.result, &st.token, &st.requestHash,
+		found, err = queryRow(ctx, tx, sqlLock, []any{scope, key}, &st.status, &st.result, &st.token, &st.requestHash,
 			&st.leaseExpired, &st.leaseLeft, &st.expired)
-		if errors.Is(err, pgx.ErrNoRows) {
-			continue // deleted (expired) between the two statements
-		}
 		if err != nil {
 			return state{}, false, fmt.Errorf("idempotency: read key %s/%s: %w", scope, key, err)
+		}
+		if !found {
+			continue // deleted (expired) between the two statements
 		}
 		switch {
 		case st.status == "running" && reqHash != "" && st.requestHash != "" && st.requestHash != reqHash:
@@ -119,7 +119,10 @@ func acquire(ctx context.Context, tx pgx.Tx, scope, key string, owner uuid.UUID,
 			// A running key keeps its token even past its expiry: the call
 			// it stands for may have reached the service.
 			fresh := st.status == "succeeded"
-			if err := tx.QueryRow(ctx, sqlTakeOver, scope, key, owner, lease.Seconds(), hash, ttl.Seconds(), fresh).Scan(&st.token); err != nil {
+			if found, err := queryRow(ctx, tx, sqlTakeOver, []any{scope, key, owner, lease.Seconds(), hash, ttl.Seconds(), fresh}, &st.token); err != nil || !found {
+				if err == nil {
+					err = errors.New("the key was not there to take over")
+				}
 				return state{}, false, fmt.Errorf("idempotency: take over key %s/%s: %w", scope, key, err)
 			}
 			return st, true, nil
@@ -147,7 +150,7 @@ const (
 	sweepBatch = 64
 )
 
-func sweep(ctx context.Context, tx pgx.Tx, key string) error {
+func sweep(ctx context.Context, tx dbx.Execer, key string) error {
 	h := fnv.New32a()
 	h.Write([]byte(key)) //nolint:errcheck
 	if h.Sum32()%sweepEvery != 0 {
@@ -157,6 +160,19 @@ func sweep(ctx context.Context, tx pgx.Tx, key string) error {
 		return fmt.Errorf("idempotency: delete expired keys: %w", err)
 	}
 	return nil
+}
+
+// queryRow runs sql on ex and scans its first row into dest: found is
+// false when it returned none.
+func queryRow(ctx context.Context, ex dbx.Execer, sql string, args []any, dest ...any) (found bool, err error) {
+	err = ex.Query(ctx, sql, args, func(r dbx.Scanner) error {
+		if found {
+			return nil
+		}
+		found = true
+		return r.Scan(dest...)
+	})
+	return found, err
 }
 
 // DeleteExpired deletes up to limit expired keys and returns how many it

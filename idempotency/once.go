@@ -2,11 +2,18 @@ package idempotency
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
+
+	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/dbx"
 )
+
+// ErrNotTransaction is returned by Once for a handle that is not a
+// transaction.
+var ErrNotTransaction = errors.New("idempotency: Once needs the caller's transaction (pgx.Tx, bun.Tx or *sql.Tx)")
 
 // Once runs fn inside tx unless (scope, key) already succeeded, and stores
 // fn's result with the key in tx: the key, fn's writes in tx and the result
@@ -21,6 +28,12 @@ import (
 // there (tx may run at any isolation level). Run a Cleaner to remove the
 // expired keys of Once (External and Middleware remove some as they go).
 //
+// tx is the caller's transaction: a pgx.Tx, bun.Tx (or *bun.Tx) or *sql.Tx
+// (as core.DB lists them). Any other handle (a pool, a connection) fails
+// with ErrNotTransaction and runs nothing: Once's guarantee is that fn's
+// writes and the key commit together, which only the caller's
+// transaction can give.
+//
 // Use it inside a job handler's transaction, before core.CompleteTx:
 //
 //	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -32,11 +45,18 @@ import (
 //		}
 //		return core.CompleteTx(ctx, tx, job)
 //	})
-func Once[T any](ctx context.Context, tx pgx.Tx, scope, key string, fn func(ctx context.Context) (T, error), opts *Options) (result T, replayed bool, err error) {
+func Once[T any](ctx context.Context, tx core.DB, scope, key string, fn func(ctx context.Context) (T, error), opts *Options) (result T, replayed bool, err error) {
+	if !dbx.InTransaction(tx) {
+		return result, false, fmt.Errorf("%w: got %T", ErrNotTransaction, tx)
+	}
+	ex, err := dbx.For(tx)
+	if err != nil {
+		return result, false, fmt.Errorf("idempotency: %w", err)
+	}
 	o := opts.withDefaults()
 	owner := uuid.New()
 	// Savepoint-free: the key row is this transaction's until it ends.
-	st, owned, err := acquire(ctx, tx, scope, key, owner, o.Lease, o.TTL, "", false)
+	st, owned, err := acquire(ctx, ex, scope, key, owner, o.Lease, o.TTL, "", false)
 	if err != nil {
 		return result, false, err
 	}
@@ -48,7 +68,7 @@ func Once[T any](ctx context.Context, tx pgx.Tx, scope, key string, fn func(ctx 
 	}
 	result, err = fn(ctx)
 	if err != nil {
-		if _, ferr := tx.Exec(ctx, sqlForget, scope, key, owner); ferr != nil {
+		if _, ferr := ex.Exec(ctx, sqlForget, scope, key, owner); ferr != nil {
 			return result, false, fmt.Errorf("%w (and forgetting key %s/%s failed: %v)", err, scope, key, ferr)
 		}
 		return result, false, err
@@ -57,7 +77,7 @@ func Once[T any](ctx context.Context, tx pgx.Tx, scope, key string, fn func(ctx 
 	if err != nil {
 		return result, false, err
 	}
-	if _, err := tx.Exec(ctx, sqlSucceed, scope, key, owner, enc, o.TTL.Seconds()); err != nil {
+	if _, err := ex.Exec(ctx, sqlSucceed, scope, key, owner, enc, o.TTL.Seconds()); err != nil {
 		return result, false, fmt.Errorf("idempotency: record key %s/%s: %w", scope, key, err)
 	}
 	return result, false, nil

@@ -7,11 +7,10 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/dbx"
 )
 
 // ErrNotFound is returned for a schedule name that is not stored.
@@ -49,21 +48,24 @@ type Info struct {
 	BrokenAt    *time.Time
 }
 
-// List returns every stored schedule, by name.
-func List(ctx context.Context, pool *pgxpool.Pool) ([]Info, error) {
-	rows, err := pool.Query(ctx, sqlList)
+// List returns every stored schedule, by name. db is any core.DB.
+func List(ctx context.Context, db core.DB) ([]Info, error) {
+	ex, err := dbx.For(db)
 	if err != nil {
 		return nil, fmt.Errorf("scheduler: list: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Info, error) {
+	var out []Info
+	err = ex.Query(ctx, sqlList, nil, func(r dbx.Scanner) error {
 		var i Info
 		var args string
 		var broken *string
 		// Stored times are read so that an infinity (written behind
 		// Declare) costs its own field, not the whole list.
 		var next, last, disabled, brokenAt pgtype.Timestamptz
-		err := r.Scan(&i.Name, &i.Namespace, &i.Spec, &i.TimeZone, &i.Kind, &args, &i.Queue, &i.CatchUp, &i.Overlap,
-			&next, &last, &i.LastJobID, &i.Paused, &disabled, &broken, &brokenAt)
+		if err := r.Scan(&i.Name, &i.Namespace, &i.Spec, &i.TimeZone, &i.Kind, &args, &i.Queue, &i.CatchUp, &i.Overlap,
+			&next, &last, &i.LastJobID, &i.Paused, &disabled, &broken, &brokenAt); err != nil {
+			return err
+		}
 		i.Args = json.RawMessage(args)
 		i.NextFireAt, i.LastFireAt, i.DisabledAt, i.BrokenAt = next.Time, finite(last), finite(disabled), finite(brokenAt)
 		if disabled.Valid && i.DisabledAt == nil {
@@ -72,31 +74,41 @@ func List(ctx context.Context, pool *pgxpool.Pool) ([]Info, error) {
 		if broken != nil {
 			i.BrokenError = *broken
 		}
-		return i, err
+		out = append(out, i)
+		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("scheduler: list: %w", err)
+	}
+	if out == nil {
+		out = []Info{}
 	}
 	return out, nil
 }
 
 // Pause stops a schedule firing until Resume. It lasts across restarts and
-// redeclarations.
-func Pause(ctx context.Context, pool *pgxpool.Pool, name string) error {
-	tag, err := pool.Exec(ctx, sqlPause, name)
+// redeclarations. db is any core.DB: given a transaction, the pause
+// commits with it.
+func Pause(ctx context.Context, db core.DB, name string) error {
+	ex, err := dbx.For(db)
 	if err != nil {
 		return fmt.Errorf("scheduler: pause %q: %w", name, err)
 	}
-	if tag.RowsAffected() == 0 {
+	n, err := ex.Exec(ctx, sqlPause, name)
+	if err != nil {
+		return fmt.Errorf("scheduler: pause %q: %w", name, err)
+	}
+	if n == 0 {
 		return fmt.Errorf("scheduler: pause %q: %w", name, ErrNotFound)
 	}
 	return nil
 }
 
 // Resume lets a paused schedule fire again from its next fire time after
-// now; the fires that fell in the pause are not caught up.
-func Resume(ctx context.Context, pool *pgxpool.Pool, name string) error {
-	return lockOne(ctx, pool, name, "resume", func(tx pgx.Tx, r *row, spec *Spec) error {
+// now; the fires that fell in the pause are not caught up. db is any
+// core.DB, as for Pause.
+func Resume(ctx context.Context, db core.DB, name string) error {
+	return lockOne(ctx, db, name, "resume", func(tx dbx.Execer, _ core.DB, r *row, spec *Spec) error {
 		_, err := tx.Exec(ctx, sqlResume, name, spec.Next(r.now))
 		return err
 	})
@@ -104,43 +116,53 @@ func Resume(ctx context.Context, pool *pgxpool.Pool, name string) error {
 
 // TriggerNow enqueues the schedule's job at once, as an extra fire at the
 // database's now() (recorded with outcome "triggered"). It does not move the
-// schedule's next fire, and works on paused schedules too.
-func TriggerNow(ctx context.Context, pool *pgxpool.Pool, name string) (core.EnqueueResult, error) {
+// schedule's next fire, and works on paused schedules too. db is any
+// core.DB: given a transaction (pgx, bun or database/sql), the fire and
+// its job commit with it; given a pool or connection, in a transaction of
+// their own.
+func TriggerNow(ctx context.Context, db core.DB, name string) (core.EnqueueResult, error) {
 	var res core.EnqueueResult
-	err := lockOne(ctx, pool, name, "trigger", func(tx pgx.Tx, r *row, _ *Spec) error {
-		recorded, err := recordFire(ctx, tx, name, r.now, "triggered")
+	err := lockOne(ctx, db, name, "trigger", func(ex dbx.Execer, tx core.DB, r *row, _ *Spec) error {
+		recorded, err := recordFire(ctx, ex, name, r.now, "triggered")
 		if err != nil {
 			return err
 		}
 		if !recorded {
 			return errors.New("triggered twice in one instant")
 		}
-		res.ID, err = enqueueFire(ctx, tx, r, r.now)
+		res.ID, err = enqueueFire(ctx, ex, tx, r, r.now)
 		return err
 	})
 	return res, err
 }
 
-// lockOne runs f in a transaction holding the named schedule's row.
-func lockOne(ctx context.Context, pool *pgxpool.Pool, name, what string, f func(pgx.Tx, *row, *Spec) error) error {
-	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, sqlLockOne, name)
+// lockOne runs f in a transaction holding the named schedule's row: db's,
+// when it is one, else one begun on db. f gets the transaction as an
+// Execer and as the handle (to enqueue in it).
+func lockOne(ctx context.Context, db core.DB, name, what string, f func(dbx.Execer, core.DB, *row, *Spec) error) error {
+	err := dbx.InTx(ctx, db, func(tx any) error {
+		ex, err := dbx.For(tx)
 		if err != nil {
 			return err
 		}
-		r, err := pgx.CollectExactlyOneRow(rows, scanRow)
-		if errors.Is(err, pgx.ErrNoRows) {
+		var r *row
+		err = ex.Query(ctx, sqlLockOne, []any{name}, func(s dbx.Scanner) error {
+			var err error
+			r, err = scanRow(s)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		if r == nil {
 			return ErrNotFound
-		}
-		if err != nil {
-			return err
 		}
 		var cache specCache
 		spec, err := cache.get(r.spec, r.timezone)
 		if err != nil {
 			return err
 		}
-		return f(tx, r, spec)
+		return f(ex, tx, r, spec)
 	})
 	if err != nil {
 		return fmt.Errorf("scheduler: %s %q: %w", what, name, err)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/internal/background"
+	"github.com/relayq/relay/internal/dbx"
 	"github.com/relayq/relay/internal/liveness"
 )
 
@@ -299,7 +300,7 @@ func (s *Scheduler) tick(ctx context.Context) (full bool, err error) {
 		if err != nil {
 			return fmt.Errorf("lock due schedules: %w", err)
 		}
-		due, err := pgx.CollectRows(rows, scanRow)
+		due, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*row, error) { return scanRow(r) })
 		if err != nil {
 			return fmt.Errorf("lock due schedules: %w", err)
 		}
@@ -428,7 +429,7 @@ func (s *Scheduler) fire(ctx context.Context, tx pgx.Tx, r *row) error {
 				outcome = "skipped_overlap"
 			}
 		}
-		recorded, err := recordFire(ctx, tx, r.name, ft, outcome)
+		recorded, err := recordFire(ctx, dbx.PGX{Q: tx}, r.name, ft, outcome)
 		if err != nil {
 			return err
 		}
@@ -441,7 +442,7 @@ func (s *Scheduler) fire(ctx context.Context, tx pgx.Tx, r *row) error {
 			s.cfg.Logger.Info("relay: schedule fire skipped; previous job still running", "schedule", r.name, "fire_time", ft, "job_id", *lastJob)
 			continue
 		}
-		id, err := enqueueFire(ctx, tx, r, ft)
+		id, err := enqueueFire(ctx, dbx.PGX{Q: tx}, tx, r, ft)
 		if err != nil {
 			return err
 		}
@@ -453,20 +454,18 @@ func (s *Scheduler) fire(ctx context.Context, tx pgx.Tx, r *row) error {
 	return nil
 }
 
-func recordFire(ctx context.Context, tx pgx.Tx, name string, ft time.Time, outcome string) (bool, error) {
-	rows, err := tx.Query(ctx, sqlRecordFire, name, ft, outcome)
+func recordFire(ctx context.Context, tx dbx.Execer, name string, ft time.Time, outcome string) (bool, error) {
+	n := 0
+	err := tx.Query(ctx, sqlRecordFire, []any{name, ft, outcome}, func(dbx.Scanner) error { n++; return nil })
 	if err != nil {
 		return false, fmt.Errorf("record fire %s: %w", ft, err)
 	}
-	n, err := pgx.CollectRows(rows, pgx.RowTo[time.Time])
-	if err != nil {
-		return false, fmt.Errorf("record fire %s: %w", ft, err)
-	}
-	return len(n) == 1, nil
+	return n == 1, nil
 }
 
-// enqueueFire enqueues a fire's job in tx and links the fire record to it.
-func enqueueFire(ctx context.Context, tx pgx.Tx, r *row, ft time.Time) (int64, error) {
+// enqueueFire enqueues a fire's job in transaction tx (ex its Execer) and
+// links the fire record to it.
+func enqueueFire(ctx context.Context, ex dbx.Execer, tx core.DB, r *row, ft time.Time) (int64, error) {
 	// Values stay raw JSON: decoding them into any would turn large numbers
 	// into float64 and change them on the way to the job.
 	stored := map[string]json.RawMessage{}
@@ -485,7 +484,7 @@ func enqueueFire(ctx context.Context, tx pgx.Tx, r *row, ft time.Time) (int64, e
 	if err != nil {
 		return 0, fmt.Errorf("enqueue fire %s: %w", ft, err)
 	}
-	if _, err := tx.Exec(ctx, sqlSetFireJob, r.name, ft, res.ID); err != nil {
+	if _, err := ex.Exec(ctx, sqlSetFireJob, r.name, ft, res.ID); err != nil {
 		return 0, fmt.Errorf("record fire %s: %w", ft, err)
 	}
 	return res.ID, nil
@@ -534,7 +533,7 @@ type row struct {
 	now                        time.Time
 }
 
-func scanRow(r pgx.CollectableRow) (*row, error) {
+func scanRow(r dbx.Scanner) (*row, error) {
 	var x row
 	var args, meta string
 	// A next fire of -infinity (written behind Declare) is due for ever and

@@ -2,15 +2,12 @@ package workflow
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
-	"github.com/uptrace/bun"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
@@ -323,27 +320,7 @@ func tagsJSON(tags []string) string {
 // inTx runs fn in db's transaction when db is one, else in a transaction
 // begun on db (a pool or connection), committed when fn returns nil.
 func inTx(ctx context.Context, db core.DB, fn func(tx core.DB) error) error {
-	switch v := db.(type) {
-	case pgx.Tx, bun.Tx, *bun.Tx, *sql.Tx:
-		return fn(db)
-	case *bun.DB:
-		return v.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error { return fn(tx) })
-	case *sql.DB:
-		tx, err := v.BeginTx(ctx, nil)
-		if err != nil {
-			return err
-		}
-		if err := fn(tx); err != nil {
-			tx.Rollback() //nolint:errcheck
-			return err
-		}
-		return tx.Commit()
-	case interface {
-		Begin(context.Context) (pgx.Tx, error)
-	}:
-		return pgx.BeginFunc(ctx, v, func(tx pgx.Tx) error { return fn(tx) })
-	}
-	return fn(db)
+	return dbx.InTx(ctx, db, func(tx any) error { return fn(tx) })
 }
 
 // Result waits for run id to finish, and returns its output decoded into T,

@@ -9,6 +9,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"reflect"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -26,8 +27,10 @@ type Execer interface {
 // Scanner is one result row.
 type Scanner interface{ Scan(dest ...any) error }
 
-// ErrUnsupported is returned by For for a handle it does not know.
-var ErrUnsupported = errors.New("unsupported database handle")
+// ErrUnsupported is returned by For for a handle it does not know (a nil
+// one included). It is core.ErrUnsupportedDB: every package that takes a
+// core.DB fails a wrong handle with the same error.
+var ErrUnsupported = errors.New("core: unsupported database handle")
 
 // pgxQuerier is satisfied by pgx.Tx, *pgx.Conn, *pgxpool.Pool, *pgxpool.Conn.
 type pgxQuerier interface {
@@ -46,9 +49,14 @@ type sqlQuerier interface {
 // *sql.DB or *sql.Conn (any PostgreSQL driver: parameters are passed as
 // strings and integers only), or an Execer.
 func For(db any) (Execer, error) {
+	// A typed nil (a *pgxpool.Pool or *sql.DB never opened) would panic on
+	// first use.
+	if v := reflect.ValueOf(db); v.Kind() == reflect.Pointer && v.IsNil() {
+		return nil, fmt.Errorf("%w: a nil %T", ErrUnsupported, db)
+	}
 	switch v := db.(type) {
 	case nil:
-		return nil, fmt.Errorf("%w: nil", ErrUnsupported)
+		return nil, fmt.Errorf("%w: nil (want a pgx, bun or database/sql transaction, connection or pool)", ErrUnsupported)
 	case Execer:
 		return v, nil
 	// bun's handles format queries with bun's own placeholders; Relay's SQL
@@ -126,4 +134,40 @@ func (e SQL) Query(ctx context.Context, query string, args []any, scan func(Scan
 		}
 	}
 	return rows.Err()
+}
+
+// InTx runs fn in db's transaction when db is one (the caller's: fn joins
+// it, and the commit is the caller's), else in a transaction begun on db
+// (a pool or connection), committed when fn returns nil and rolled back
+// otherwise. fn is given the transaction's handle (an Execer is given to
+// fn as it is). A handle For refuses fails with For's error.
+func InTx(ctx context.Context, db any, fn func(tx any) error) error {
+	if _, err := For(db); err != nil {
+		return err // nil, a typed nil or an unknown type: nothing to begin on
+	}
+	switch v := db.(type) {
+	case pgx.Tx, bun.Tx, *bun.Tx, *sql.Tx:
+		return fn(db)
+	case *bun.DB:
+		return v.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error { return fn(tx) })
+	case bun.Conn:
+		return v.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error { return fn(tx) })
+	case interface {
+		BeginTx(context.Context, *sql.TxOptions) (*sql.Tx, error)
+	}: // *sql.DB, *sql.Conn
+		tx, err := v.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		if err := fn(tx); err != nil {
+			tx.Rollback() //nolint:errcheck // fn's error is the one to report
+			return err
+		}
+		return tx.Commit()
+	case interface {
+		Begin(context.Context) (pgx.Tx, error)
+	}: // *pgxpool.Pool, *pgx.Conn, *pgxpool.Conn
+		return pgx.BeginFunc(ctx, v, func(tx pgx.Tx) error { return fn(tx) })
+	}
+	return fn(db) // an Execer
 }
