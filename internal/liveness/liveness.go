@@ -51,8 +51,8 @@ type Entry struct {
 	Timeout time.Duration
 }
 
-// Process is one process's entry. Its methods are safe for one goroutine
-// at a time per method (Start's loop and Stop).
+// Process is one process's entry. Its loop (Keep or KeepDeclared) and
+// Unregister may run at the same time; nothing in it changes after New.
 type Process struct {
 	pool    *pgxpool.Pool
 	id      string
@@ -95,14 +95,15 @@ func (p *Process) ID() string { return p.id }
 // Interval is how often the process heartbeats: a quarter of its timeout.
 func (p *Process) Interval() time.Duration { return p.e.Timeout / 4 }
 
-// Execer runs a statement: a pool, a connection or a transaction.
-type Execer interface {
+// DB runs statements: a pool, a connection or a transaction.
+type DB interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // Register records (or refreshes) the entry in q.
-func (p *Process) Register(ctx context.Context, q Execer) error {
+func (p *Process) Register(ctx context.Context, q DB) error {
 	_, err := q.Exec(ctx, sqlRegister, p.id, p.e.Role, p.e.Name, p.e.Namespace, p.e.Declares,
 		p.host, p.pid, p.version, string(p.queues), p.e.Timeout.Seconds())
 	if err != nil {
@@ -116,7 +117,7 @@ const sweepLimit = 100
 
 // heartbeat renews the entry in q and sweeps expired ones; false: the
 // entry had expired (or was deleted) and must be registered again.
-func (p *Process) heartbeat(ctx context.Context, q Execer) (bool, error) {
+func (p *Process) heartbeat(ctx context.Context, q DB) (bool, error) {
 	var beat, swept int64
 	if err := q.QueryRow(ctx, sqlHeartbeat, p.id, sweepLimit).Scan(&beat, &swept); err != nil {
 		return false, fmt.Errorf("heartbeat: %w", err)
@@ -206,14 +207,9 @@ type Info struct {
 	ExpiresAt                 time.Time
 }
 
-// Querier reads rows: a pool, a connection or a transaction.
-type Querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
 // List returns the live entries, by role, host and start. An entry whose
 // stored queues do not decode lists without them.
-func List(ctx context.Context, q Querier) ([]Info, error) {
+func List(ctx context.Context, q DB) ([]Info, error) {
 	rows, err := q.Query(ctx, sqlList)
 	if err != nil {
 		return nil, fmt.Errorf("list processes: %w", err)
