@@ -106,3 +106,26 @@ func TestListStopsAfterScanBound(t *testing.T) {
 		t.Fatalf("plain list: %d items", len(page["items"].([]any)))
 	}
 }
+
+// TestOutboxKeyOfABlockedKey: an ordering key the outbox made
+// (kind|endpoint|event key) is listed with its event key and subscriber,
+// not only in that internal form; any other key is left as it is.
+func TestOutboxKeyOfABlockedKey(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		key, kind, args    string
+		eventKey, subscrib string
+	}{
+		{"ledger.post||order-9", "ledger.post", `{"event_id": 4, "key": "order-9"}`, "order-9", "ledger.post"},
+		{"relay.webhook|https://hooks.example/in|order-9", "relay.webhook", `{"endpoint": "https://hooks.example/in"}`, "order-9", "https://hooks.example/in"},
+		{"ledger.post||a|b", "ledger.post", `{}`, "a|b", "ledger.post"},
+		{"account-17", "ledger.post", `{}`, "", ""},
+		{"other.kind||order-9", "ledger.post", `{}`, "", ""},
+		{"ledger.post||", "ledger.post", `{}`, "", ""},
+	} {
+		ek, sub := outboxKey(c.key, &core.JobRow{Kind: c.kind, EncodedArgs: []byte(c.args)})
+		if ek != c.eventKey || sub != c.subscrib {
+			t.Errorf("%q of %s: (%q, %q), want (%q, %q)", c.key, c.kind, ek, sub, c.eventKey, c.subscrib)
+		}
+	}
+}

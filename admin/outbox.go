@@ -1,11 +1,13 @@
 package admin
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/danielgtaylor/huma/v2"
@@ -75,10 +77,16 @@ type subscriptionsOutput struct {
 
 // BlockedKey is an ordering key held up by a dead job at its head.
 type BlockedKey struct {
-	Queue   string `json:"queue"`
-	Key     string `json:"key"`
-	Waiting int64  `json:"waiting" doc:"Later jobs of the key, waiting"`
-	Head    Job    `json:"head" doc:"The dead job: requeue or cancel it to unblock the key"`
+	Queue string `json:"queue"`
+	Key   string `json:"key" doc:"The core ordering key, as stored"`
+	// EventKey and Subscriber say what an ordering key the outbox made
+	// stands for: the events' key, and the subscription whose jobs it
+	// orders (its job kind, or its webhook endpoint). The stored key is
+	// the outbox's internal form, kind|endpoint|key.
+	EventKey   string `json:"event_key,omitempty" doc:"For a key the outbox made: the events' key"`
+	Subscriber string `json:"subscriber,omitempty" doc:"For a key the outbox made: the subscription's job kind, or its webhook endpoint"`
+	Waiting    int64  `json:"waiting" doc:"Later jobs of the key, waiting"`
+	Head       Job    `json:"head" doc:"The dead job: requeue or cancel it to unblock the key"`
 }
 
 type blockedKeysInput struct {
@@ -175,6 +183,7 @@ func (s *server) registerOutbox(api huma.API) {
 				bk := BlockedKey{Queue: k.Queue, Key: k.Key, Waiting: k.Waiting, Head: Job{ID: k.JobID}}
 				if row, err := core.JobGet(ctx, s.read, k.JobID); err == nil {
 					bk.Head = jobFromRow(row)
+					bk.EventKey, bk.Subscriber = outboxKey(k.Key, row)
 				} else if !errors.Is(err, core.ErrNotFound) {
 					return nil, s.internalError("list blocked keys", err)
 				}
@@ -208,4 +217,23 @@ func (s *server) registerOutbox(api huma.API) {
 		}
 		return &redispatchOutput{Body: Redispatch{ID: in.ID, State: "pending"}}, nil
 	})
+}
+
+// outboxKey splits an ordering key the outbox dispatcher made for head's
+// job (kind|endpoint|event key, endpoint empty for a job subscription)
+// into the event key and the subscriber; "", "" for any other key.
+func outboxKey(key string, head *core.JobRow) (eventKey, subscriber string) {
+	rest, ok := strings.CutPrefix(key, head.Kind+"|")
+	if !ok {
+		return "", ""
+	}
+	var args struct {
+		Endpoint string `json:"endpoint"`
+	}
+	_ = json.Unmarshal(head.EncodedArgs, &args) // no endpoint: a job subscription
+	eventKey, ok = strings.CutPrefix(rest, args.Endpoint+"|")
+	if !ok || eventKey == "" {
+		return "", ""
+	}
+	return eventKey, cmp.Or(args.Endpoint, head.Kind)
 }

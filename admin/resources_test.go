@@ -338,6 +338,16 @@ func TestSchedulesOutboxIdempotency(t *testing.T) {
 	if s0["name"] != "nightly" || len(s0["next_fires"].([]any)) != 3 || s0["time_zone"] != "Europe/Paris" {
 		t.Fatalf("schedule: %s", mustJSON(s0))
 	}
+	// One format for every next fire: RFC 3339 in UTC (the first came from
+	// the database with Z, the others from the spec with +01:00), each
+	// 03:00 in Paris.
+	paris, _ := time.LoadLocation("Europe/Paris")
+	for _, v := range s0["next_fires"].([]any) {
+		at, err := time.Parse(time.RFC3339Nano, v.(string))
+		if !strings.HasSuffix(v.(string), "Z") || err != nil || at.In(paris).Hour() != 3 {
+			t.Fatalf("next fire %q: want RFC 3339 in UTC, 03:00 in Paris", v)
+		}
+	}
 	b.ok(b.do("POST", "/v1/schedules/nightly/pause", b.rw, nil))
 	if got := b.ok(b.do("GET", "/v1/schedules/nightly", b.ro, nil)); got["paused"] != true {
 		t.Fatalf("not paused: %v", got)

@@ -37,7 +37,7 @@ type Schedule struct {
 	BrokenAt    *time.Time `json:"broken_at,omitempty"`
 	// NextFires are the coming fire times, the first being the next fire
 	// not yet handled (it may be in the past while a scheduler catches up).
-	NextFires []time.Time `json:"next_fires"`
+	NextFires []time.Time `json:"next_fires" doc:"RFC 3339 in UTC; time_zone says the zone the spec is read in"`
 	LastFires []Fire      `json:"last_fires" doc:"Latest fires first"`
 }
 
@@ -173,7 +173,11 @@ func (s *server) schedules(ctx context.Context, name string, next, last int) ([]
 			if spec, err := scheduler.ParseSpec(in.Spec, loc); err == nil {
 				t := in.NextFireAt
 				for range next {
-					sc.NextFires = append(sc.NextFires, t)
+					// In UTC, as every other instant of the API: the first
+					// (from the database) and the rest (from the spec, in
+					// the schedule's zone) were written once with Z and
+					// once with the zone's offset.
+					sc.NextFires = append(sc.NextFires, t.UTC())
 					t = spec.Next(t)
 				}
 			}

@@ -48,11 +48,14 @@ export async function api(method, path, body) {
   return data;
 }
 
-// query builds a query string from the non-empty values of an object.
+// query builds a query string from the non-empty values of an object; an
+// array value repeats its key (tag=a&tag=b).
 export function query(params) {
   const q = new URLSearchParams();
   for (const [k, v] of Object.entries(params)) {
-    if (v !== undefined && v !== null && v !== '') q.set(k, v);
+    for (const x of Array.isArray(v) ? v : [v]) {
+      if (x !== undefined && x !== null && x !== '') q.append(k, x);
+    }
   }
   const s = q.toString();
   return s ? '?' + s : '';

@@ -1,5 +1,5 @@
 // The dashboard's shell: sign-in, the session's scopes, the hash router.
-import { api, token, Problem } from './api.js';
+import { api, token, Problem, query } from './api.js';
 import { h, problemBox, okBox } from './dom.js';
 import * as overview from './overview.js';
 import * as jobs from './jobs.js';
@@ -35,8 +35,7 @@ function parseHash() {
 
 // go navigates to a hash route.
 export function go(path, params) {
-  const q = params ? new URLSearchParams(Object.entries(params).filter(([, v]) => v !== '' && v != null)).toString() : '';
-  const target = '#' + path + (q ? '?' + q : '');
+  const target = '#' + path + (params ? query(params) : '');
   if (location.hash === target) route(); else location.hash = target;
 }
 

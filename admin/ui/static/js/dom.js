@@ -38,15 +38,52 @@ export function badge(value, prefix = 'state') {
   return h('span', { class: `badge ${prefix}-${value}`, 'data-state': value }, value);
 }
 
-const pad = (n) => String(n).padStart(2, '0');
+// viewerZone is the browser's time zone (an IANA name), in which every
+// time is shown unless a page names another.
+export const viewerZone = Intl.DateTimeFormat().resolvedOptions().timeZone || 'UTC';
 
-// time shows an instant in the browser's time zone, with the exact value
-// (and the relative age) in a <time> element.
+const formatters = new Map();
+
+// inZone formats an instant as "2026-12-03 03:00:00" in zone, with the
+// zone's short name at that instant ("UTC", "CET", "GMT+5:30").
+export function inZone(d, zone) {
+  let f = formatters.get(zone);
+  if (!f) {
+    f = new Intl.DateTimeFormat('en-US', { timeZone: zone, year: 'numeric', month: '2-digit', day: '2-digit',
+      hour: '2-digit', minute: '2-digit', second: '2-digit', hourCycle: 'h23', timeZoneName: 'short' });
+    formatters.set(zone, f);
+  }
+  const p = Object.fromEntries(f.formatToParts(d).map((x) => [x.type, x.value]));
+  return { text: `${p.year}-${p.month}-${p.day} ${p.hour}:${p.minute}:${p.second}`, zone: p.timeZoneName };
+}
+
+// time shows an instant in the browser's time zone, labelled with it
+// ("2026-12-01 23:12:11 UTC"), with the exact value, the zone's name and
+// the relative age in the title of a <time> element.
 export function time(iso) {
   if (!iso) return h('span', { class: 'muted' }, '—');
   const d = new Date(iso);
-  const text = `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
-  return h('time', { datetime: iso, title: `${iso} (${ago(iso)})` }, text);
+  if (isNaN(d)) return h('span', { class: 'muted' }, String(iso));
+  const v = inZone(d, viewerZone);
+  return h('time', { datetime: iso, title: `${iso} (${ago(iso)}; shown in ${viewerZone}, your browser's time zone)` },
+    v.text, ' ', h('span', { class: 'tz' }, v.zone));
+}
+
+// zonedTime shows an instant in a named zone (a schedule's) and, when the
+// browser's differs, in the browser's too: "2026-12-03 03:00:00
+// Europe/Paris · 07:30:00 GMT+5:30 your time".
+export function zonedTime(iso, zone) {
+  const d = new Date(iso);
+  if (!zone || isNaN(d)) return time(iso);
+  let own;
+  try { own = inZone(d, zone); } catch { return time(iso); } // a zone this browser does not know
+  const mine = inZone(d, viewerZone);
+  const same = own.text === mine.text;
+  return h('span', { class: 'zoned' },
+    h('time', { datetime: iso, title: `${iso} (${ago(iso)})`, 'data-zone': zone }, own.text, ' ', h('span', { class: 'tz' }, zone)),
+    same ? null : h('span', { class: 'muted small', 'data-viewer-time': '' }, ' · ',
+      mine.text.slice(0, 10) === own.text.slice(0, 10) ? mine.text.slice(11) : mine.text, ' ',
+      h('span', { class: 'tz' }, mine.zone), ' your time'));
 }
 
 // ago is "3 min ago" / "in 2 h".
@@ -90,12 +127,20 @@ export function okBox(text) {
 
 // table builds a table in a scrolling wrapper; head is a list of column
 // names (a name ending in "#" is numeric), rows a list of cell lists.
-export function table(caption, head, rows, empty) {
+// opts.narrow lists the columns (by index) a narrow screen (a phone) hides,
+// so that the others fit its width.
+export function table(caption, head, rows, empty, opts) {
   if (!rows.length) return h('p', { class: 'muted' }, empty || 'Nothing here.');
+  const narrow = new Set((opts && opts.narrow) || []);
+  const cls = (i, base) => [base, narrow.has(i) ? 'hide-small' : null].filter(Boolean).join(' ') || null;
+  const cell = (c, i) => {
+    if (!(c instanceof Node && c.tagName === 'TD')) return h('td', { class: cls(i, head[i].endsWith('#') ? 'num' : null) }, c);
+    if (narrow.has(i)) c.classList.add('hide-small');
+    return c;
+  };
   return h('div', { class: 'table-wrap' },
     h('table', {},
       caption ? h('caption', { class: 'sr-only' }, caption) : null,
-      h('thead', {}, h('tr', {}, head.map((c) => h('th', { scope: 'col', class: c.endsWith('#') ? 'num' : null }, c.replace(/#$/, ''))))),
-      h('tbody', {}, rows.map((r) => h('tr', {}, r.map((c, i) => (c instanceof Node && c.tagName === 'TD') ? c
-        : h('td', { class: head[i].endsWith('#') ? 'num' : null }, c)))))));
+      h('thead', {}, h('tr', {}, head.map((c, i) => h('th', { scope: 'col', class: cls(i, c.endsWith('#') ? 'num' : null) }, c.replace(/#$/, ''))))),
+      h('tbody', {}, rows.map((r) => h('tr', {}, r.map(cell))))));
 }

@@ -1,7 +1,7 @@
 // Jobs: a filterable list with keyset paging (the API's opaque cursor),
 // and bulk actions on the filter with a dry-run count first.
 import { api, query } from './api.js';
-import { h, table, badge, time, problemBox, okBox } from './dom.js';
+import { h, table, badge, time, problemBox, okBox, viewerZone } from './dom.js';
 
 const STATES = ['queued', 'claimed', 'succeeded', 'dead', 'cancelled'];
 const FILTERS = ['state', 'queue', 'kind', 'ordering_key', 'created_after', 'created_before', 'finalized_after', 'finalized_before'];
@@ -10,8 +10,13 @@ const BULK = { requeue: ['dead', 'cancelled'], cancel: ['queued', 'claimed'], de
 // flash is a bulk action's outcome, shown once by the re-rendered list.
 let flash = null;
 
+// tagList splits the tags field (comma-separated, as on the runs page)
+// into the API's repeated ?tag=.
+const tagList = (v) => v.split(',').map((t) => t.trim()).filter(Boolean);
+
 export async function render(view, ctx) {
   const f = Object.fromEntries(FILTERS.map((k) => [k, ctx.params.get(k) || '']));
+  f.tag = ctx.params.getAll('tag').filter(Boolean);
   const cursor = ctx.params.get('cursor') || '';
   const limit = Math.min(500, Math.max(1, parseInt(ctx.params.get('limit'), 10) || 50));
   const keep = limit === 50 ? f : { ...f, limit }; // the filter and page size, kept across pages
@@ -22,14 +27,18 @@ export async function render(view, ctx) {
   flash = null;
   const rows = page.items.map((j) => [
     h('a', { href: `#/jobs/${j.id}`, 'data-job-id': j.id }, String(j.id)),
-    j.kind, j.queue, badge(j.state), `${j.attempt}/${j.max_attempts}`,
+    h('td', {}, j.kind, (j.tags || []).length ? h('div', { class: 'tags' }, j.tags.map((t) =>
+      h('a', { class: 'tag', href: '#/jobs' + query({ tag: t }), 'data-tag': t }, t))) : null),
+    j.queue, badge(j.state), `${j.attempt}/${j.max_attempts}`,
     time(j.created_at), time(j.finalized_at || (j.state === 'queued' ? j.run_at : j.attempted_at)),
     h('td', { class: j.state === 'dead' ? 'err' : 'err muted' }, j.last_error ? firstLine(j.last_error) : ''),
   ]);
   const pager = h('div', { class: 'pager' },
     cursor ? h('a', { class: 'button secondary', id: 'first-page', href: '#/jobs' + query(keep) }, '« First page') : null,
     page.next_cursor ? h('a', { class: 'button secondary', id: 'next-page', href: '#/jobs' + query({ ...keep, cursor: page.next_cursor }) }, 'Next page »') : null,
-    h('span', { class: 'muted small' }, `${page.items.length} job${page.items.length === 1 ? '' : 's'} on this page`));
+    h('span', { class: 'muted small', id: 'page-count' }, `${page.items.length} job${page.items.length === 1 ? '' : 's'} on this page`,
+      page.next_cursor && page.items.length < limit
+        ? ' (a filtered page examines at most 10,000 jobs; the next page searches on)' : ''));
 
   view.replaceChildren(...[
     h('h1', {}, 'Jobs'),
@@ -71,16 +80,19 @@ function filterForm(f, ctx) {
     field('f-queue', 'Queue', text('queue')),
     field('f-kind', 'Kind', text('kind')),
     field('f-ordering_key', 'Ordering key', text('ordering_key')),
+    field('f-tag', 'Tags (all of)', h('input', { id: 'f-tag', name: 'tag', value: f.tag.join(', '), type: 'search',
+      autocomplete: 'off', placeholder: 'tenant:acme, vip' })),
     field('f-created_after', 'Created from', ca),
     field('f-created_before', 'Created before', cb),
     field('f-finalized_after', 'Finished from', fa),
     field('f-finalized_before', 'Finished before', fb),
+    h('p', { class: 'muted small', id: 'filter-zone' }, `Times are in your browser's time zone, ${viewerZone}.`),
     h('div', {}, h('button', { type: 'submit', id: 'apply-filter' }, 'Apply')),
     h('div', {}, h('a', { href: '#/jobs', class: 'button secondary' }, 'Clear')));
   form.addEventListener('submit', (ev) => {
     ev.preventDefault();
     const v = (k) => form.querySelector(`#f-${k}`).value.trim();
-    ctx.go('/jobs', { state: v('state'), queue: v('queue'), kind: v('kind'), ordering_key: v('ordering_key'),
+    ctx.go('/jobs', { state: v('state'), queue: v('queue'), kind: v('kind'), ordering_key: v('ordering_key'), tag: tagList(v('tag')),
       created_after: fromLocal(ca.value), created_before: fromLocal(cb.value),
       finalized_after: fromLocal(fa.value), finalized_before: fromLocal(fb.value) });
   });
@@ -92,6 +104,7 @@ function filterForm(f, ctx) {
 function bulkForm(f, note, ctx) {
   const filter = {};
   for (const k of FILTERS) if (f[k]) filter[k] = f[k];
+  if (f.tag.length) filter.tags = f.tag;
   const sel = h('select', { id: 'bulk-action' },
     Object.keys(BULK).map((a) => h('option', { value: a, selected: (a === 'requeue' && ['dead', 'cancelled'].includes(f.state)) }, a)));
   const count = h('button', { type: 'submit', class: 'secondary', id: 'bulk-count' }, 'Count matching jobs (dry run)');

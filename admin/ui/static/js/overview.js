@@ -3,7 +3,7 @@
 // warning for each queue with runnable jobs and no live process serving it;
 // the dead jobs to look at.
 import { api } from './api.js';
-import { h, s, table, duration } from './dom.js';
+import { h, s, table, duration, time } from './dom.js';
 import { action } from './app.js';
 
 const WINDOW = 15;
@@ -20,7 +20,7 @@ export async function render(view, ctx) {
     ]);
     if (ctx.stale()) return;
     body.replaceChildren(...content(queues.items, blocked.items, runs, ctx, note, load),
-      h('p', { class: 'muted small' }, `Updated ${new Date().toLocaleTimeString()}; refreshes every 10 s.`));
+      h('p', { class: 'muted small' }, ['Updated ', time(new Date().toISOString()), '; refreshes every 10 s.']));
   };
   await load();
   // Refresh; a token that expired meanwhile sends the tab back to sign-in.
@@ -77,8 +77,11 @@ function content(queues, blocked, runs, ctx, note, reload) {
     cards,
     ...warnings,
     h('h2', {}, 'Queues'),
-    h('p', { class: 'legend' }, 'Chart: one bar per minute, oldest left;', h('span', { class: 'sw s' }), 'succeeded', h('span', { class: 'sw f' }), 'failed (dead).'),
-    table('Queues', head, rows, 'No queue has jobs, recent finishes or a pause.'),
+    h('p', { class: 'legend' }, 'Chart: one column per minute, oldest left;', h('span', { class: 'sw s' }), 'succeeded (above the line)',
+      h('span', { class: 'sw f' }), 'failed (dead; below the line, on a scale of its own so that a few failures show).'),
+    // On a phone the queue, its runnable, running and dead counts and its
+    // action stay; scheduled, the oldest wait and the chart go.
+    table('Queues', head, rows, 'No queue has jobs, recent finishes or a pause.', { narrow: [2, 4, 5] }),
   ];
 }
 
@@ -88,11 +91,15 @@ function card(label, n, href, alert, id) {
     href ? h('a', { href }, num, label) : [num, label]);
 }
 
-// chart is an inline SVG of finishes per minute: succeeded bars stacked
-// under failed ones, one per minute of the window (minutes without
-// finishes are absent from the API's list and drawn empty).
+// chart is an inline SVG of finishes per minute, one column per minute of
+// the window (minutes without finishes are absent from the API's list and
+// drawn empty): succeeded bars in the upper panel, failed ones in a lower
+// panel on an axis of their own, so that 2 failures beside 100 successes
+// are a bar an operator sees, not a sliver stacked on a tall one. Any
+// minute with a failure is at least 3 px tall there; each panel's peak is
+// in the label.
 function chart(q) {
-  const W = 150, H = 34, n = q.window_minutes || WINDOW;
+  const W = 150, HS = 26, GAP = 3, HF = 13, H = HS + GAP + HF, n = q.window_minutes || WINDOW;
   const bw = W / n;
   const now = Math.floor(Date.now() / 60000);
   const per = new Array(n).fill(null).map(() => ({ s: 0, f: 0 }));
@@ -100,17 +107,23 @@ function chart(q) {
     const i = n - 1 - (now - Math.floor(new Date(m.minute).getTime() / 60000));
     if (i >= 0 && i < n) { per[i].s += m.succeeded; per[i].f += m.failed; }
   }
-  const max = Math.max(1, ...per.map((p) => p.s + p.f));
-  const label = `${q.name}: ${q.succeeded} succeeded, ${q.failed} failed in the last ${n} minutes (peak ${max} per minute)`;
-  const svg = s('svg', { class: 'spark', width: W, height: H, viewBox: `0 0 ${W} ${H}`, role: 'img', 'aria-label': label },
-    s('title', {}, label));
+  const maxS = Math.max(1, ...per.map((p) => p.s));
+  const maxF = Math.max(1, ...per.map((p) => p.f));
+  const label = `${q.name}: ${q.succeeded} succeeded, ${q.failed} failed in the last ${n} minutes ` +
+    `(peaks ${maxS} succeeded and ${maxF} failed per minute, each on its own scale)`;
+  const svg = s('svg', { class: 'spark', width: W, height: H, viewBox: `0 0 ${W} ${H}`, role: 'img', 'aria-label': label,
+    'data-queue-chart': q.name }, s('title', {}, label));
   per.forEach((p, i) => {
-    const hs = (p.s / max) * (H - 2), hf = (p.f / max) * (H - 2);
     const x = (i * bw + 0.5).toFixed(1), w = Math.max(1, bw - 1.5).toFixed(1);
-    if (hs > 0) svg.append(s('rect', { class: 's', x, y: (H - 1 - hs).toFixed(1), width: w, height: hs.toFixed(1) }));
-    if (hf > 0) svg.append(s('rect', { class: 'f', x, y: (H - 1 - hs - hf).toFixed(1), width: w, height: hf.toFixed(1) }));
+    const hs = (p.s / maxS) * (HS - 1);
+    if (p.s > 0) svg.append(s('rect', { class: 's', x, y: (HS - hs).toFixed(1), width: w, height: Math.max(1, hs).toFixed(1) }));
+    if (p.f > 0) {
+      const hf = Math.max(3, (p.f / maxF) * HF);
+      svg.append(s('rect', { class: 'f', x, y: (HS + GAP).toFixed(1), width: w, height: hf.toFixed(1), 'data-failed': p.f },
+        s('title', {}, `${p.f} failed in this minute`)));
+    }
   });
-  svg.append(s('line', { class: 'base', x1: 0, y1: H - 0.5, x2: W, y2: H - 0.5 }));
+  svg.append(s('line', { class: 'base', x1: 0, y1: HS + 0.5, x2: W, y2: HS + 0.5 }));
   const rate = (n, v) => (n > 0 ? `${n} (${v >= 10 ? v.toFixed(0) : Number(v.toPrecision(2))}/s)` : '0');
   return h('div', {}, svg, h('span', { class: 'small muted' },
     `${rate(q.succeeded, q.succeeded_per_second)} ok · ${rate(q.failed, q.failed_per_second)} failed`));

@@ -86,6 +86,10 @@ function setAside(r) {
 }
 
 const ms = (iso) => new Date(iso).getTime();
+// real is an instant that can be on the time axis: a zero time
+// (0001-01-01, a value stored without its time) or no time is not, else
+// the axis would start two thousand years ago.
+const real = (t) => Number.isFinite(t) && t > 0;
 
 // spans places each step on the run's time axis. The workflow package
 // writes a successful step's row when it completes, so a step's bar starts
@@ -97,8 +101,8 @@ function spans(r) {
   const now = Date.now();
   let prevEnd = ms(r.started_at || r.created_at);
   return r.steps.map((st) => {
-    const log = WAITS.includes(st.kind) ? [] : (st.attempt_log || []);
-    const started = ms(st.started_at);
+    const log = WAITS.includes(st.kind) ? [] : (st.attempt_log || []).filter((a) => real(ms(a.started_at)) && real(ms(a.finished_at)));
+    const started = real(ms(st.started_at)) ? ms(st.started_at) : prevEnd;
     const start = log.length ? Math.min(started, ms(log[0].started_at))
       : WAITS.includes(st.kind) ? started : Math.min(prevEnd, started);
     const end = Math.max(st.finished_at ? ms(st.finished_at) : Math.max(now, start), ...log.map((a) => ms(a.finished_at)));
@@ -119,8 +123,8 @@ function attemptText(a) {
 // its attempts, error and output.
 function timeline(r) {
   const rows = spans(r);
-  const t0 = Math.min(ms(r.created_at), ...rows.map((x) => x.start));
-  const t1 = Math.max(r.finished_at ? ms(r.finished_at) : Date.now(), ...rows.map((x) => x.end), t0 + 1);
+  const t0 = Math.min(ms(r.created_at), ...rows.map((x) => x.start).filter(real));
+  const t1 = Math.max(r.finished_at ? ms(r.finished_at) : Date.now(), ...rows.map((x) => x.end).filter(real), t0 + 1);
   const W = 1000, H = 18;
   const x = (t) => ((t - t0) / (t1 - t0)) * W;
   const kids = new Map(r.children.map((c) => [c.id, c]));

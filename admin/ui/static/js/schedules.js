@@ -1,7 +1,7 @@
 // Schedules: spec, time zone, the next five fires, the last fires with
 // their outcome, and pause / resume / trigger now.
 import { api } from './api.js';
-import { h, badge, time, json, table } from './dom.js';
+import { h, badge, time, zonedTime, viewerZone, json, table } from './dom.js';
 import { action } from './app.js';
 
 export async function render(view, ctx) {
@@ -32,20 +32,21 @@ function schedule(s, ctx, note, reload) {
     buttons.push(s.paused ? mk('resume', 'Resume', `Schedule ${s.name} resumed.`) : mk('pause', 'Pause', `Schedule ${s.name} paused.`));
     buttons.push(mk('trigger', 'Trigger now', (r) => [`Schedule ${s.name} triggered: `, h('a', { href: `#/jobs/${r.job_id}` }, `job ${r.job_id}`), '.']));
   }
-  const fires = s.last_fires.map((f) => [time(f.fire_time), badge(f.outcome, 'outcome'),
+  const fires = s.last_fires.map((f) => [zonedTime(f.fire_time, s.time_zone), badge(f.outcome, 'outcome'),
     f.job_id ? h('a', { href: `#/jobs/${f.job_id}` }, String(f.job_id)) : '—', time(f.recorded_at)]);
   return h('section', { class: 'schedule', id, 'aria-labelledby': id + '-h' },
     h('h2', { id: id + '-h' }, s.name, ' ', status),
     h('dl', { class: 'fields' },
       h('dt', {}, 'Spec'), h('dd', {}, h('code', {}, s.spec)),
-      h('dt', {}, 'Time zone'), h('dd', {}, s.time_zone),
+      h('dt', {}, 'Time zone'), h('dd', { 'data-schedule-zone': s.time_zone }, s.time_zone,
+        s.time_zone !== viewerZone ? h('span', { class: 'muted small' }, ` (fire times are shown in it, then in yours: ${viewerZone})`) : null),
       h('dt', {}, 'Job'), h('dd', {}, h('code', {}, s.kind), ' on queue ', h('a', { href: `#/jobs?queue=${encodeURIComponent(s.queue)}` }, s.queue)),
       h('dt', {}, 'Catch-up / overlap'), h('dd', {}, `${s.catch_up} / ${s.overlap}`),
       h('dt', {}, 'Args'), h('dd', {}, json(s.args))),
     buttons.length ? h('div', { class: 'actions' }, buttons) : null,
     h('div', { class: 'cols' },
       h('section', {}, h('h3', {}, 'Next fires'),
-        s.next_fires.length ? h('ol', { class: 'next-fires' }, s.next_fires.map((t) => h('li', {}, time(t)))) : h('p', { class: 'muted' }, '—')),
+        s.next_fires.length ? h('ol', { class: 'next-fires' }, s.next_fires.map((t) => h('li', {}, zonedTime(t, s.time_zone)))) : h('p', { class: 'muted' }, '—')),
       h('section', {}, h('h3', {}, 'Last fires'),
         table(`Last fires of ${s.name}`, ['Fire time', 'Outcome', 'Job', 'Recorded'], fires, 'No fire yet.'))));
 }
