@@ -294,3 +294,27 @@ func TestExecutionTimeoutInVirtualTime(t *testing.T) {
 		t.Fatalf("compensations %+v, want the release", comps)
 	}
 }
+
+// CreateDatabase makes a database of the test's own on the server, which
+// New migrates, and drops it when the test ends.
+func TestCreateDatabase(t *testing.T) {
+	server := testdb.URL(t)
+	var name string
+	t.Run("env", func(t *testing.T) {
+		url := workflowtest.CreateDatabase(t, server)
+		env := workflowtest.New(t, url, nil)
+		if err := env.Pool().QueryRow(context.Background(), `SELECT current_database()`).Scan(&name); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(name, "relay_wftest_") {
+			t.Fatalf("database %q", name)
+		}
+		wf := workflow.MustRegister(env.Registry(), "one", func(wctx workflow.Context, _ struct{}) (int, error) { return 1, nil })
+		if out, run := workflowtest.Run(env, wf, struct{}{}, nil); out != 1 || run.State != workflow.StateCompleted {
+			t.Fatalf("run %s %d", run.State, out)
+		}
+	})
+	if n := testdb.Count(t, testdb.New(t), `SELECT count(*) FROM pg_database WHERE datname = $1`, name); n != 0 {
+		t.Fatalf("database %s left behind", name)
+	}
+}
