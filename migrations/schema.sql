@@ -500,6 +500,7 @@ WITH RECURSIVE tree AS (
     SELECT $1 AS id, 0 AS depth
     UNION
     SELECT c.id, tree.depth + 1 FROM relay_workflow_runs AS c JOIN tree ON c.parent_id = tree.id
+    WHERE c.parent_close IS DISTINCT FROM 'abandon'
 ), locked AS (
     SELECT r.id FROM relay_workflow_runs AS r JOIN tree ON r.id = tree.id
     WHERE r.finished_at IS NULL AND (tree.depth > 0 OR $2)
@@ -892,6 +893,7 @@ CREATE TABLE public.relay_workflow_runs (
     finished_at timestamp with time zone,
     retry_from integer,
     deadline_at timestamp with time zone,
+    parent_close text,
     tags text[] DEFAULT '{}'::text[] NOT NULL
 )
 WITH (fillfactor='70');

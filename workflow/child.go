@@ -21,6 +21,10 @@ type ChildOpts struct {
 	Priority int
 	// MaxAttempts bounds the child's crashed or failed executions.
 	MaxAttempts int
+	// ParentClose is what the parent's end does to the child if it has not
+	// finished: ParentCloseCancel (the default), ParentCloseAbandon or
+	// ParentCloseTerminate.
+	ParentClose ParentClosePolicy
 }
 
 // ChildFuture is a child run started by Child. Get waits for its outcome.
@@ -39,12 +43,14 @@ type ChildFuture[Out any] struct {
 // completion wakes the parent in the transaction that records it. Start
 // several children before calling Get on any for fan-out/fan-in.
 //
-// A child does not outlive its parent: when the parent ends (completed,
-// failed, compensated or cancelled) or continues as new, its children
-// still unfinished (started, their outcome never collected by Get) are
-// cancelled in the transaction that records the parent's end, and run their own
-// compensations as for Cancel (Temporal's default ParentClosePolicy,
-// TERMINATE, with the undo a cancel gives). A run meant to outlive its
+// A child does not outlive its parent unless it is abandoned: when the
+// parent ends (completed, failed, compensated, cancelled or terminated) or
+// continues as new, its children still unfinished (started, their outcome
+// never collected by Get) are closed in the transaction that records the
+// parent's end, per ChildOpts.ParentClose: asked to cancel by default
+// (they run their own compensations, as for Cancel: Temporal's default
+// ParentClosePolicy, TERMINATE, with the undo a cancel gives), terminated,
+// or left running (ParentCloseAbandon). A run meant to outlive its
 // starter is started with Start in a StepTx, with a fixed StartOpts.ID.
 //
 // A child is only ever its parent's own: a run that already holds the
@@ -71,7 +77,12 @@ func Child[In, Out any](wctx Context, key string, wf *Workflow[In, Out], in In, 
 		id = x.runID + "/" + strconv.Itoa(x.run.generation) + "/" + key
 	}
 	so := &StartOpts{ID: id, Queue: x.run.queue}
+	var parentClose ParentClosePolicy
 	if opts != nil {
+		if err := opts.ParentClose.check(); err != nil {
+			x.fatal(fmt.Errorf("workflow: run %s: child %q: %w", x.runID, key, err))
+		}
+		parentClose = opts.ParentClose
 		if opts.Queue != "" {
 			so.Queue = opts.Queue
 		}
@@ -95,6 +106,11 @@ func Child[In, Out any](wctx Context, key string, wf *Workflow[In, Out], in In, 
 		}
 		if err != nil {
 			return err
+		}
+		if parentClose != ParentCloseCancel {
+			if _, err := tx.Exec(ctx, sqlSetParentClose, id, parentClose.stored()); err != nil {
+				return fmt.Errorf("set the parent-close policy of child %s: %w", id, err)
+			}
 		}
 		_, err = x.upsert(ctx, tx, &stepRow{position: pos, key: key, kind: "child", state: stepWaiting, childID: id}, 0, nil, -1)
 		return err

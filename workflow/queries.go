@@ -452,3 +452,14 @@ SELECT i.id, coalesce(r.workflow, ''), coalesce(r.state, ''), coalesce(r.output:
 FROM jsonb_array_elements_text($1::jsonb) AS i(id)
 LEFT JOIN relay_workflow_runs AS r ON r.id = i.id
 WHERE r.id IS NULL OR r.finished_at IS NOT NULL`
+
+// sqlSetParentClose records child run $1's parent-close policy $2, in the
+// transaction that starts it.
+const sqlSetParentClose = `UPDATE relay_workflow_runs SET parent_close = $2 WHERE id = $1`
+
+// sqlChildrenToTerminate lists run $1's unfinished children whose parent's
+// end terminates them (ParentCloseTerminate).
+const sqlChildrenToTerminate = `
+SELECT id FROM relay_workflow_runs
+WHERE parent_id = $1 AND parent_close = 'terminate' AND finished_at IS NULL
+ORDER BY id`

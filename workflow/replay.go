@@ -516,6 +516,9 @@ func (x *execution) finish(state RunState, output []byte, msg string) error {
 		if !closeChildren {
 			return nil
 		}
+		if err := terminateChildren(ctx, tx, x.runID); err != nil {
+			return err
+		}
 		_, err := requestCancel(ctx, dbx.PGX{Q: tx}, x.runID)
 		return err
 	}

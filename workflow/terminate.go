@@ -82,6 +82,11 @@ func terminate(ctx context.Context, tx core.DB, id, msg string) (int64, error) {
 	if !found {
 		return 0, runMissing(ctx, ex, id)
 	}
+	// Its children whose policy is ParentCloseTerminate go with it (the
+	// statement asked the others to cancel; abandoned ones run on).
+	if err := terminateChildren(ctx, tx, id); err != nil {
+		return 0, err
+	}
 	if job == 0 {
 		return 0, nil
 	}
