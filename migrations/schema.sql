@@ -827,7 +827,7 @@ CREATE TABLE public.relay_schedule_fires (
     outcome text NOT NULL,
     job_id bigint,
     recorded_at timestamp with time zone DEFAULT now() NOT NULL,
-    CONSTRAINT relay_schedule_fires_outcome_check CHECK ((outcome = ANY (ARRAY['enqueued'::text, 'skipped_overlap'::text, 'triggered'::text])))
+    CONSTRAINT relay_schedule_fires_outcome_check CHECK ((outcome = ANY (ARRAY['enqueued'::text, 'skipped_overlap'::text, 'triggered'::text, 'backfilled'::text])))
 )
 WITH (autovacuum_vacuum_scale_factor='0.05', autovacuum_analyze_scale_factor='0.05');
 

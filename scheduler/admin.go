@@ -136,6 +136,64 @@ func TriggerNow(ctx context.Context, db core.DB, name string) (core.EnqueueResul
 	return res, err
 }
 
+// Backfilled is what Backfill did.
+type Backfilled struct {
+	// FireTime is the fire backfilled, as stored (UTC).
+	FireTime time.Time
+	// JobID is the fire's job: the one Backfill enqueued, or, when the
+	// fire had already enqueued one (Existing), that one (0 if retention
+	// deleted it).
+	JobID int64
+	// Existing reports that the fire had already enqueued its job (its
+	// own fire, a trigger or an earlier backfill, named by Outcome):
+	// Backfill enqueued nothing.
+	Existing bool
+	Outcome  string
+}
+
+// ErrNotAFireTime: Backfill was given a time that is not one of the
+// schedule's fire times, or one not yet past.
+var ErrNotAFireTime = errors.New("scheduler: not a past fire time of the schedule")
+
+// Backfill fires the schedule for fire time at, a past fire that was
+// missed or must be made up (a month-end settlement of a month the
+// scheduler was down for), once: the fire is recorded under its key
+// (schedule, fire time) as "backfilled", and its job is enqueued with that
+// fire time in its metadata (MetaFireTime), so a workflow start with
+// StartArgs.FireTimeKey starts the run of that fire, covering that period.
+// A fire that already enqueued its job enqueues nothing (Existing, its
+// job); one the overlap policy skipped is backfilled. at must be one of
+// the schedule's fire times in its time zone (the instant is what counts,
+// not the zone it is given in) and before the database's now(), else
+// ErrNotAFireTime naming the fire times around it. Paused and disabled
+// schedules can be backfilled; the schedule's next fire does not move.
+// db is any core.DB, as for TriggerNow.
+func Backfill(ctx context.Context, db core.DB, name string, at time.Time) (Backfilled, error) {
+	out := Backfilled{FireTime: at.UTC()}
+	err := lockOne(ctx, db, name, "backfill", func(ex dbx.Execer, tx core.DB, r *row, spec *Spec) error {
+		if !at.Before(r.now) {
+			return fmt.Errorf("%w: %s is not before the database's now (%s)", ErrNotAFireTime, at.UTC().Format(time.RFC3339), r.now.UTC().Format(time.RFC3339))
+		}
+		if fire := spec.Next(at.Add(-time.Nanosecond)); !fire.Equal(at) {
+			return fmt.Errorf("%w: %s is not a fire time of %q in %s (the next one after it is %s)", ErrNotAFireTime,
+				at.In(spec.Location()).Format(time.RFC3339), spec.String(), spec.Location(), spec.Next(at).Format(time.RFC3339))
+		}
+		claimed := false
+		if err := ex.Query(ctx, sqlRecordBackfill, []any{name, at}, func(dbx.Scanner) error { claimed = true; return nil }); err != nil {
+			return fmt.Errorf("record fire %s: %w", at, err)
+		}
+		if !claimed {
+			out.Existing = true
+			return ex.Query(ctx, sqlFireOf, []any{name, at}, func(r dbx.Scanner) error { return r.Scan(&out.Outcome, &out.JobID) })
+		}
+		out.Outcome = "backfilled"
+		var err error
+		out.JobID, err = enqueueFire(ctx, ex, tx, r, at)
+		return err
+	})
+	return out, err
+}
+
 // lockOne runs f in a transaction holding the named schedule's row: db's,
 // when it is one, else one begun on db. f gets the transaction as an
 // Execer and as the handle (to enqueue in it).

@@ -141,3 +141,19 @@ WHERE name = $1`
 // (transaction-local: nothing outlives it, through a transaction-pooling
 // proxy included).
 const sqlNameSession = `SELECT set_config('application_name', $1, true)`
+
+// sqlRecordBackfill claims past fire time $2 of schedule $1 for a backfill:
+// a fire not recorded yet, or one the overlap policy skipped (it enqueued
+// nothing). A fire that enqueued a job (its own, a trigger's or an earlier
+// backfill's) returns no row: the fire's key holds, and nothing is
+// enqueued again.
+const sqlRecordBackfill = `
+INSERT INTO relay_schedule_fires AS f (schedule, fire_time, outcome)
+VALUES ($1, $2, 'backfilled')
+ON CONFLICT (schedule, fire_time) DO UPDATE SET outcome = 'backfilled', recorded_at = now()
+    WHERE f.outcome = 'skipped_overlap'
+RETURNING fire_time`
+
+// sqlFireOf reads fire $2 of schedule $1: its outcome and job.
+const sqlFireOf = `
+SELECT outcome, coalesce(job_id, 0) FROM relay_schedule_fires WHERE schedule = $1 AND fire_time = $2`
