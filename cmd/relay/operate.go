@@ -93,36 +93,39 @@ func runOp(ctx context.Context, name string, c opCommand, args []string) error {
 // get calls GET path and prints the answer: as sent with --output json,
 // else through table, given the answer decoded into v.
 func (c *opCall) get(ctx context.Context, path string, q url.Values, v any, table func()) error {
-	return c.print(c.api.call(ctx, "GET", path, q, nil, v))(table)
+	b, err := c.api.call(ctx, "GET", path, q, nil, v)
+	return c.show(b, err, table)
 }
 
 // post calls POST path with body and prints the answer like get.
 func (c *opCall) post(ctx context.Context, path string, body, v any, table func()) error {
-	return c.print(c.api.call(ctx, "POST", path, nil, body, v))(table)
+	b, err := c.api.call(ctx, "POST", path, nil, body, v)
+	return c.show(b, err, table)
 }
 
 // delete calls DELETE path and prints the answer like get.
 func (c *opCall) delete(ctx context.Context, path string, v any, table func()) error {
-	return c.print(c.api.call(ctx, "DELETE", path, nil, nil, v))(table)
+	b, err := c.api.call(ctx, "DELETE", path, nil, nil, v)
+	return c.show(b, err, table)
 }
 
-func (c *opCall) print(b []byte, err error) func(table func()) error {
-	return func(table func()) error {
-		if err != nil {
-			return err
-		}
-		if c.out == "json" {
-			if _, err := c.w.Write(b); err != nil {
-				return err
-			}
-			if len(b) == 0 || b[len(b)-1] != '\n' {
-				fmt.Fprintln(c.w)
-			}
-			return nil
-		}
+// show prints an answer b (the call's error, if any, returned instead):
+// b itself with --output json, else table's rendering of it.
+func (c *opCall) show(b []byte, err error, table func()) error {
+	if err != nil {
+		return err
+	}
+	if c.out != "json" {
 		table()
 		return nil
 	}
+	if _, err := c.w.Write(b); err != nil {
+		return err
+	}
+	if len(b) == 0 || b[len(b)-1] != '\n' {
+		fmt.Fprintln(c.w)
+	}
+	return nil
 }
 
 // table writes rows in aligned columns, the first row being the header.

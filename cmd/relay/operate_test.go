@@ -137,8 +137,7 @@ func row(t *testing.T, table, first string) map[string]string {
 				end = starts[i+1]
 			}
 			if s > len(l) {
-				e := ""
-				cols[names[i]] = e
+				cols[names[i]] = "" // an empty last column
 				continue
 			}
 			if i > 0 && l[s-1] != ' ' {
