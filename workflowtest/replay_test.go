@@ -167,3 +167,84 @@ func TestReplayBadHistories(t *testing.T) {
 		t.Fatalf("no format: %v", err)
 	}
 }
+
+// Every primitive replays from an exported history without running or
+// writing anything: values, parallel steps, a select on a signal, a
+// signal wait, a child, an event, a patch, a failed step handled, and the
+// compensations of a run that failed after them.
+func TestReplayEveryPrimitive(t *testing.T) {
+	env := workflowtest.New(t, testdb.URL(t), nil)
+	calls := 0
+	child := func(reg *workflow.Registry) *workflow.Workflow[string, string] {
+		return workflow.MustRegister(reg, "child", func(wctx workflow.Context, in string) (string, error) { return "child " + in, nil })
+	}
+	flow := func(kid *workflow.Workflow[string, string], compensate bool) func(workflow.Context, string) (string, error) {
+		return func(wctx workflow.Context, in string) (string, error) {
+			calls++
+			workflow.Now(wctx, "now")
+			workflow.UUID(wctx, "key")
+			workflow.Random(wctx, "dice")
+			a := workflow.Go(wctx, "left", func(ctx context.Context) (int, error) { return 1, nil }, nil)
+			b := workflow.Go(wctx, "right", func(ctx context.Context) (int, error) { return 2, nil }, nil)
+			if _, err := a.Get(wctx); err != nil {
+				return "", err
+			}
+			if _, err := b.Get(wctx); err != nil {
+				return "", err
+			}
+			if _, err := workflow.Select(wctx, "await", workflow.OnSignal[string]("go"), workflow.OnTimer(time.Hour)); err != nil {
+				return "", err
+			}
+			if _, _, err := workflow.WaitSignal[int](wctx, "amount", time.Hour); err != nil {
+				return "", err
+			}
+			out, err := workflow.Child(wctx, "kid", kid, in, nil).Get(wctx)
+			if err != nil {
+				return "", err
+			}
+			if err := workflow.SetEvent(wctx, "status", out); err != nil {
+				return "", err
+			}
+			workflow.Patch(wctx, "v2")
+			if _, err := workflow.Step(wctx, "flaky", func(ctx context.Context) (int, error) {
+				return 0, errors.New("always")
+			}, &workflow.StepOpts{MaxAttempts: 2}); err == nil {
+				return "", errors.New("flaky succeeded")
+			}
+			if _, err := workflow.Step(wctx, "charge", func(ctx context.Context) (int, error) { return 1, nil }, nil); err != nil {
+				return "", err
+			}
+			if compensate {
+				workflow.Compensate(wctx, "refund", func(ctx context.Context) error { return nil })
+			}
+			return "", errors.New("the order is void")
+		}
+	}
+	wf := workflow.MustRegister(env.Registry(), "every", flow(child(env.Registry()), true))
+	env.SignalAfter(time.Minute, "e1", "go", "now")
+	env.SignalAfter(2*time.Minute, "e1", "amount", 7)
+	if _, run := workflowtest.Run(env, wf, "x", &workflow.StartOpts{ID: "e1"}); run.State != workflow.StateCompensated {
+		t.Fatalf("run %s: %s", run.State, run.Error)
+	}
+	h := env.History("e1")
+	reg := workflow.NewRegistry(nil, nil)
+	workflow.MustRegister(reg, "every", flow(child(reg), true))
+	calls = 0
+	if err := workflow.Replay(context.Background(), reg, h); err != nil {
+		t.Fatalf("replay: %v\n%+v", err, h.Steps)
+	}
+	if calls != 1 {
+		t.Fatalf("the function was called %d times by the replay, want 1", calls)
+	}
+	if last := h.Steps[len(h.Steps)-1]; last.Key != "compensate:refund" {
+		t.Fatalf("the history ends with %s, want the compensation", last.Key)
+	}
+	// The compensation dropped from the code: the replay says so, at the
+	// position history holds it.
+	dropped := workflow.NewRegistry(nil, nil)
+	workflow.MustRegister(dropped, "every", flow(child(dropped), false))
+	var nd *workflow.NonDeterminismError
+	if err := workflow.Replay(context.Background(), dropped, h); !errors.As(err, &nd) || nd.HistoryKey != "step:compensate:refund" || nd.CodeKey != "(return)" {
+		t.Fatalf("the compensation dropped: %v", err)
+	}
+}
