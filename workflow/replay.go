@@ -221,6 +221,11 @@ func (x *execution) next(kind, key string) (int, *stepRow) {
 	if h != nil && (h.key != key || h.kind != kind) {
 		x.fatal(&NonDeterminismError{RunID: x.runID, Position: pos, HistoryKey: h.kind + ":" + h.key, CodeKey: kind + ":" + key})
 	}
+	if h != nil && h.state != stepCompleted && h.state != stepFailed && h.state != stepRetrying && h.state != stepWaiting {
+		// No code writes another state (a row written by hand): treated
+		// as not done, the step would run again, a StepTx's writes with it.
+		x.fatal(fmt.Errorf("workflow: run %s: step %q at position %d is stored in state %q, which is none of a step's states (completed, failed, retrying, waiting)", x.runID, key, pos, h.state))
+	}
 	if x.dryRun && (h == nil || (h.state != stepCompleted && h.state != stepFailed)) {
 		// Past here the code would run or wait for something new.
 		x.stop(&unwind{kind: unwindReplayEnd})
