@@ -32,7 +32,7 @@ func TestProcessChild(t *testing.T) {
 	}
 	ws := core.NewWorkers()
 	core.MustAddWorker(ws, core.WorkFunc[sleepyArgs](func(context.Context, *core.Job[sleepyArgs]) error { return nil }))
-	c, err := core.NewClient(pool, &core.Config{Workers: ws, LivenessTimeout: 2 * time.Second, ID: "child-worker",
+	c, err := core.NewClient(pool, &core.Config{Workers: ws, LivenessTimeout: 5 * time.Second, ID: "child-worker",
 		Queues: map[string]core.QueueConfig{"mail": {MaxWorkers: 3}, "default": {MaxWorkers: 2}}})
 	if err != nil || c.Start(context.Background()) != nil {
 		os.Exit(11)
@@ -89,7 +89,7 @@ func TestKilledProcessEntryAgesOut(t *testing.T) {
 	}
 	host, _ := os.Hostname()
 	if e.Role != liveness.RoleWorker || e.Name != "child-worker" || e.Host != host || e.Version == "" ||
-		e.Queues["mail"] != 3 || e.Queues["default"] != 2 || len(e.Queues) != 2 || e.Timeout != 2*time.Second {
+		e.Queues["mail"] != 3 || e.Queues["default"] != 2 || len(e.Queues) != 2 || e.Timeout != 5*time.Second {
 		t.Fatalf("entry %+v; want a worker named child-worker on %s serving mail (3) and default (2), with a version", e, host)
 	}
 
