@@ -33,11 +33,4 @@ func TestConnectionsNameThemselves(t *testing.T) {
 			return count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1`, name) > 0
 		})
 	}
-	if got := core.AppName("", "serve", ""); got != "relay-serve" {
-		t.Errorf("AppName without a user's name or id: %q", got)
-	}
-	long := core.AppName("an-application-name-that-is-rather-long-indeed", "dispatcher", "host-1234-abcdef")
-	if len(long) != 63 {
-		t.Errorf("AppName is %d bytes, want it cut to 63: %q", len(long), long)
-	}
 }

@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/relayq/relay/internal/appname"
 	"github.com/relayq/relay/internal/jobinsert"
 	"github.com/relayq/relay/internal/liveness"
 	"github.com/relayq/relay/internal/notifier"
@@ -510,7 +511,7 @@ func (c *Client) Start(ctx context.Context) error {
 				OnNotify:   c.onNotify,
 				OnConnect:  func() { c.wakeAll(); c.cancelMissed(bgCtx); c.handOffSoon() },
 				Logger:     c.logger,
-				AppName:    AppName(c.pool.Config().ConnConfig.RuntimeParams["application_name"], "listener", c.cfg.ID),
+				AppName:    appname.For(c.pool.Config().ConnConfig.RuntimeParams["application_name"], "listener", c.cfg.ID),
 			})
 		}()
 	}
@@ -762,7 +763,7 @@ func (c *Client) dbCtx() (context.Context, context.CancelFunc) {
 // recording of outcomes. Their connections refuse to wait more than a short
 // while for a row lock (they use SKIP LOCKED; this is the backstop) where
 // the server accepts lock_timeout as a startup parameter, and name
-// themselves (AppName). It probes the connections first (checkPooling) and
+// themselves (appname.For). It probes the connections first (checkPooling) and
 // says whether to listen.
 func (c *Client) newOwnPools(ctx context.Context) (listen bool, err error) {
 	cfg := c.pool.Config()
@@ -775,7 +776,7 @@ func (c *Client) newOwnPools(ctx context.Context) (listen bool, err error) {
 	}
 	user := rp["application_name"]
 	rp["lock_timeout"] = strconv.FormatInt(max(c.cfg.LeaseDuration/10, 10*time.Millisecond).Milliseconds(), 10)
-	rp["application_name"] = AppName(user, "worker", c.cfg.ID)
+	rp["application_name"] = appname.For(user, "worker", c.cfg.ID)
 	if c.cfg.ListenerURL != "" {
 		if c.listener, err = pgx.ParseConfig(c.cfg.ListenerURL); err != nil {
 			return false, fmt.Errorf("core: start: Config.ListenerURL: %w", err)
@@ -786,7 +787,7 @@ func (c *Client) newOwnPools(ctx context.Context) (listen bool, err error) {
 	}
 	out := cfg.Copy()
 	out.MaxConns = 1
-	out.ConnConfig.RuntimeParams["application_name"] = AppName(user, "completer", c.cfg.ID)
+	out.ConnConfig.RuntimeParams["application_name"] = appname.For(user, "completer", c.cfg.ID)
 	if c.own, err = pgxpool.NewWithConfig(context.Background(), cfg); err != nil {
 		return false, fmt.Errorf("core: start: open the client's bookkeeping pool: %w", err)
 	}

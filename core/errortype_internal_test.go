@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+
+	"github.com/relayq/relay/internal/jobinsert"
 )
 
 // error.type is a stable category for Relay's outcomes, else the type of
@@ -44,5 +46,18 @@ func TestWithTraceMetadataKeepsNumbers(t *testing.T) {
 	}
 	if want := `{"f":1.50,"order_id":1234567890123456789,"traceparent":"00-x"}`; string(got) != want {
 		t.Fatalf("got %s, want %s", got, want)
+	}
+}
+
+// The engine's insert keeps a traceparent the caller chose: its key is
+// MetaTraceParent.
+func TestWithTraceMetadataKeepsTheCallersTraceParent(t *testing.T) {
+	if MetaTraceParent != jobinsert.TraceParentKey {
+		t.Fatalf("MetaTraceParent %q, the insert's key %q", MetaTraceParent, jobinsert.TraceParentKey)
+	}
+	mine := json.RawMessage(`{"traceparent":"00-mine"}`)
+	got, err := withTraceMetadata(mine, map[string]string{MetaTraceParent: "00-x"})
+	if err != nil || string(got) != string(mine) {
+		t.Fatalf("got %s (%v), want the caller's %s", got, err, mine)
 	}
 }

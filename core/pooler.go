@@ -42,25 +42,6 @@ FROM (
 ) AS t
 WHERE missing <> ''`
 
-// AppName is the application_name a connection Relay opens for one of its
-// own roles (worker, listener, completer, scheduler, dispatcher, serve)
-// gives itself: "relay-<role>", after the user's own application_name when
-// set (so "billing relay-worker"), then id when given, cut to the 63 bytes
-// PostgreSQL keeps.
-func AppName(user, role, id string) string {
-	name := "relay-" + role
-	if user != "" {
-		name = user + " " + name
-	}
-	if id != "" {
-		name += " " + id
-	}
-	if len(name) > 63 {
-		name = name[:63]
-	}
-	return name
-}
-
 // startupRefused says whether err is a server (or pooler) refusing a
 // startup parameter: PgBouncer accepts only a few ("unsupported startup
 // parameter: lock_timeout") unless told to ignore them.

@@ -38,7 +38,7 @@ const instrumentationName = jobinsert.InstrumentationName
 
 // Metadata keys of the W3C trace context stored with each job.
 const (
-	MetaTraceParent = jobinsert.TraceParentKey
+	MetaTraceParent = "traceparent"
 	MetaTraceState  = "tracestate"
 )
 

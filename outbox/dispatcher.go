@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/appname"
 	"github.com/relayq/relay/internal/background"
 	"github.com/relayq/relay/internal/liveness"
 	"github.com/relayq/relay/internal/notifier"
@@ -86,7 +87,7 @@ type Dispatcher struct {
 	cfg  Config
 	proc *liveness.Process // this process's entry, declaring the subscriptions
 	wake chan struct{}
-	// appName names the session while a batch is dispatched (core.AppName),
+	// appName names the session while a batch is dispatched (appname.For),
 	// made at the first dispatch.
 	appName     string
 	appNameOnce sync.Once
@@ -314,7 +315,7 @@ func (d *Dispatcher) DispatchOnce(ctx context.Context) (int, error) {
 		// Named for the rest of the transaction only: an operator finds a
 		// dispatch in pg_stat_activity as relay-dispatcher.
 		d.appNameOnce.Do(func() {
-			d.appName = core.AppName(d.pool.Config().ConnConfig.RuntimeParams["application_name"], "dispatcher", "")
+			d.appName = appname.For(d.pool.Config().ConnConfig.RuntimeParams["application_name"], "dispatcher", "")
 		})
 		if _, err := tx.Exec(ctx, sqlNameSession, d.appName); err != nil {
 			return fmt.Errorf("name the session: %w", err)

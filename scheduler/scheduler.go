@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/appname"
 	"github.com/relayq/relay/internal/background"
 	"github.com/relayq/relay/internal/dbx"
 	"github.com/relayq/relay/internal/liveness"
@@ -308,7 +309,7 @@ func (s *Scheduler) tick(ctx context.Context) (full bool, err error) {
 		if len(due) > 0 {
 			// Named for the rest of the transaction only: an operator finds
 			// a firing tick in pg_stat_activity as relay-scheduler.
-			name := core.AppName(s.pool.Config().ConnConfig.RuntimeParams["application_name"], "scheduler", "")
+			name := appname.For(s.pool.Config().ConnConfig.RuntimeParams["application_name"], "scheduler", "")
 			if _, err := tx.Exec(ctx, sqlNameSession, name); err != nil {
 				return fmt.Errorf("name the session: %w", err)
 			}

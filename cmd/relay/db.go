@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/appname"
 	"github.com/relayq/relay/migrations"
 )
 
@@ -24,7 +24,7 @@ func openPool(ctx context.Context, rawURL string, needSchema bool) (*pgxpool.Poo
 }
 
 // openPoolAs is openPool whose connections name themselves for role
-// (core.AppName: "relay-serve", after the URL's own application_name) when
+// (appname.For: "relay-serve", after the URL's own application_name) when
 // role is not empty.
 func openPoolAs(ctx context.Context, rawURL, role string, needSchema bool) (*pgxpool.Pool, error) {
 	if err := checkScheme(rawURL); err != nil {
@@ -36,7 +36,7 @@ func openPoolAs(ctx context.Context, rawURL, role string, needSchema bool) (*pgx
 	}
 	if role != "" {
 		rp := cfg.ConnConfig.RuntimeParams
-		rp["application_name"] = core.AppName(rp["application_name"], role, "")
+		rp["application_name"] = appname.For(rp["application_name"], role, "")
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

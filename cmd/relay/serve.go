@@ -17,6 +17,7 @@ import (
 	"github.com/relayq/relay/admin"
 	"github.com/relayq/relay/admin/ui"
 	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/appname"
 	"github.com/relayq/relay/internal/liveness"
 	"github.com/relayq/relay/migrations"
 	"github.com/relayq/relay/telemetry"
@@ -90,7 +91,7 @@ func runServe(ctx context.Context, args []string) error {
 			return fmt.Errorf("serve: --read-database-url: %w", err)
 		}
 		rp := readCfg.ConnConfig.RuntimeParams
-		rp["application_name"] = core.AppName(rp["application_name"], "serve", "")
+		rp["application_name"] = appname.For(rp["application_name"], "serve", "")
 		read, err := pgxpool.NewWithConfig(ctx, readCfg)
 		if err != nil {
 			return fmt.Errorf("serve: --read-database-url: %w", err)
