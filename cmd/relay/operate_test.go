@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"regexp"
@@ -467,6 +468,22 @@ func TestOperateUsage(t *testing.T) {
 			t.Errorf("relay --help does not list %q:\n%s", cmd, out)
 		}
 	}
+	// Another server at --url: its page is no answer, and its error page
+	// is cut to one line.
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/jobs" {
+			http.Error(w, "<html>\n<h1>Bad Gateway</h1>\n</html>", http.StatusBadGateway)
+			return
+		}
+		w.Write([]byte("<html>welcome</html>")) //nolint:errcheck // the test reads it
+	}))
+	defer other.Close()
+	e.fails("relay queues list: GET /v1/queues: the answer is not what relay serve answers (another server at "+other.URL+
+		"?): invalid character '<' looking for beginning of value", "queues", "list", "--url", other.URL)
+	e.fails("relay jobs list: 502 Bad Gateway: <html> <h1>Bad Gateway</h1> </html>", "jobs", "list", "--url", other.URL)
+	// A URL's password is never printed.
+	e.fails("relay queues list: cannot reach relay serve at http://127.0.0.1:1: dial tcp 127.0.0.1:1: connect: connection refused",
+		"queues", "list", "--url", "http://ops:hunter2@127.0.0.1:1")
 	// Flags after the arguments, and an argument after "--".
 	if _, errOut, code := e.run("jobs", "show", "7", "--url", "http://127.0.0.1:1"); code != 1 || !strings.Contains(errOut, "cannot reach relay serve") {
 		t.Errorf("a flag after the id: exit %d, %q", code, errOut)
