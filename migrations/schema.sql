@@ -871,6 +871,17 @@ CREATE TABLE public.relay_workflow_events (
     updated_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
+-- Name: relay_workflow_heartbeats; Type: TABLE; Schema: public
+
+CREATE TABLE public.relay_workflow_heartbeats (
+    run_id text NOT NULL,
+    "position" integer NOT NULL,
+    key text NOT NULL,
+    attempt integer NOT NULL,
+    details jsonb NOT NULL,
+    at timestamp with time zone DEFAULT now() NOT NULL
+);
+
 -- Name: relay_workflow_runs; Type: TABLE; Schema: public
 
 CREATE TABLE public.relay_workflow_runs (
@@ -1028,6 +1039,11 @@ ALTER TABLE ONLY public.relay_schedules
 
 ALTER TABLE ONLY public.relay_workflow_events
     ADD CONSTRAINT relay_workflow_events_pkey PRIMARY KEY (run_id, key);
+
+-- Name: relay_workflow_heartbeats relay_workflow_heartbeats_pkey; Type: CONSTRAINT; Schema: public
+
+ALTER TABLE ONLY public.relay_workflow_heartbeats
+    ADD CONSTRAINT relay_workflow_heartbeats_pkey PRIMARY KEY (run_id, "position");
 
 -- Name: relay_workflow_runs relay_workflow_runs_pkey; Type: CONSTRAINT; Schema: public
 
@@ -1189,6 +1205,11 @@ ALTER TABLE ONLY public.relay_schedule_fires
 
 ALTER TABLE ONLY public.relay_workflow_events
     ADD CONSTRAINT relay_workflow_events_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.relay_workflow_runs(id) ON DELETE CASCADE;
+
+-- Name: relay_workflow_heartbeats relay_workflow_heartbeats_run_id_fkey; Type: FK CONSTRAINT; Schema: public
+
+ALTER TABLE ONLY public.relay_workflow_heartbeats
+    ADD CONSTRAINT relay_workflow_heartbeats_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.relay_workflow_runs(id) ON DELETE CASCADE;
 
 -- Name: relay_workflow_runs relay_workflow_runs_parent_id_fkey; Type: FK CONSTRAINT; Schema: public
 

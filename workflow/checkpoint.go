@@ -243,7 +243,7 @@ func (w *stepWrite) args(runID string) []any {
 		us := w.delay.Microseconds()
 		delayUS = &us
 	}
-	return []any{runID, s.position, s.key, s.kind, s.state, out, s.errMsg, w.attempts, w.wakeAt, delayUS, s.childID, s.attempt.encode(), s.errInfo}
+	return []any{runID, s.position, s.key, s.kind, s.state, out, s.errMsg, w.attempts, w.wakeAt, delayUS, s.childID, s.attempt.encode(), s.errInfo, s.startedAt}
 }
 
 // record is batchWrite of checkpoints for the execution's own bookkeeping:
@@ -322,7 +322,7 @@ func (x *execution) upsert(ctx context.Context, tx pgx.Tx, s *stepRow, attempts 
 		delayUS = &us
 	}
 	err := tx.QueryRow(ctx, sqlUpsertStep, x.runID, s.position, s.key, s.kind, s.state, out, s.errMsg,
-		attempts, wakeAt, delayUS, s.childID, s.attempt.encode(), s.errInfo).Scan(&at)
+		attempts, wakeAt, delayUS, s.childID, s.attempt.encode(), s.errInfo, s.startedAt).Scan(&at)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint %s %q at %d: %w", s.kind, s.key, s.position, err)
 	}

@@ -71,6 +71,10 @@ func Go[T any](wctx Context, key string, fn func(ctx context.Context) (T, error)
 	x.userKey("step", key)
 	p, out, err, done := planStep[T](x, "step", key, opts)
 	f := &StepFuture[T]{x: x, plan: p}
+	if p.expired != nil {
+		expired := p.expired // past ScheduleToClose: the attempt fails at once
+		fn = func(context.Context) (T, error) { var zero T; return zero, permanent(expired) }
+	}
 	if done {
 		if err != nil {
 			f.failed = err
@@ -84,6 +88,7 @@ func Go[T any](wctx Context, key string, fn func(ctx context.Context) (T, error)
 	x.crashAt(key, wfhook.BeforeStep)
 	fn = fakeStep(x, key, fn)
 	ctx, span := x.stepSpan("step", key, p.n)
+	ctx = withBeat(ctx, x, p)
 	ctx, cancel := context.WithCancel(ctx)
 	if p.timeout > 0 {
 		var c2 context.CancelFunc

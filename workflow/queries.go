@@ -55,7 +55,7 @@ WHERE id = $1`
 // length: a replay costs one query however many steps it passes.
 const sqlLoadSteps = `
 SELECT position, key, kind, state, coalesce(output::text, ''), coalesce(error, ''), attempts,
-       wake_at, coalesce(child_id, ''), coalesce(error_info::text, '')
+       wake_at, coalesce(child_id, ''), coalesce(error_info::text, ''), started_at
 FROM relay_workflow_steps
 WHERE run_id = $1
 ORDER BY position`
@@ -85,15 +85,17 @@ const sqlCancelRequested = `SELECT cancel_requested FROM relay_workflow_runs WHE
 // log, which keeps the latest maxAttemptLog (20) entries; a write without
 // one (a value, a child, a sleep) leaves the log as it is
 // (jsonb_build_array(NULL) would be [null], not an empty log). $13 is a
-// failed step's error description (describeError), empty for none.
+// failed step's error description (describeError), empty for none. $14
+// is when the step's first attempt began (database clock), for a step
+// whose row this write creates (NULL: now()); later writes keep it.
 const sqlUpsertStep = `
-INSERT INTO relay_workflow_steps (run_id, position, key, kind, state, output, error, attempts, wake_at, child_id, finished_at, attempt_log, error_info)
+INSERT INTO relay_workflow_steps (run_id, position, key, kind, state, output, error, attempts, wake_at, child_id, finished_at, attempt_log, error_info, started_at)
 VALUES ($1, $2, $3, $4, $5, $6::jsonb, nullif($7, ''), $8,
         coalesce($9::timestamptz, now() + $10::bigint * interval '1 microsecond'),
         nullif($11, ''),
         CASE WHEN $5 IN ('completed', 'failed') THEN now() END,
         CASE WHEN $12::jsonb IS NULL THEN '[]'::jsonb ELSE jsonb_build_array($12::jsonb) END,
-        nullif($13, '')::jsonb)
+        nullif($13, '')::jsonb, coalesce($14::timestamptz, now()))
 ON CONFLICT (run_id, position) DO UPDATE
 SET state       = excluded.state,
     output      = excluded.output,
@@ -463,3 +465,22 @@ const sqlChildrenToTerminate = `
 SELECT id FROM relay_workflow_runs
 WHERE parent_id = $1 AND parent_close = 'terminate' AND finished_at IS NULL
 ORDER BY id`
+
+// sqlHeartbeat records step ($1 run, $2 position, $3 key)'s heartbeat
+// details $5 from attempt $4, if run job $6 still holds lease token $7
+// (the job's row locked FOR SHARE until the statement commits, as
+// fence.Hold does): a lost attempt records nothing, nor does an attempt
+// older than the one whose details are stored (abandoned at its timeout,
+// still running).
+const sqlHeartbeat = `
+INSERT INTO relay_workflow_heartbeats (run_id, position, key, attempt, details)
+SELECT $1, $2, $3, $4, $5::jsonb
+WHERE EXISTS (SELECT 1 FROM relay_jobs WHERE id = $6 AND lease_token = $7::uuid FOR SHARE)
+ON CONFLICT (run_id, position) DO UPDATE
+SET key = excluded.key, attempt = excluded.attempt, details = excluded.details, at = now()
+WHERE relay_workflow_heartbeats.attempt <= excluded.attempt OR relay_workflow_heartbeats.key <> excluded.key`
+
+// sqlHeartbeatDetails reads step ($1 run, $2 position, $3 key)'s latest
+// heartbeat details.
+const sqlHeartbeatDetails = `
+SELECT details::text FROM relay_workflow_heartbeats WHERE run_id = $1 AND position = $2 AND key = $3`

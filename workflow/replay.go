@@ -67,6 +67,10 @@ type stepRow struct {
 	// attempt is the step attempt this write adds to the step's attempt
 	// log (nil: none). Not loaded with history.
 	attempt *StepAttempt
+	// startedAt is when the step's first attempt began, on the database's
+	// clock (its row's started_at; a write creating the row sets it, nil
+	// for the write's now()).
+	startedAt *time.Time
 }
 
 // Step states.
@@ -260,7 +264,7 @@ func (x *execution) load(ctx context.Context) error {
 	x.hist = map[int]*stepRow{}
 	for rows.Next() {
 		s := &stepRow{}
-		if err := rows.Scan(&s.position, &s.key, &s.kind, &s.state, &s.output, &s.errMsg, &s.attempts, &s.wakeAt, &s.childID, &s.errInfo); err != nil {
+		if err := rows.Scan(&s.position, &s.key, &s.kind, &s.state, &s.output, &s.errMsg, &s.attempts, &s.wakeAt, &s.childID, &s.errInfo, &s.startedAt); err != nil {
 			return fmt.Errorf("workflow: load steps of run %s: %w", x.runID, err)
 		}
 		x.hist[s.position] = s

@@ -37,6 +37,13 @@ type StepOpts struct {
 	// function then runs on a goroutine of its own, from which this
 	// package's primitives are refused (ErrForeignGoroutine). 0 is none.
 	Timeout time.Duration
+	// ScheduleToClose bounds all the step's attempts together, retry
+	// delays included, from its first attempt's start (on the database's
+	// clock, kept in the step's row): each attempt's timeout is at most
+	// what is left, no retry is scheduled past it, and the step then fails
+	// with an error matching ErrStepTimeout (and wrapping the last
+	// attempt's). 0 is none.
+	ScheduleToClose time.Duration
 }
 
 // defaultStepAttempts is StepOpts.MaxAttempts' default. Temporal retries
@@ -57,6 +64,8 @@ func (o *StepOpts) validate() error {
 		return fmt.Errorf("%w: StepOpts.MaxAttempts is %d (0 is the default, 1 no retry)", ErrBadOptions, o.MaxAttempts)
 	case o.Timeout < 0:
 		return fmt.Errorf("%w: StepOpts.Timeout is %s (0 is none)", ErrBadOptions, o.Timeout)
+	case o.ScheduleToClose < 0:
+		return fmt.Errorf("%w: StepOpts.ScheduleToClose is %s (0 is none)", ErrBadOptions, o.ScheduleToClose)
 	}
 	return nil
 }
@@ -231,8 +240,15 @@ func runStep[T any](wctx Context, kind, key string, opts *StepOpts, attempt func
 	}
 	x.crashAt(key, wfhook.BeforeStep)
 	ctx, span := x.stepSpan(kind, key, p.n)
+	ctx = withBeat(ctx, x, p)
 	began := x.clock()
-	out, enc, err, recorded := attempt(ctx, p)
+	var enc []byte
+	var recorded bool
+	if p.expired != nil {
+		err = permanent(p.expired) // past ScheduleToClose: no attempt starts
+	} else {
+		out, enc, err, recorded = attempt(ctx, p)
+	}
 	endSpan(span, err)
 	return settleStep(x, p, began, x.clock(), out, enc, err, recorded)
 }
@@ -244,6 +260,12 @@ type stepPlan struct {
 	maxAttempts int
 	policy      core.RetryPolicy
 	timeout     time.Duration
+	// scheduled is when the step's first attempt began (database clock);
+	// scheduleToClose bounds all its attempts from then (0: none), and
+	// expired is the error of a step placed past that bound.
+	scheduled       time.Time
+	scheduleToClose time.Duration
+	expired         error
 }
 
 // planStep places a step in the run. done is true when history answers
@@ -283,7 +305,32 @@ func planStep[T any](x *execution, kind, key string, opts *StepOpts) (p stepPlan
 		}
 		p.timeout = opts.Timeout
 	}
+	p.scheduled = x.dbNow()
+	if h != nil && h.startedAt != nil {
+		p.scheduled = *h.startedAt
+	}
+	if opts != nil && opts.ScheduleToClose > 0 {
+		// All attempts, from the first one's start: this attempt's
+		// timeout is what is left, and none starts past it.
+		p.scheduleToClose = opts.ScheduleToClose
+		switch left := p.scheduled.Add(p.scheduleToClose).Sub(x.dbNow()); {
+		case left <= 0:
+			p.expired = scheduleToCloseError(p.scheduleToClose, nil)
+		case p.timeout == 0 || left < p.timeout:
+			p.timeout = left
+		}
+	}
 	return p, out, nil, false
+}
+
+// scheduleToCloseError is the error of a step whose attempts ran past
+// StepOpts.ScheduleToClose: ErrStepTimeout, and the last attempt's error
+// (nil: none ran).
+func scheduleToCloseError(d time.Duration, last error) error {
+	if last != nil {
+		return fmt.Errorf("%w: its attempts passed StepOpts.ScheduleToClose (%s); the last one: %w", ErrStepTimeout, d, last)
+	}
+	return fmt.Errorf("%w: its attempts passed StepOpts.ScheduleToClose (%s)", ErrStepTimeout, d)
 }
 
 // stepError is the *StepError of a step that failed for good, rebuilt from
@@ -306,7 +353,7 @@ func settleStep[T any](x *execution, p stepPlan, began, ended time.Time, out T, 
 	if err == nil {
 		if !recorded {
 			x.later(&stepRow{position: p.pos, key: p.key, kind: p.kind, state: stepCompleted, output: string(enc),
-				attempt: newAttempt(p.n, began, ended, nil)})
+				attempt: newAttempt(p.n, began, ended, nil), startedAt: &p.scheduled})
 		}
 		x.crashAt(p.key, wfhook.AfterStep)
 		return out, nil
@@ -323,6 +370,12 @@ func settleStep[T any](x *execution, p stepPlan, began, ended time.Time, out T, 
 		delay = p.policy.RetryDelay(p.n, err)
 	}
 	final := core.IsPermanent(err) || nonRetryable(err) || p.n >= p.maxAttempts
+	if !final && p.scheduleToClose > 0 && !x.dbNow().Add(delay).Before(p.scheduled.Add(p.scheduleToClose)) {
+		// The next attempt would start past ScheduleToClose: this is the
+		// step's last.
+		final, err = true, scheduleToCloseError(p.scheduleToClose, err)
+		msg = boundError(err.Error())
+	}
 	x.logStepFailure(p, err, final, delay)
 	if final {
 		info, dropped := x.r.describeError(err)
@@ -331,13 +384,13 @@ func settleStep[T any](x *execution, p stepPlan, began, ended time.Time, out T, 
 				"run_id", x.runID, "workflow", x.run.workflow, "step", p.key, "code", d.code, "error", d.why.Error())
 		}
 		x.record(&stepWrite{row: &stepRow{position: p.pos, key: p.key, kind: p.kind, state: stepFailed, errMsg: msg, errInfo: info,
-			attempt: newAttempt(p.n, began, ended, err)}, attempts: 1, delay: -1})
+			attempt: newAttempt(p.n, began, ended, err), startedAt: &p.scheduled}, attempts: 1, delay: -1})
 		// The error as stored, not err itself: a replay can rebuild only
 		// that, and the workflow must see the same error on both.
 		return zero, x.stepError(p.key, p.n, msg, info)
 	}
 	x.record(&stepWrite{row: &stepRow{position: p.pos, key: p.key, kind: p.kind, state: stepRetrying, errMsg: msg,
-		attempt: newAttempt(p.n, began, ended, err)}, attempts: 1, delay: delay})
+		attempt: newAttempt(p.n, began, ended, err), startedAt: &p.scheduled}, attempts: 1, delay: delay})
 	x.suspend(delay)
 	return zero, nil // not reached
 }
