@@ -125,6 +125,12 @@ func provePaymentVariant(patched bool) func(workflow.Context, payIn) (string, er
 			r = workflow.Child(wctx, "report", report, sideIn{}, nil)
 			e = workflow.Child(wctx, "email", email, sideIn{}, nil)
 		}
+		// As the proof: the first child to end chosen by a Select, both
+		// collected, the cool-off, the ask, and a Select of the approval
+		// and a timer.
+		if _, err := workflow.Select(wctx, "first-side", workflow.OnChild(e), workflow.OnChild(r)); err != nil {
+			return "", err
+		}
 		if _, err := e.Get(wctx); err != nil {
 			return "", err
 		}
@@ -137,11 +143,11 @@ func provePaymentVariant(patched bool) func(workflow.Context, payIn) (string, er
 		if _, err := workflow.Step(wctx, "ask", func(ctx context.Context) (bool, error) { return true, nil }, nil); err != nil {
 			return "", err
 		}
-		approval, _, err := workflow.WaitSignal[string](wctx, proveSignalName, time.Minute)
-		if err != nil {
+		approve := workflow.OnSignal[string](proveSignalName)
+		if _, err := workflow.Select(wctx, "approval", approve, workflow.OnTimer(5*time.Minute)); err != nil {
 			return "", err
 		}
-		_, err = workflow.StepTx(wctx, "notify", func(ctx context.Context, tx pgx.Tx) (bool, error) { return true, nil }, nil)
-		return approval, err
+		_, err := workflow.StepTx(wctx, "notify", func(ctx context.Context, tx pgx.Tx) (bool, error) { return true, nil }, nil)
+		return approve.Payload(), err
 	}
 }
