@@ -357,3 +357,55 @@ func TestServeReadDatabaseURL(t *testing.T) {
 		t.Fatal("relay serve did not stop")
 	}
 }
+
+// TestServeRateLimit: relay serve --rate-limit holds the API to the rate
+// (without authentication, one bucket for every request): the burst of 10
+// is served, the next call is a 429 problem with Retry-After, and /healthz
+// is not limited. A negative rate does not start.
+func TestServeRateLimit(t *testing.T) {
+	t.Setenv("RELAY_JWT_SECRET", "")
+	pool := testdb.New(t)
+	if err := runServe(context.Background(), []string{"--database-url", pool.Config().ConnString(), "--listen", freeAddr(t),
+		"--no-auth", "--rate-limit", "-1"}); err == nil || !strings.Contains(err.Error(), "RateLimit") {
+		t.Fatalf("--rate-limit -1: %v", err)
+	}
+	addr := freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		// One request per 1000 s: the burst is all the test gets.
+		done <- runServe(ctx, []string{"--database-url", pool.Config().ConnString(), "--listen", addr, "--no-auth", "--rate-limit", "0.001"})
+	}()
+	get := func(path string) *http.Response {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			return nil
+		}
+		io.Copy(io.Discard, resp.Body) //nolint:errcheck // drained
+		resp.Body.Close()
+		return resp
+	}
+	testdb.WaitFor(t, "relay serve to listen", func() bool { r := get("/healthz"); return r != nil && r.StatusCode == 200 })
+	for i := range 10 {
+		if r := get("/v1/queues"); r == nil || r.StatusCode != 200 {
+			t.Fatalf("request %d of the burst: %v", i+1, r)
+		}
+	}
+	r := get("/v1/queues")
+	if r == nil || r.StatusCode != http.StatusTooManyRequests || r.Header.Get("Retry-After") == "" ||
+		r.Header.Get("Content-Type") != "application/problem+json" {
+		t.Fatalf("past the burst: %v", r)
+	}
+	if r := get("/healthz"); r == nil || r.StatusCode != 200 {
+		t.Fatalf("/healthz past the API's limit: %v", r)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("relay serve did not stop")
+	}
+}
