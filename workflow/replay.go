@@ -234,6 +234,11 @@ func (x *execution) next(kind, key string) (int, *stepRow) {
 		// Past here the code would run or wait for something new.
 		x.stop(&unwind{kind: unwindReplayEnd})
 	}
+	if h == nil && kind != "step" && kind != "tx" {
+		// A simulated crash before a new sleep, wait, child or value (a
+		// step's is in runStep, before its function).
+		x.crashAt(key, wfhook.BeforeStep)
+	}
 	if h != nil {
 		x.r.stats.replayed.Add(1)
 	}

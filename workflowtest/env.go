@@ -204,7 +204,11 @@ func OnWorkflow[In, Out any](e *Env, name string, fn func(wctx workflow.Context,
 
 // CrashBefore makes the next execution that reaches the step keyed key
 // die there, once, as a worker killed at that point would: after every
-// earlier checkpoint committed, before the step's function runs. The
+// earlier checkpoint committed, before the step's function runs. Any
+// primitive's key may be named, as history stores it: a sleep's, a
+// select's, a child's or a value's key, or "signal:<name>#<n>" (the n-th
+// wait for that signal); the crash is then before the primitive records
+// anything new. The
 // execution writes nothing more and the core retries the run's job, an
 // attempt spent as for a crash; the next execution replays the history.
 func (e *Env) CrashBefore(key string) { e.crash(key, wfhook.BeforeStep) }

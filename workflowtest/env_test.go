@@ -318,3 +318,39 @@ func TestCreateDatabase(t *testing.T) {
 		t.Fatalf("database %s left behind", name)
 	}
 }
+
+// A crash before a sleep and before a signal wait: the inline step before
+// them, its checkpoint deferred, was written first and is not repeated.
+func TestCrashBeforeAWait(t *testing.T) {
+	env := workflowtest.New(t, testdb.URL(t), nil)
+	wf := workflow.MustRegister(env.Registry(), "waits", func(wctx workflow.Context, _ struct{}) (string, error) {
+		if _, err := workflow.Step(wctx, "charge", func(ctx context.Context) (int, error) { return 1, nil }, nil); err != nil {
+			return "", err
+		}
+		if err := workflow.Sleep(wctx, "cool-off", time.Hour); err != nil {
+			return "", err
+		}
+		if _, err := workflow.Step(wctx, "ask", func(ctx context.Context) (int, error) { return 1, nil }, nil); err != nil {
+			return "", err
+		}
+		v, _, err := workflow.WaitSignal[string](wctx, "confirmed", 24*time.Hour)
+		return v, err
+	})
+	env.CrashBefore("cool-off")
+	env.CrashBefore("signal:confirmed#1")
+	env.SignalAfter(2*time.Hour, "w1", "confirmed", "yes")
+	out, run := workflowtest.Run(env, wf, struct{}{}, &workflow.StartOpts{ID: "w1"})
+	if run.State != workflow.StateCompleted || out != "yes" {
+		t.Fatalf("run %s %q: %s", run.State, out, run.Error)
+	}
+	if env.Calls("w1", "charge") != 1 || env.Calls("w1", "ask") != 1 {
+		t.Fatalf("charge called %d times, ask %d; want each once", env.Calls("w1", "charge"), env.Calls("w1", "ask"))
+	}
+	job, err := core.JobGet(context.Background(), env.Pool(), run.JobID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if job.Attempt != 3 {
+		t.Fatalf("the run's job took %d attempts, want 3 (two crashed)", job.Attempt)
+	}
+}
