@@ -15,8 +15,9 @@
 // ResumeQueue) and scheduler (Pause, Resume, TriggerNow); reads and the few
 // changes those packages have no call for (retry now, delete a finished job,
 // redispatch an outbox event, delete an idempotency key) are statements of
-// its own, all in admin/queries.go. No database row type crosses the API
-// boundary.
+// its own, all in admin/queries.go, but for the live processes, read with
+// the one set of statements of relay_processes (internal/liveness). No
+// database row type crosses the API boundary.
 package admin
 
 import (
