@@ -76,3 +76,43 @@ func TestTerminateExistingWhileItsStepTxRuns(t *testing.T) {
 	}
 	t.Logf("run x ended %d (2: replaced)", out)
 }
+
+// A run id reused with IDReuseAllow starts from an empty mailbox: a
+// signal the old run never consumed is not the new run's.
+func TestReusedIDGetsNoSignalOfTheOldRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	wf := workflow.MustRegister(b.reg, "mailbox", func(wctx workflow.Context, n int) (int, error) {
+		if n == 1 {
+			return 1, nil // ends without reading its mailbox
+		}
+		v, ok, err := workflow.WaitSignal[int](wctx, "v", 0)
+		if err != nil || !ok {
+			return 0, err
+		}
+		return v, nil
+	})
+	if _, err := workflow.Start(ctx, b.pool, wf, 1, &workflow.StartOpts{ID: "m"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := workflow.Signal(ctx, b.pool, "m", "v", 99); err != nil {
+		t.Fatal(err)
+	}
+	b.start()
+	if out, err := result[int](t, b.pool, "m"); err != nil || out != 1 {
+		t.Fatalf("the old run ended %d, %v", out, err)
+	}
+	if _, err := workflow.Start(ctx, b.pool, wf, 2, &workflow.StartOpts{ID: "m", IDReuse: workflow.IDReuseAllow}); err != nil {
+		t.Fatal(err)
+	}
+	b.waitFor("the new run waits for its own signal", func() bool {
+		return b.count(`SELECT count(*) FROM relay_workflow_steps WHERE run_id = 'm' AND state = 'waiting'`) == 1
+	})
+	if err := workflow.Signal(ctx, b.pool, "m", "v", 5); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := result[int](t, b.pool, "m"); err != nil || out != 5 {
+		t.Fatalf("the new run ended %d, %v; want its own signal's 5, not the old run's 99", out, err)
+	}
+}
