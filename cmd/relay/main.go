@@ -48,7 +48,7 @@ Operating a running relay serve (over its admin API; relay <group> --help):
                                                        find, read and change jobs
   relay runs list|show|history|signal|cancel|terminate|retry
                                                        workflow runs, with their step timeline
-  relay schedules list|trigger|pause|resume            cron schedules and their next fires
+  relay schedules list|show|trigger|pause|resume       cron schedules and their next fires
   relay queues list|pause|resume                       queues: backlog, pause
   relay processes                                      the live processes: workers, schedulers, servers
 These take --url (default $RELAY_URL, else http://127.0.0.1:8080), --token

@@ -13,7 +13,7 @@ import (
 )
 
 func runSchedules(ctx context.Context, args []string) error {
-	var next int
+	var next, last int
 	change := func(action, summary string) opCommand {
 		return opCommand{name: action, args: []string{"NAME"}, summary: summary,
 			run: func(ctx context.Context, c *opCall) error {
@@ -46,10 +46,53 @@ func runSchedules(ctx context.Context, args []string) error {
 					c.table(rows)
 				})
 			}},
+		{name: "show", args: []string{"NAME"}, summary: "show a schedule with its next fires and latest fires (with their jobs)",
+			flags: func(fs *flag.FlagSet) {
+				fs.IntVar(&next, "next", 5, "coming fire times to show (1-20)")
+				fs.IntVar(&last, "last", 10, "latest fires to show (0-50)")
+			},
+			run: func(ctx context.Context, c *opCall) error {
+				var s admin.Schedule
+				q := url.Values{"next": {strconv.Itoa(next)}, "last": {strconv.Itoa(last)}}
+				return c.get(ctx, "/v1/schedules/"+segment(c.args[0]), q, &s, func() { printSchedule(c, &s) })
+			}},
 		change("trigger", "enqueue the schedule's job now, as an extra fire"),
 		change("pause", "pause a schedule (lasts across restarts)"),
 		change("resume", "resume a paused schedule"),
 	}, args)
+}
+
+func printSchedule(c *opCall, s *admin.Schedule) {
+	c.fields(
+		"name", s.Name,
+		"namespace", s.Namespace,
+		"spec", s.Spec,
+		"time zone", s.TimeZone,
+		"kind", s.Kind,
+		"args", compactJSON(s.Args),
+		"queue", s.Queue,
+		"catch up", s.CatchUp,
+		"overlap", s.Overlap,
+		"state", scheduleState(s),
+	)
+	fmt.Fprintln(c.w, "\nnext fires ("+s.TimeZone+"):")
+	for _, f := range strings.Split(nextFires(s), ", ") {
+		fmt.Fprintln(c.w, "  "+f)
+	}
+	fmt.Fprintln(c.w, "\nlatest fires:")
+	if len(s.LastFires) == 0 {
+		fmt.Fprintln(c.w, "  none")
+		return
+	}
+	rows := [][]string{{"FIRE TIME", "OUTCOME", "JOB", "RECORDED"}}
+	for _, f := range s.LastFires {
+		job := "-"
+		if f.JobID != nil {
+			job = strconv.FormatInt(*f.JobID, 10)
+		}
+		rows = append(rows, []string{fmtTime(f.FireTime), f.Outcome, job, fmtTime(f.RecordedAt)})
+	}
+	c.table(rows)
 }
 
 func scheduleState(s *admin.Schedule) string {

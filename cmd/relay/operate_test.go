@@ -316,6 +316,13 @@ func TestOperateCommands(t *testing.T) {
 	if out := e.ok("schedules", "trigger", "month-end-settlement"); !regexp.MustCompile(`^schedule month-end-settlement: trigger; job \d+ enqueued\n$`).MatchString(out) {
 		t.Errorf("schedules trigger: %q", out)
 	}
+	show = e.ok("schedules", "show", "month-end-settlement", "--next", "2")
+	fires = regexp.MustCompile(`(?m)^  (\d{4}-\d\d-\d\d 18:00:00 \+0[12]:00)$`).FindAllString(show, -1)
+	latest := show[strings.Index(show, "FIRE TIME"):]
+	if !regexp.MustCompile(`(?m)^spec: +0 18 L \* \*$`).MatchString(show) || len(fires) != 2 || strings.Count(latest, " triggered ") != 2 {
+		t.Errorf("schedules show: %d next fires, latest:\n%s", len(fires), show)
+	}
+	e.fails(`relay schedules show: 404 Not Found: schedule "nope" not found`, "schedules", "show", "nope")
 	e.fails(`relay schedules pause: 404 Not Found: schedule "nope" not found`, "schedules", "pause", "nope")
 
 	// Queues.
