@@ -467,19 +467,9 @@ func (c *Client) Start(ctx context.Context) error {
 
 	c.hardCtx, c.hardCancel = context.WithCancel(context.Background())
 	c.own, c.outcomes = c.pool, c.pool
-	listen := false
-	if len(c.queues) > 0 {
-		var err error
-		if listen, err = c.newOwnPools(ctx); err != nil {
-			bgCancel()
-			loopCancel()
-			workCancel(nil)
-			c.hardCancel()
-			c.started = false
-			return err
-		}
-	}
-	if err := c.register(ctx); err != nil {
+	// undo takes back what Start began when it fails before any loop runs:
+	// the client stays unstarted, and may start again.
+	undo := func(err error) error {
 		if c.own != c.pool {
 			c.own.Close()
 			c.outcomes.Close()
@@ -490,6 +480,17 @@ func (c *Client) Start(ctx context.Context) error {
 		c.hardCancel()
 		c.started = false
 		return err
+	}
+	listen := false
+	if len(c.queues) > 0 {
+		var err error
+		if listen, err = c.newOwnPools(ctx); err != nil {
+			c.own, c.outcomes = c.pool, c.pool // it closed what it opened
+			return undo(err)
+		}
+	}
+	if err := c.register(ctx); err != nil {
+		return undo(err)
 	}
 	c.background.Add(1)
 	go func() { defer c.background.Done(); c.proc.Keep(bgCtx, c.logger) }()

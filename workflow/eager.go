@@ -162,7 +162,8 @@ func eagerOutcome[Out any](s *eagerSink, name string) (Out, error) {
 	return out, nil
 }
 
-// startDefaults fills in opts' defaults and checks them (as startRun).
+// startDefaults fills in opts' defaults and checks them: every start
+// (startRun, RunNow) begins with it, so each option is checked once.
 func startDefaults(name string, opts *StartOpts) (StartOpts, error) {
 	var o StartOpts
 	if opts != nil {
@@ -191,6 +192,9 @@ func startDefaults(name string, opts *StartOpts) (StartOpts, error) {
 		return o, fmt.Errorf("workflow: start %s: %w", name, err)
 	}
 	o.Tags = nonNil(tags)
+	if o.ExecutionTimeout < 0 {
+		return o, fmt.Errorf("workflow: start %s: %w: StartOpts.ExecutionTimeout is %s (0 is none)", name, ErrBadOptions, o.ExecutionTimeout)
+	}
 	return o, nil
 }
 

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
@@ -141,34 +140,9 @@ type parentLink struct {
 // startRun writes the run and its job in one statement (in the caller's
 // transaction, or its own).
 func startRun(ctx context.Context, db core.DB, tracer trace.Tracer, name string, input []byte, opts *StartOpts, parent *parentLink) (string, bool, error) {
-	var o StartOpts
-	if opts != nil {
-		o = *opts
-	}
-	if o.ID == "" {
-		o.ID = uuid.NewString()
-	}
-	if len(o.ID) > 255 {
-		return "", false, fmt.Errorf("workflow: start %s: run id longer than 255 bytes", name)
-	}
-	if o.Queue == "" {
-		o.Queue = core.DefaultQueue
-	}
-	if o.MaxAttempts == 0 {
-		o.MaxAttempts = DefaultMaxAttempts
-	}
-	if o.MaxAttempts < 0 || o.Priority < 0 || o.Priority > core.MaxPriority {
-		return "", false, fmt.Errorf("workflow: start %s: MaxAttempts %d or Priority %d out of range", name, o.MaxAttempts, o.Priority)
-	}
-	if err := o.checkIDPolicies(); err != nil {
-		return "", false, fmt.Errorf("workflow: start %s: %w", name, err)
-	}
-	tags, err := checkTags(o.Tags)
+	o, err := startDefaults(name, opts)
 	if err != nil {
-		return "", false, fmt.Errorf("workflow: start %s: %w", name, err)
-	}
-	if o.ExecutionTimeout < 0 {
-		return "", false, fmt.Errorf("workflow: start %s: %w: StartOpts.ExecutionTimeout is %s (0 is none)", name, ErrBadOptions, o.ExecutionTimeout)
+		return "", false, err
 	}
 	if o.mayReplace() && parent == nil && !dbx.InTransaction(db) {
 		// Replacing a run deletes it and inserts the new one: both commit,
@@ -219,7 +193,7 @@ func startRun(ctx context.Context, db core.DB, tracer trace.Tracer, name string,
 		if own || parent != nil {
 			q = sqlStartRunAfter
 		}
-		if err := ex.Query(job.Ctx, q, []any{o.ID, name, string(input), o.Queue, parentID, parentPos, string(traceJSON), job.Param(), tagsJSON(tags), deadlineParam(o.ExecutionTimeout)},
+		if err := ex.Query(job.Ctx, q, []any{o.ID, name, string(input), o.Queue, parentID, parentPos, string(traceJSON), job.Param(), tagsJSON(o.Tags), deadlineParam(o.ExecutionTimeout)},
 			func(r dbx.Scanner) error { return r.Scan(&jobID) }); err != nil {
 			job.Done(0, err)
 			return err
