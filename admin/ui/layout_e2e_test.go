@@ -89,7 +89,7 @@ func TestDashboardReadsRight(t *testing.T) {
 
 	// No page is wider than the window at 1400 px.
 	for _, hash := range []string{"#/", "#/jobs", "#/jobs?state=dead", fmt.Sprintf("#/jobs/%d", f.dead), fmt.Sprintf("#/jobs/%d", long), "#/workflows",
-		"#/workflows/run/zero-axis-1", "#/schedules", "#/outbox"} {
+		"#/workflows/run/zero-axis-1", "#/schedules", "#/outbox", "#/processes"} {
 		browsertest.Run(t, tab, "open "+hash, chromedp.Navigate(f.url+hash), at(hash))
 		w := browsertest.Value(t, tab, "widths", chromedp.Evaluate[[]int](
 			`[document.documentElement.scrollWidth, document.documentElement.clientWidth]`))
