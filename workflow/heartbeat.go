@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -16,6 +17,59 @@ type beat struct {
 	pos int
 	key string
 	n   int // the attempt
+	// touch restarts the attempt's heartbeat timeout (watchHeartbeats),
+	// nil without one.
+	mu    sync.Mutex
+	touch func()
+}
+
+// touched restarts the attempt's heartbeat timeout, if it has one.
+func (b *beat) touched() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.touch != nil {
+		b.touch()
+	}
+}
+
+// ErrHeartbeatTimeout is matched by the error of a step attempt that did
+// not heartbeat within StepOpts.HeartbeatTimeout, on every execution; so
+// is ErrStepTimeout.
+var ErrHeartbeatTimeout = errors.New("workflow: step attempt stopped heartbeating")
+
+// errLapsed is the cause of an attempt's context that its heartbeat
+// timeout ended.
+var errLapsed = errors.New("workflow: heartbeat timeout")
+
+// watchHeartbeats ends ctx (cause errLapsed) once d passes without a
+// Heartbeat of the attempt ctx is given to; stop ends the watch. d <= 0
+// watches nothing. The timer is this process's: a heartbeat timeout
+// bounds an attempt as it runs, as StepOpts.Timeout does.
+func watchHeartbeats(ctx context.Context, d time.Duration) (context.Context, func()) {
+	if d <= 0 {
+		return ctx, func() {}
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	t := time.AfterFunc(d, func() { cancel(errLapsed) })
+	if b, ok := ctx.Value(beatKey{}).(*beat); ok {
+		b.mu.Lock()
+		b.touch = func() { t.Reset(d) }
+		b.mu.Unlock()
+	}
+	return ctx, func() { t.Stop(); cancel(nil) }
+}
+
+// lapsed reports whether ctx ended for want of a heartbeat.
+func lapsed(ctx context.Context) bool { return errors.Is(context.Cause(ctx), errLapsed) }
+
+// heartbeatError is the error of an attempt that stopped heartbeating for
+// d: ErrHeartbeatTimeout and ErrStepTimeout, and err, what the step
+// returned then (nil: it had not returned).
+func heartbeatError(d time.Duration, err error) error {
+	if err != nil {
+		return fmt.Errorf("%w: no heartbeat for %s (%w): %w", ErrHeartbeatTimeout, d, ErrStepTimeout, err)
+	}
+	return fmt.Errorf("%w: no heartbeat for %s (%w); its result, if it ever returns, is discarded", ErrHeartbeatTimeout, d, ErrStepTimeout)
 }
 
 type beatKey struct{}
@@ -70,8 +124,9 @@ func Heartbeat(ctx context.Context, details any) error {
 		return fmt.Errorf("workflow: heartbeat of step %q in run %s: %w", b.key, x.runID, err)
 	}
 	if ct.RowsAffected() == 0 {
-		return fmt.Errorf("workflow: heartbeat of step %q in run %s: the attempt no longer holds the run's lease", b.key, x.runID)
+		return fmt.Errorf("workflow: heartbeat of step %q in run %s: the attempt no longer holds the run's lease, or a later attempt of the step recorded its own", b.key, x.runID)
 	}
+	b.touched()
 	return nil
 }
 

@@ -97,6 +97,13 @@ func Go[T any](wctx Context, key string, fn func(ctx context.Context) (T, error)
 		cancel = func() { c2(); prev() }
 		f.gate = &gate{}
 	}
+	if p.heartbeat > 0 {
+		var stopBeats func()
+		ctx, stopBeats = watchHeartbeats(ctx, p.heartbeat)
+		prev := cancel
+		cancel = func() { stopBeats(); prev() }
+		f.gate = &gate{}
+	}
 	f.ctx, f.cancel = ctx, cancel
 	f.res = make(chan goResult[T], 1) // an abandoned attempt's send never blocks
 	f.returnedCh = make(chan struct{})
@@ -159,7 +166,10 @@ func (f *StepFuture[T]) Get(wctx Context) (T, error) {
 	} else {
 		select {
 		case r = <-f.res:
-			if r.err != nil && f.x.ctx.Err() == nil && errors.Is(f.ctx.Err(), context.DeadlineExceeded) {
+			switch {
+			case r.err != nil && f.x.ctx.Err() == nil && lapsed(f.ctx):
+				r.err = heartbeatError(f.plan.heartbeat, r.err) // failed at the lapse
+			case r.err != nil && f.x.ctx.Err() == nil && errors.Is(f.ctx.Err(), context.DeadlineExceeded):
 				r.err = timeoutError(f.plan.timeout, r.err) // failed at its deadline: a timeout
 			}
 		case <-f.ctx.Done():
@@ -169,6 +179,9 @@ func (f *StepFuture[T]) Get(wctx Context) (T, error) {
 			}
 			f.x.goroutines.Done() // abandoned: the execution does not wait for it
 			r = goResult[T]{err: timeoutError(f.plan.timeout, nil), fnEnd: time.Now()}
+			if lapsed(f.ctx) {
+				r.err = heartbeatError(f.plan.heartbeat, nil)
+			}
 			if f.x.ctx.Err() != nil {
 				r.err = context.Cause(f.x.ctx)
 			}

@@ -44,6 +44,13 @@ type StepOpts struct {
 	// with an error matching ErrStepTimeout (and wrapping the last
 	// attempt's). 0 is none.
 	ScheduleToClose time.Duration
+	// HeartbeatTimeout fails an attempt whose function has not called
+	// Heartbeat for this long (from its start, then from each heartbeat):
+	// a step stuck early in a long run is retried without waiting for its
+	// Timeout. Its error matches ErrHeartbeatTimeout and ErrStepTimeout;
+	// the function then runs as with Timeout, on a goroutine of its own,
+	// its context ending at the lapse. 0 is none.
+	HeartbeatTimeout time.Duration
 }
 
 // defaultStepAttempts is StepOpts.MaxAttempts' default. Temporal retries
@@ -66,6 +73,8 @@ func (o *StepOpts) validate() error {
 		return fmt.Errorf("%w: StepOpts.Timeout is %s (0 is none)", ErrBadOptions, o.Timeout)
 	case o.ScheduleToClose < 0:
 		return fmt.Errorf("%w: StepOpts.ScheduleToClose is %s (0 is none)", ErrBadOptions, o.ScheduleToClose)
+	case o.HeartbeatTimeout < 0:
+		return fmt.Errorf("%w: StepOpts.HeartbeatTimeout is %s (0 is none)", ErrBadOptions, o.HeartbeatTimeout)
 	}
 	return nil
 }
@@ -266,6 +275,7 @@ type stepPlan struct {
 	scheduled       time.Time
 	scheduleToClose time.Duration
 	expired         error
+	heartbeat       time.Duration // StepOpts.HeartbeatTimeout
 }
 
 // planStep places a step in the run. done is true when history answers
@@ -304,6 +314,7 @@ func planStep[T any](x *execution, kind, key string, opts *StepOpts) (p stepPlan
 			p.policy = opts.Retry
 		}
 		p.timeout = opts.Timeout
+		p.heartbeat = opts.HeartbeatTimeout
 	}
 	p.scheduled = x.dbNow()
 	if h != nil && h.startedAt != nil {
@@ -470,7 +481,7 @@ var errAttemptAbandoned = errors.New("workflow: step attempt returned after its 
 // checkpoint): once it has, its result stands, and timed waits for it.
 func timed[R any](x *execution, ctx context.Context, p stepPlan, fn func(ctx context.Context, g *gate) (R, error)) (R, error) {
 	timeout := p.timeout
-	if timeout <= 0 {
+	if timeout <= 0 && p.heartbeat <= 0 {
 		// On the run's goroutine: a primitive called by fn is refused
 		// (enter), as one from a goroutine of its own is.
 		prev := x.inStep
@@ -478,8 +489,15 @@ func timed[R any](x *execution, ctx context.Context, p stepPlan, fn func(ctx con
 		defer func() { x.inStep = prev }()
 		return fn(ctx, nil)
 	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	var cancel context.CancelFunc
+	if timeout > 0 {
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+	} else {
+		ctx, cancel = context.WithCancel(ctx)
+	}
 	defer cancel()
+	ctx, stopBeats := watchHeartbeats(ctx, p.heartbeat)
+	defer stopBeats()
 	type result struct {
 		r        R
 		err      error
@@ -506,7 +524,10 @@ func timed[R any](x *execution, ctx context.Context, p stepPlan, fn func(ctx con
 	}
 	select {
 	case res := <-done:
-		if res.err != nil && x.ctx.Err() == nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		switch {
+		case res.err != nil && x.ctx.Err() == nil && lapsed(ctx):
+			res.err = heartbeatError(p.heartbeat, res.err) // failed at the lapse
+		case res.err != nil && x.ctx.Err() == nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
 			// Failed at its deadline (most likely of it): a timeout, as
 			// for a step that ignores its context.
 			res.err = timeoutError(timeout, res.err)
@@ -520,6 +541,9 @@ func timed[R any](x *execution, ctx context.Context, p stepPlan, fn func(ctx con
 	var zero R
 	if x.ctx.Err() != nil {
 		return zero, context.Cause(x.ctx) // the execution stopped: not the step's timeout
+	}
+	if lapsed(ctx) {
+		return zero, heartbeatError(p.heartbeat, nil)
 	}
 	return zero, timeoutError(timeout, nil)
 }

@@ -57,6 +57,7 @@ const builtinPrefix = "relay."
 func builtinErrors() []declaredError {
 	return []declaredError{
 		{code: "relay.step_timeout", sentinel: ErrStepTimeout},
+		{code: "relay.heartbeat_timeout", sentinel: ErrHeartbeatTimeout},
 		{code: "relay.deadline_exceeded", sentinel: context.DeadlineExceeded},
 		{code: "relay.canceled", sentinel: context.Canceled},
 	}
