@@ -60,7 +60,7 @@ type Config struct {
 	// LivenessTimeout is how long a dispatcher's declarations keep its
 	// subscriptions after its last heartbeat (four per timeout while it
 	// runs; Stop ends them at once). It is stored with the process: every
-	// dispatcher judges this one by it. Default 1m.
+	// dispatcher judges this one by it. At least 1s; default 1m.
 	LivenessTimeout time.Duration
 	// BatchSize caps the events moved per transaction. Default 500.
 	BatchSize int

@@ -248,3 +248,14 @@ func TestConcurrentDeclarationsOfOneSubscriptionAcrossNamespaces(t *testing.T) {
 		}
 	}
 }
+
+// A liveness timeout that would make the heartbeat spin is refused when
+// the dispatcher is made.
+func TestLivenessTimeoutBelowASecondIsRefused(t *testing.T) {
+	t.Parallel()
+	_, err := outbox.NewDispatcher(&pgxpool.Pool{}, &outbox.Config{LivenessTimeout: 10 * time.Millisecond,
+		Subscriptions: []outbox.Subscription{{Topic: "t", Kind: "k"}}})
+	if err == nil || !strings.Contains(err.Error(), "LivenessTimeout") {
+		t.Fatalf("NewDispatcher with a 10ms liveness timeout: %v; want an error naming LivenessTimeout", err)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -319,5 +320,15 @@ func TestConcurrentDeclarationsOfOneNameAcrossNamespaces(t *testing.T) {
 		if n := owned.Load(); n != 1 {
 			t.Fatalf("round %d: %d namespaces declared %s; want exactly one", round, n, name)
 		}
+	}
+}
+
+// A liveness timeout that would make the heartbeat spin is refused by New.
+func TestLivenessTimeoutBelowASecondIsRefused(t *testing.T) {
+	t.Parallel()
+	_, err := scheduler.New(&pgxpool.Pool{}, &scheduler.Config{LivenessTimeout: 10 * time.Millisecond,
+		Schedules: []scheduler.Schedule{every("a")}})
+	if err == nil || !strings.Contains(err.Error(), "LivenessTimeout") {
+		t.Fatalf("New with a 10ms liveness timeout: %v; want an error naming LivenessTimeout", err)
 	}
 }

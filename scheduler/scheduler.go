@@ -38,7 +38,7 @@ type Config struct {
 	// schedules alive after its last heartbeat (it heartbeats four times per
 	// timeout while running; Stop ends its declarations at once). It is
 	// stored with the process: every process judges this one by it, so
-	// processes may use different timeouts. Default 1m.
+	// processes may use different timeouts. At least 1s; default 1m.
 	LivenessTimeout time.Duration
 	// PollInterval is the longest the scheduler sleeps between due checks
 	// (it wakes sooner when a fire is due sooner). Default 1s.

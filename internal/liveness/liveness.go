@@ -63,11 +63,19 @@ type Process struct {
 	queues  []byte // e.Queues as JSON
 }
 
+// MinTimeout is the shortest liveness timeout: a shorter one would
+// heartbeat in a near spin.
+const MinTimeout = time.Second
+
 // New returns the entry of a process on pool, with a fresh id, this host,
-// pid and version; nothing is written yet.
+// pid and version; nothing is written yet. A Timeout below MinTimeout is
+// refused.
 func New(pool *pgxpool.Pool, e Entry) (*Process, error) {
 	if e.Timeout <= 0 {
 		e.Timeout = time.Minute
+	}
+	if e.Timeout < MinTimeout {
+		return nil, fmt.Errorf("LivenessTimeout %s is below %s (the process heartbeats every quarter of it)", e.Timeout, MinTimeout)
 	}
 	if e.Declares == nil {
 		e.Declares = []string{}
