@@ -92,7 +92,7 @@ func runJobs(ctx context.Context, args []string) error {
 					NextCursor string      `json:"next_cursor"`
 				}
 				return c.get(ctx, "/v1/jobs", q, &page, func() {
-					rows := [][]string{{"ID", "KIND", "QUEUE", "STATE", "ATTEMPT", "RUN AT", "CREATED", "FINISHED", "ERROR"}}
+					rows := [][]string{{"ID", "KIND", "QUEUE", "STATE", "ATTEMPT", "RUN AT", "CREATED", "FINISHED", "LAST ERROR"}}
 					for _, j := range page.Items {
 						rows = append(rows, []string{strconv.FormatInt(j.ID, 10), j.Kind, j.Queue, j.State,
 							fmt.Sprintf("%d/%d", j.Attempt, j.MaxAttempts), fmtTime(j.RunAt), fmtTime(j.CreatedAt),

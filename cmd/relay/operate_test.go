@@ -185,7 +185,7 @@ func TestOperateCommands(t *testing.T) {
 	id := strconv.FormatInt(page.Items[0].ID, 10)
 	r := row(t, dead, id)
 	if r["KIND"] != "demo.doomed" || r["QUEUE"] != "demo" || r["STATE"] != "dead" || r["ATTEMPT"] != "3/3" ||
-		r["ERROR"] != "the card was declined" || !utcTime.MatchString(r["FINISHED"]) || !utcTime.MatchString(r["CREATED"]) {
+		r["LAST ERROR"] != "the card was declined" || !utcTime.MatchString(r["FINISHED"]) || !utcTime.MatchString(r["CREATED"]) {
 		t.Errorf("jobs list row: %v\n%s", r, dead)
 	}
 	if got, want := e.ok("jobs", "list", "--state", "dead", "--kind", "demo.doomed", "--output", "json"),
