@@ -118,8 +118,8 @@ type Config struct {
 	// a burn-down with 2,000 workers drains about 40% faster at 1,000 than at
 	// 100 (docs/benchmarks.md). Default 1000.
 	FetchLimit int
-	// NoClaimFloor turns off the claim floor (claimfloor.go), which keeps
-	// claims from walking the dead index entries that pile up while VACUUM
+	// NoClaimFloor turns off the claim floor, which keeps claims from
+	// walking the dead index entries that pile up while VACUUM
 	// falls behind (a long transaction holding the xmin horizon), at the
 	// price of a relaxed order for late priority-0 jobs while it is on.
 	// For measurement, or where that order matters more than claim cost.

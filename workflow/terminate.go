@@ -25,7 +25,7 @@ const MaxReasonBytes = 1 << 10
 // In the same transaction the run's job is cancelled (core.Cancel: a
 // running execution's lease is gone, so it records nothing more, and its
 // worker is told to stop it), its unfinished children are asked to cancel
-// (as when any run ends), its parent is woken (its Future.Get returns a
+// (as when any run ends), its parent is woken (its ChildFuture.Get returns a
 // *ChildError of state terminated) and its Result callers are notified.
 // A step's function running at that moment is not stopped mid-call: its
 // context is cancelled, and what it returns is never checkpointed.
