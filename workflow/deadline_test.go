@@ -75,3 +75,24 @@ func TestExecutionTimeoutEndsEveryWait(t *testing.T) {
 		t.Fatalf("a negative execution timeout: %v", err)
 	}
 }
+
+// A run of a StartMany with an ExecutionTimeout has its deadline, as a
+// Start's; the others none.
+func TestStartManyKeepsTheExecutionTimeout(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	wf := workflow.MustRegister(b.reg, "deadline-many", func(wctx workflow.Context, _ int) (int, error) { return 1, nil })
+	if _, err := workflow.StartMany(ctx, b.pool, wf, []workflow.StartParams[int]{
+		{Input: 1, Opts: &workflow.StartOpts{ID: "dm-1", ExecutionTimeout: time.Hour}},
+		{Input: 2, Opts: &workflow.StartOpts{ID: "dm-2"}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.count(`SELECT count(*) FROM relay_workflow_runs WHERE id = 'dm-1' AND deadline_at > now() + interval '50 minutes'`); n != 1 {
+		t.Fatal("the timed run of the batch has no deadline")
+	}
+	if n := b.count(`SELECT count(*) FROM relay_workflow_runs WHERE id = 'dm-2' AND deadline_at IS NULL`); n != 1 {
+		t.Fatal("the other run has a deadline")
+	}
+}

@@ -35,8 +35,8 @@ const MaxStartMany = 10000
 // Each run is checked as Start checks it, and the first bad one fails the
 // call naming its index, before anything is written; so do two runs of
 // one id. A run whose options ask for another id policy than the default
-// (IDConflict, IDReuse) is started alone, as Start would, in the same
-// transaction.
+// (IDConflict, IDReuse) or an ExecutionTimeout is started alone, as Start
+// would, in the same transaction.
 func StartMany[In, Out any](ctx context.Context, db core.DB, wf *Workflow[In, Out], runs []StartParams[In]) ([]Handle[Out], error) {
 	if wf == nil {
 		return nil, errors.New("workflow: start many: nil workflow")
@@ -127,7 +127,9 @@ func prepareRuns[In, Out any](ctx context.Context, wf *Workflow[In, Out], runs [
 		}
 		b.opts[i] = o
 		b.runs[i] = batchRun{ID: o.ID, Workflow: wf.name, Input: input, Queue: o.Queue, Trace: json.RawMessage("{}"), Tags: o.Tags}
-		if o.IDConflict != IDConflictUseExisting || o.IDReuse != IDReuseUseExisting {
+		if o.IDConflict != IDConflictUseExisting || o.IDReuse != IDReuseUseExisting || o.ExecutionTimeout != 0 {
+			// Start writes what the batch statement does not: the id
+			// policies' decisions, the execution timeout's deadline.
 			b.alone = append(b.alone, i)
 			continue
 		}
