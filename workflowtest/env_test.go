@@ -354,3 +354,39 @@ func TestCrashBeforeAWait(t *testing.T) {
 		t.Fatalf("the run's job took %d attempts, want 3 (two crashed)", job.Attempt)
 	}
 }
+
+// AdvanceBy runs what comes due on the way and stops at the time asked:
+// a day in, the reminder has gone and the run still waits; three days in,
+// it has timed out.
+func TestAdvanceBy(t *testing.T) {
+	env := workflowtest.New(t, testdb.URL(t), nil)
+	wf := workflow.MustRegister(env.Registry(), "remind", func(wctx workflow.Context, _ struct{}) (bool, error) {
+		if err := workflow.Sleep(wctx, "a-while", 12*time.Hour); err != nil {
+			return false, err
+		}
+		if _, err := workflow.Step(wctx, "reminder", func(ctx context.Context) (bool, error) { return true, nil }, nil); err != nil {
+			return false, err
+		}
+		_, ok, err := workflow.WaitSignal[string](wctx, "confirmed", 48*time.Hour)
+		return ok, err
+	})
+	if _, err := workflow.Start(context.Background(), env.Pool(), wf, struct{}{}, &workflow.StartOpts{ID: "r1"}); err != nil {
+		t.Fatal(err)
+	}
+	start := env.Now()
+	env.AdvanceBy(24 * time.Hour)
+	run, err := workflow.Get(context.Background(), env.Pool(), "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if run.State != workflow.StateRunning || env.Calls("r1", "reminder") != 1 || run.Steps[len(run.Steps)-1].State != "waiting" {
+		t.Fatalf("a day in: %s, reminder called %d times, steps %+v", run.State, env.Calls("r1", "reminder"), run.Steps)
+	}
+	if d := env.Now().Sub(start); d < 24*time.Hour || d > 25*time.Hour {
+		t.Fatalf("the clock moved %s, want a day", d)
+	}
+	env.AdvanceBy(48 * time.Hour)
+	if run = env.Wait("r1"); run.State != workflow.StateCompleted || string(run.Output) != "false" {
+		t.Fatalf("three days in: %s %s", run.State, run.Output)
+	}
+}

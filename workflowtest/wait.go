@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/workflow"
 )
@@ -154,34 +156,40 @@ func (e *Env) advance(ctx context.Context) error {
 		}
 		return nil
 	}
-	var next *time.Time
-	if err := e.pool.QueryRow(ctx, sqlNextTimer, e.queues).Scan(&next); err != nil {
-		return fmt.Errorf("read the next timer: %w", err)
+	next, err := e.next(ctx)
+	if err != nil {
+		return err
 	}
-	e.mu.Lock()
-	if len(e.events) > 0 && (next == nil || e.events[0].at.Before(*next)) {
-		next = &e.events[0].at
-	}
-	e.mu.Unlock()
 	if next == nil {
 		return fmt.Errorf("nothing runs, and no timer or event of the environment will wake a run in flight (virtual clock at %s)", e.Now().Format(time.RFC3339))
 	}
-	e.setClock(ctx, *next)
+	return e.moveTo(ctx, *next)
+}
+
+// next is the next timer or event, nil when there is none.
+func (e *Env) next(ctx context.Context) (*time.Time, error) {
+	var next *time.Time
+	if err := e.pool.QueryRow(ctx, sqlNextTimer, e.queues).Scan(&next); err != nil {
+		return nil, fmt.Errorf("read the next timer: %w", err)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.events) > 0 && (next == nil || e.events[0].at.Before(*next)) {
+		at := e.events[0].at
+		next = &at
+	}
+	return next, nil
+}
+
+// moveTo moves the clock to at and wakes the jobs due then.
+func (e *Env) moveTo(ctx context.Context, at time.Time) error {
+	e.setClock(ctx, at)
 	rows, err := e.pool.Query(ctx, sqlDueJobs, e.queues)
 	if err != nil {
 		return fmt.Errorf("read the jobs due: %w", err)
 	}
-	var due []int64
-	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
-			rows.Close()
-			return fmt.Errorf("read the jobs due: %w", err)
-		}
-		due = append(due, id)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+	due, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
 		return fmt.Errorf("read the jobs due: %w", err)
 	}
 	for _, id := range due {
@@ -192,6 +200,37 @@ func (e *Env) advance(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// AdvanceBy moves the virtual clock d forward, running what comes due on
+// the way, timer after timer (events of SignalAt and At included), and
+// returns once nothing runs or is due at the new time: a test then reads
+// the state of a run in flight ("a day in, the reminder went and the run
+// still waits").
+func (e *Env) AdvanceBy(d time.Duration) {
+	e.t.Helper()
+	target := e.Now().Add(d)
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
+	defer cancel()
+	for {
+		e.Settle()
+		next, err := e.next(ctx)
+		if err != nil {
+			e.t.Fatalf("workflowtest: advance: %v", err)
+			return
+		}
+		if next == nil || next.After(target) {
+			if err := e.moveTo(ctx, target); err != nil {
+				e.t.Fatalf("workflowtest: advance: %v", err)
+			}
+			e.Settle()
+			return
+		}
+		if err := e.moveTo(ctx, *next); err != nil {
+			e.t.Fatalf("workflowtest: advance: %v", err)
+			return
+		}
+	}
 }
 
 // dueEvent takes the first event whose time the clock has reached.
