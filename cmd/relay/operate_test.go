@@ -499,3 +499,20 @@ func TestOperateUsage(t *testing.T) {
 		t.Errorf("a payload after --: exit %d, %q", code, errOut)
 	}
 }
+
+// Past relay serve's rate limit, a command says when to try again.
+func TestOperateRateLimited(t *testing.T) {
+	t.Parallel()
+	bin := buildRelay(t)
+	pool := testdb.New(t)
+	// One request per 1000 s: the burst of 10 is all the test gets.
+	addr := startServe(t, bin, pool.Config().ConnString(), nil, "--no-auth", "--rate-limit", "0.001")
+	e := &opEnv{t: t, bin: bin, addr: addr, env: []string{"RELAY_URL=http://" + addr}}
+	for range 10 {
+		e.ok("queues", "list")
+	}
+	out, errOut, code := e.run("queues", "list")
+	if code != 1 || out != "" || !regexp.MustCompile(`^relay queues list: 429 Too Many Requests: .* — retry after \d+s\n$`).MatchString(errOut) {
+		t.Errorf("past the rate limit: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+}
