@@ -80,6 +80,13 @@ FROM relay_workflow_signals
 WHERE run_id = $1 AND decode_error IS NOT NULL
 ORDER BY id LIMIT $2`
 
+// sqlRunUpdates lists run $1's update requests newest first, up to $2
+// (relay_workflow_updates_run_idx).
+const sqlRunUpdates = `
+SELECT id, name, state, left(coalesce(error, ''), 1000), created_at, handled_at
+FROM relay_workflow_updates WHERE run_id = $1
+ORDER BY id DESC LIMIT $2`
+
 // sqlChildRuns lists a run's child runs in the order they were started
 // (relay_workflow_runs_parent_idx), up to $2.
 const sqlChildRuns = `

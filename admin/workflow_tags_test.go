@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/relayq/relay/testkit/testdb"
 	"github.com/relayq/relay/workflow"
 )
 
@@ -73,4 +74,23 @@ func fmtProblem(p map[string]any) string {
 		b.WriteString(e.(map[string]any)["location"].(string) + " ")
 	}
 	return b.String()
+}
+
+// TestWorkflowRunUpdates: a run's page lists its update requests, newest
+// first, with their state.
+func TestWorkflowRunUpdates(t *testing.T) {
+	t.Parallel()
+	b := setupWorkflows(t)
+	start(b, b.approv, "approve-u", "po-9")
+	testdb.WaitFor(t, "approve-u to wait", func() bool {
+		return b.count(`SELECT count(*) FROM relay_workflow_steps WHERE run_id = 'approve-u' AND kind = 'signal'`) == 1
+	})
+	if _, err := workflow.SendUpdate(b.ctx, b.pool, "approve-u", "rename", map[string]string{"to": "po-10"}); err != nil {
+		t.Fatal(err)
+	}
+	run := b.ok(b.do("GET", "/v1/workflows/runs/approve-u", b.ro, nil))
+	ups, _ := run["updates"].([]any)
+	if len(ups) != 1 || ups[0].(map[string]any)["name"] != "rename" || ups[0].(map[string]any)["state"] != "pending" {
+		t.Fatalf("updates: %v", run["updates"])
+	}
 }

@@ -49,6 +49,19 @@ type WorkflowRunDetail struct {
 	// SetAsideSignals are the signals the run set aside: their payload did
 	// not decode into the type its WaitSignal asked for.
 	SetAsideSignals []WorkflowSignal `json:"set_aside_signals" doc:"Signals set aside because their payload did not decode into the type the run's WaitSignal asked for, oldest first (at most 100); the run waited on"`
+	// Updates are the run's update requests (workflow.Update), newest
+	// first.
+	Updates []WorkflowUpdate `json:"updates" doc:"The run's update requests, newest first (at most 100): pending until the run answers, then completed (with its error, if the handler failed) or rejected"`
+}
+
+// WorkflowUpdate is one update request sent to a run.
+type WorkflowUpdate struct {
+	ID        int64      `json:"id"`
+	Name      string     `json:"name"`
+	State     string     `json:"state" enum:"pending,completed,rejected"`
+	Error     string     `json:"error,omitempty" doc:"Why it was rejected, or the handler's error"`
+	SentAt    time.Time  `json:"sent_at"`
+	HandledAt *time.Time `json:"handled_at,omitempty"`
 }
 
 // WorkflowSignal is a signal a run set aside, with why.
@@ -438,6 +451,20 @@ func (s *server) getRun(ctx context.Context, in *runIDInput) (*runOutput, error)
 	}
 	if d.SetAsideSignals == nil {
 		d.SetAsideSignals = []WorkflowSignal{}
+	}
+	rows, err = s.read.Query(ctx, sqlRunUpdates, in.ID, 100)
+	if err != nil {
+		return nil, s.internalError("get workflow run", err)
+	}
+	d.Updates, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (WorkflowUpdate, error) {
+		var u WorkflowUpdate
+		return u, r.Scan(&u.ID, &u.Name, &u.State, &u.Error, &u.SentAt, &u.HandledAt)
+	})
+	if err != nil {
+		return nil, s.internalError("get workflow run", err)
+	}
+	if d.Updates == nil {
+		d.Updates = []WorkflowUpdate{}
 	}
 	return &runOutput{Body: d}, nil
 }

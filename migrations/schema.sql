@@ -952,6 +952,32 @@ CREATE TABLE public.relay_workflow_steps (
     error_info jsonb
 );
 
+-- Name: relay_workflow_updates; Type: TABLE; Schema: public
+
+CREATE TABLE public.relay_workflow_updates (
+    id bigint NOT NULL,
+    run_id text NOT NULL,
+    name text NOT NULL,
+    request jsonb NOT NULL,
+    state text DEFAULT 'pending'::text NOT NULL,
+    response jsonb,
+    error text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    handled_at timestamp with time zone,
+    CONSTRAINT relay_workflow_updates_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'completed'::text, 'rejected'::text])))
+);
+
+-- Name: relay_workflow_updates_id_seq; Type: SEQUENCE; Schema: public
+
+ALTER TABLE public.relay_workflow_updates ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.relay_workflow_updates_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
 -- Name: relay_migration_locks id; Type: DEFAULT; Schema: public
 
 ALTER TABLE ONLY public.relay_migration_locks ALTER COLUMN id SET DEFAULT nextval('public.relay_migration_locks_id_seq'::regclass);
@@ -1060,6 +1086,11 @@ ALTER TABLE ONLY public.relay_workflow_signals
 ALTER TABLE ONLY public.relay_workflow_steps
     ADD CONSTRAINT relay_workflow_steps_pkey PRIMARY KEY (run_id, "position");
 
+-- Name: relay_workflow_updates relay_workflow_updates_pkey; Type: CONSTRAINT; Schema: public
+
+ALTER TABLE ONLY public.relay_workflow_updates
+    ADD CONSTRAINT relay_workflow_updates_pkey PRIMARY KEY (id);
+
 -- Name: relay_idempotency_keys_expires_idx; Type: INDEX; Schema: public
 
 CREATE INDEX relay_idempotency_keys_expires_idx ON public.relay_idempotency_keys USING btree (expires_at);
@@ -1144,6 +1175,14 @@ CREATE INDEX relay_workflow_signals_pending_idx ON public.relay_workflow_signals
 
 CREATE INDEX relay_workflow_signals_set_aside_idx ON public.relay_workflow_signals USING btree (run_id, id) WHERE (decode_error IS NOT NULL);
 
+-- Name: relay_workflow_updates_pending_idx; Type: INDEX; Schema: public
+
+CREATE INDEX relay_workflow_updates_pending_idx ON public.relay_workflow_updates USING btree (run_id, name, id) WHERE (state = 'pending'::text);
+
+-- Name: relay_workflow_updates_run_idx; Type: INDEX; Schema: public
+
+CREATE INDEX relay_workflow_updates_run_idx ON public.relay_workflow_updates USING btree (run_id);
+
 -- Name: relay_jobs relay_jobs_after_insert; Type: TRIGGER; Schema: public
 
 CREATE TRIGGER relay_jobs_after_insert AFTER INSERT ON public.relay_jobs REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION public.relay_jobs_after_insert();
@@ -1220,3 +1259,8 @@ ALTER TABLE ONLY public.relay_workflow_runs
 
 ALTER TABLE ONLY public.relay_workflow_signals
     ADD CONSTRAINT relay_workflow_signals_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.relay_workflow_runs(id) ON DELETE CASCADE;
+
+-- Name: relay_workflow_updates relay_workflow_updates_run_id_fkey; Type: FK CONSTRAINT; Schema: public
+
+ALTER TABLE ONLY public.relay_workflow_updates
+    ADD CONSTRAINT relay_workflow_updates_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.relay_workflow_runs(id) ON DELETE CASCADE;

@@ -46,11 +46,12 @@ var (
 // ReservedKeyPrefixes are the prefixes of the step keys this package
 // generates: a compensation ("compensate:<key>"), a signal wait
 // ("signal:<name>#<n>"), a patch ("patch:<name>"), an event
-// ("event:<key>#<n>") and added tags ("tags:<n>"). A key given to Step, StepTx, Go, Sleep, SleepUntil,
+// ("event:<key>#<n>"), added tags ("tags:<n>") and an update
+// ("update:<name>#<n>"). A key given to Step, StepTx, Go, Sleep, SleepUntil,
 // Child, Now, Random or UUID must not start with one of them: the call
 // fails the run with ErrReservedKey (a programming error, as a duplicate
 // key), rather than let the key meet a generated one.
-var ReservedKeyPrefixes = []string{"compensate:", "signal:", "patch:", "event:", "tags:"}
+var ReservedKeyPrefixes = []string{"compensate:", "signal:", "patch:", "event:", "tags:", "update:"}
 
 // MaxErrorBytes bounds the error text stored for a run (Run.Error,
 // RunError.Message) and for a step (StepInfo.Error, StepError.Message,

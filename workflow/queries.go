@@ -484,3 +484,38 @@ WHERE relay_workflow_heartbeats.attempt <= excluded.attempt OR relay_workflow_he
 // heartbeat details.
 const sqlHeartbeatDetails = `
 SELECT details::text FROM relay_workflow_heartbeats WHERE run_id = $1 AND position = $2 AND key = $3`
+
+// sqlInsertUpdate puts update request $2 ($3, JSON) in run $1's updates,
+// if the run is not finished, and returns its id and the run's job to
+// wake.
+const sqlInsertUpdate = `
+INSERT INTO relay_workflow_updates (run_id, name, request)
+SELECT id, $2, $3::jsonb FROM relay_workflow_runs
+WHERE id = $1 AND finished_at IS NULL
+RETURNING id, (SELECT coalesce(job_id, 0) FROM relay_workflow_runs WHERE id = $1)`
+
+// sqlPendingUpdate reads the oldest pending update $2 of run $1. Only the
+// execution holding the run changes its updates, so a read is enough.
+const sqlPendingUpdate = `
+SELECT id, request::text FROM relay_workflow_updates
+WHERE run_id = $1 AND name = $2 AND state = 'pending'
+ORDER BY id LIMIT 1`
+
+// sqlAnswerUpdate records the answer to pending update $1 (state $2,
+// response $3, error $4) and wakes its caller, in the transaction that
+// checkpoints the update.
+const sqlAnswerUpdate = `
+WITH done AS (
+    UPDATE relay_workflow_updates
+    SET state = $2, response = $3::jsonb, error = nullif($4, ''), handled_at = now()
+    WHERE id = $1 AND state = 'pending'
+    RETURNING id
+)
+SELECT pg_notify('relay_workflow_update', id::text) FROM done`
+
+// sqlUpdateOutcome reads update $1 and whether its run has finished.
+const sqlUpdateOutcome = `
+SELECT u.run_id, u.name, u.state, coalesce(u.response::text, ''), coalesce(u.error, ''),
+       r.finished_at IS NOT NULL, r.state
+FROM relay_workflow_updates AS u JOIN relay_workflow_runs AS r ON r.id = u.run_id
+WHERE u.id = $1`

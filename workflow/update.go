@@ -1,0 +1,327 @@
+package workflow
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/dbx"
+)
+
+// Updates: a caller's synchronous, durable request into a running run
+// (Temporal's UpdateWorkflow). The caller's request is a row that commits
+// before the run sees it; the run handles it at a HandleUpdate of its name
+// and records the request with its checkpoint and the answer on the row, in
+// one transaction; the caller waits for the answer. Reads of a run's state
+// stay SetEvent and GetEvent.
+
+var (
+	// ErrUpdateRejected: the run refused the update, before applying it:
+	// its request did not decode into the handler's type, or the
+	// handler's Validate returned an error. Matched by an *UpdateError.
+	ErrUpdateRejected = errors.New("workflow: update rejected")
+	// ErrUpdateFailed: the update's handler returned an error (the run
+	// goes on). Matched by an *UpdateError.
+	ErrUpdateFailed = errors.New("workflow: update failed")
+	// ErrUpdateNotHandled: the run ended without handling the update (no
+	// HandleUpdate of its name was reached).
+	ErrUpdateNotHandled = errors.New("workflow: the run ended without handling the update")
+	// ErrUpdateInTransaction: Update was given a transaction: its request
+	// must commit before the run can answer it. Use SendUpdate in the
+	// transaction and UpdateResult after its commit.
+	ErrUpdateInTransaction = errors.New("workflow: Update waits for its answer and cannot run in a transaction (use SendUpdate, then UpdateResult)")
+)
+
+// UpdateError is an update the run rejected or whose handler failed.
+type UpdateError struct {
+	RunID    string
+	Name     string
+	ID       int64
+	Rejected bool // refused before it was applied (ErrUpdateRejected)
+	Message  string
+}
+
+func (e *UpdateError) Error() string {
+	what := "failed"
+	if e.Rejected {
+		what = "rejected"
+	}
+	return fmt.Sprintf("workflow: update %s (%d) of run %s %s: %s", e.Name, e.ID, e.RunID, what, e.Message)
+}
+
+// Is matches ErrUpdateRejected or ErrUpdateFailed.
+func (e *UpdateError) Is(target error) bool {
+	return (e.Rejected && target == ErrUpdateRejected) || (!e.Rejected && target == ErrUpdateFailed)
+}
+
+// UpdateOpts tune a HandleUpdate. The zero value (or nil) waits without
+// limit and validates nothing.
+type UpdateOpts[Req any] struct {
+	// Timeout bounds the wait for an update (0: none); then HandleUpdate
+	// returns false.
+	Timeout time.Duration
+	// Validate, when set, refuses a request before the handler runs: the
+	// caller gets an *UpdateError matching ErrUpdateRejected, nothing is
+	// recorded in the run's history, and the wait goes on for the next
+	// request. It must not call this package's primitives.
+	Validate func(req Req) error
+}
+
+// HandleUpdate waits for the next update request of name sent to the run
+// (Update, SendUpdate), as WaitSignal waits for a signal, and handles it:
+// the request is decoded into Req, validated (UpdateOpts.Validate), and
+// handler applies it (it is workflow code: it may change the workflow's
+// variables and call Step and the other primitives); its response, or its
+// error, is the caller's answer. The request is recorded in the run's
+// history ("update:<name>#<n>") in the transaction that answers the
+// caller: a replay calls handler again with the same request (its steps
+// answered from history), so the workflow's state is rebuilt, and the
+// answer is not sent twice. A worker killed after the handler ran and
+// before the answer committed leaves the request pending: the next
+// execution handles the same request again, replaying the steps the
+// handler had completed. A request that does not decode, or that Validate
+// refuses, fails that update alone (ErrUpdateRejected for its caller) and
+// the wait goes on. handled is false when UpdateOpts.Timeout passed first.
+func HandleUpdate[Req, Resp any](wctx Context, name string, handler func(wctx Context, req Req) (Resp, error), opts *UpdateOpts[Req]) (handled bool, err error) {
+	x := wctx.x
+	if err := x.enter("HandleUpdate"); err != nil {
+		return false, err
+	}
+	if handler == nil {
+		return false, fmt.Errorf("workflow: run %s: HandleUpdate %q: nil handler", x.runID, name)
+	}
+	var o UpdateOpts[Req]
+	if opts != nil {
+		o = *opts
+	}
+	x.waitSeq["\x00update:"+name]++
+	key := fmt.Sprintf("update:%s#%d", name, x.waitSeq["\x00update:"+name])
+	pos, h := x.next("update", key)
+	if h != nil && h.state == stepCompleted {
+		if h.output == "" {
+			return false, nil // timed out
+		}
+		var rec updateRecord
+		var req Req
+		if err := json.Unmarshal([]byte(h.output), &rec); err == nil {
+			err = json.Unmarshal(rec.Request, &req)
+		}
+		if err != nil {
+			x.fatal(fmt.Errorf("workflow: run %s: decode stored update %s: %w", x.runID, key, err))
+		}
+		handler(wctx, req) //nolint:errcheck // a replay rebuilds the workflow's state; the answer was sent
+		return true, nil
+	}
+	x.checkCancel()
+	var wakeAt *time.Time
+	if h != nil {
+		wakeAt = h.wakeAt
+	}
+	for {
+		// The oldest pending request, or none: then the wait is recorded
+		// (with its deadline) and the run suspends until Update wakes it.
+		var id int64
+		var raw string
+		found := false
+		x.fenced(func(ctx context.Context, tx pgx.Tx) error {
+			found = false
+			err := tx.QueryRow(ctx, sqlPendingUpdate, x.runID, name).Scan(&id, &raw)
+			if err == nil {
+				found = true
+				return nil
+			}
+			if !errors.Is(err, pgx.ErrNoRows) {
+				return err
+			}
+			if h == nil {
+				d := time.Duration(-1)
+				if o.Timeout > 0 {
+					d = o.Timeout
+				}
+				wakeAt, err = x.upsert(ctx, tx, &stepRow{position: pos, key: key, kind: "update", state: stepWaiting}, 0, nil, d)
+				if err == nil {
+					h = &stepRow{position: pos, key: key, kind: "update", state: stepWaiting, wakeAt: wakeAt}
+				}
+				return err
+			}
+			if wakeAt != nil && !wakeAt.After(x.now) {
+				timedOut := &stepRow{position: pos, key: key, kind: "update", state: stepCompleted, errMsg: "timed out"}
+				_, err = x.upsert(ctx, tx, timedOut, 1, wakeAt, 0)
+				wakeAt = nil
+				h = timedOut
+			}
+			return err
+		})
+		if !found {
+			if h != nil && h.state == stepCompleted {
+				return false, nil
+			}
+			d := maxSuspend
+			if wakeAt != nil {
+				d = min(d, wakeAt.Sub(x.now))
+			}
+			x.suspend(d)
+			return false, nil
+		}
+		var req Req
+		reject := ""
+		if err := json.Unmarshal([]byte(raw), &req); err != nil {
+			reject = fmt.Sprintf("decode the request into %T: %v", req, err)
+		} else if o.Validate != nil {
+			if err := o.Validate(req); err != nil {
+				reject = err.Error()
+			}
+		}
+		if reject != "" {
+			x.fenced(func(ctx context.Context, tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, sqlAnswerUpdate, id, "rejected", nil, boundError(reject))
+				return err
+			})
+			x.r.logger.Info("relay: workflow update rejected", "run_id", x.runID, "workflow", x.run.workflow, "update", name, "update_id", id, "error", reject)
+			continue
+		}
+		resp, herr := handler(wctx, req)
+		var respJSON *string
+		msg := ""
+		if herr != nil {
+			msg = boundError(herr.Error())
+		} else if enc, err := encode("response of update "+name, resp); err != nil {
+			msg = boundError(err.Error())
+		} else {
+			s := string(enc)
+			respJSON = &s
+		}
+		state := "completed"
+		recJSON, _ := json.Marshal(updateRecord{ID: id, Request: json.RawMessage(raw)})
+		x.fenced(func(ctx context.Context, tx pgx.Tx) error {
+			if _, err := x.upsert(ctx, tx, &stepRow{position: pos, key: key, kind: "update", state: stepCompleted, output: string(recJSON)}, 1, nil, 0); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, sqlAnswerUpdate, id, state, respJSON, msg)
+			return err
+		})
+		return true, nil
+	}
+}
+
+// updateRecord is what an update's checkpoint stores: the request the
+// handler applied (a replay applies it again).
+type updateRecord struct {
+	ID      int64           `json:"id"`
+	Request json.RawMessage `json:"request"`
+}
+
+// SendUpdate puts an update request of name for run id, through db (in
+// its transaction, if it is one), and wakes the run; it returns the
+// update's id, for UpdateResult. The request is encoded as JSON within
+// MaxSignalBytes and MaxSignalDepth (else ErrTooLarge, ErrTooDeep); a
+// finished run is ErrRunFinished, an unknown one ErrRunNotFound. The
+// update waits, pending, until the run reaches a HandleUpdate of name.
+func SendUpdate(ctx context.Context, db core.DB, id, name string, req any) (int64, error) {
+	if name == "" || len(name) > 255 {
+		return 0, fmt.Errorf("workflow: update %q of run %s: the name must be 1 to 255 bytes", name, id)
+	}
+	enc, err := encode("update "+name, req)
+	if err == nil {
+		err = checkSignal(enc)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("workflow: update %s of run %s: %w", name, id, err)
+	}
+	var uid int64
+	err = inTx(ctx, db, func(tx core.DB) error {
+		ex, err := dbx.For(tx)
+		if err != nil {
+			return err
+		}
+		var job int64
+		found := false
+		if err := ex.Query(ctx, sqlInsertUpdate, []any{id, name, string(enc)}, func(r dbx.Scanner) error {
+			found = true
+			return r.Scan(&uid, &job)
+		}); err != nil {
+			return err
+		}
+		if !found {
+			return runMissing(ctx, ex, id)
+		}
+		if job == 0 {
+			return nil
+		}
+		return core.Wake(ctx, tx, job)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("workflow: update %s of run %s: %w", name, id, err)
+	}
+	return uid, nil
+}
+
+// UpdateResult waits for the answer to update uid (SendUpdate) and decodes
+// its response into Resp: an *UpdateError when the run rejected it
+// (ErrUpdateRejected) or its handler failed (ErrUpdateFailed);
+// ErrUpdateNotHandled when the run ended first. It polls db (every few
+// milliseconds at first, backing off to half a second), holding no
+// connection between polls; ctx bounds the wait.
+func UpdateResult[Resp any](ctx context.Context, db core.DB, uid int64) (Resp, error) {
+	var zero Resp
+	ex, err := dbx.For(db)
+	if err != nil {
+		return zero, fmt.Errorf("workflow: result of update %d: %w", uid, err)
+	}
+	delay := 2 * time.Millisecond
+	for {
+		var runID, name, state, resp, msg, runState string
+		var finished, found bool
+		err := ex.Query(ctx, sqlUpdateOutcome, []any{uid}, func(r dbx.Scanner) error {
+			found = true
+			return r.Scan(&runID, &name, &state, &resp, &msg, &finished, &runState)
+		})
+		switch {
+		case err != nil:
+			return zero, fmt.Errorf("workflow: result of update %d: %w", uid, err)
+		case !found:
+			return zero, fmt.Errorf("workflow: result of update %d: not found (its run was deleted?)", uid)
+		case state == "rejected":
+			return zero, &UpdateError{RunID: runID, Name: name, ID: uid, Rejected: true, Message: msg}
+		case state == "completed" && msg != "":
+			return zero, &UpdateError{RunID: runID, Name: name, ID: uid, Message: msg}
+		case state == "completed":
+			var out Resp
+			if err := json.Unmarshal([]byte(resp), &out); err != nil {
+				return zero, fmt.Errorf("workflow: result of update %s (%d) of run %s: decode response into %T: %w", name, uid, runID, out, err)
+			}
+			return out, nil
+		case finished:
+			return zero, fmt.Errorf("workflow: update %s (%d) of run %s: %w (it ended %s)", name, uid, runID, ErrUpdateNotHandled, runState)
+		}
+		select {
+		case <-ctx.Done():
+			return zero, fmt.Errorf("workflow: result of update %s (%d) of run %s: %w", name, uid, runID, ctx.Err())
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, 500*time.Millisecond)
+	}
+}
+
+// Update sends an update request of name to run id and waits for its
+// answer (SendUpdate, then UpdateResult): a synchronous, durable request
+// into a running run, as Temporal's UpdateWorkflow. db must not be a
+// transaction (ErrUpdateInTransaction): the request commits first, then
+// the run answers. The request survives a worker's death: it stays pending
+// until a run's execution records its answer.
+func Update[Resp any](ctx context.Context, db core.DB, id, name string, req any) (Resp, error) {
+	var zero Resp
+	if dbx.InTransaction(db) {
+		return zero, fmt.Errorf("workflow: update %s of run %s: %w", name, id, ErrUpdateInTransaction)
+	}
+	uid, err := SendUpdate(ctx, db, id, name, req)
+	if err != nil {
+		return zero, err
+	}
+	return UpdateResult[Resp](ctx, db, uid)
+}
