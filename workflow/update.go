@@ -14,7 +14,7 @@ import (
 )
 
 // Updates: a caller's synchronous, durable request into a running run
-// (Temporal's UpdateWorkflow). The caller's request is a row that commits
+// (as Temporal's workflow updates). The caller's request is a row that commits
 // before the run sees it; the run handles it at a HandleUpdate of its name
 // and records the request with its checkpoint and the answer on the row, in
 // one transaction; the caller waits for the answer. Reads of a run's state
@@ -310,7 +310,7 @@ func UpdateResult[Resp any](ctx context.Context, db core.DB, uid int64) (Resp, e
 
 // Update sends an update request of name to run id and waits for its
 // answer (SendUpdate, then UpdateResult): a synchronous, durable request
-// into a running run, as Temporal's UpdateWorkflow. db must not be a
+// into a running run, as Temporal's workflow updates. db must not be a
 // transaction (ErrUpdateInTransaction): the request commits first, then
 // the run answers. The request survives a worker's death: it stays pending
 // until a run's execution records its answer.
