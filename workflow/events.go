@@ -86,7 +86,10 @@ func ContinueAsNew(wctx Context, input any) error {
 				return err
 			}
 		}
-		_, err := tx.Exec(ctx, sqlDropHistory, x.runID)
+		if _, err := tx.Exec(ctx, sqlDropHistory, x.runID); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, sqlDropStaleHeartbeats, x.runID)
 		return err
 	})
 	x.suspend(0)

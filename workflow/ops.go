@@ -84,6 +84,9 @@ func Retry(ctx context.Context, db core.DB, id string) error {
 		if _, err := ex.Exec(ctx, sqlRetryDropSteps, id, from); err != nil {
 			return fmt.Errorf("drop steps from position %v: %w", from, err)
 		}
+		if _, err := ex.Exec(ctx, sqlDropStaleHeartbeats, id); err != nil {
+			return fmt.Errorf("drop the heartbeats of dropped steps: %w", err)
+		}
 		run, err := getRun(ctx, ex, id)
 		if err != nil {
 			return err

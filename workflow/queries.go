@@ -248,6 +248,16 @@ WHERE id = $1`
 
 const sqlDropHistory = `DELETE FROM relay_workflow_steps WHERE run_id = $1`
 
+// sqlDropStaleHeartbeats deletes run $1's heartbeats of positions that no
+// longer hold a step (after sqlDropHistory or sqlRetryDropSteps): a step
+// run again there is a new step, whose first attempt finds no details of
+// the one dropped, and whose attempts (counted from 1 again) are not
+// refused as older than the dropped step's.
+const sqlDropStaleHeartbeats = `
+DELETE FROM relay_workflow_heartbeats AS h
+WHERE h.run_id = $1 AND NOT EXISTS (
+    SELECT 1 FROM relay_workflow_steps AS s WHERE s.run_id = h.run_id AND s.position = h.position)`
+
 // sqlSetEvent publishes value $3 under key $2 of run $1.
 const sqlSetEvent = `
 INSERT INTO relay_workflow_events (run_id, key, value) VALUES ($1, $2, $3::jsonb)
