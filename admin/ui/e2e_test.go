@@ -430,6 +430,27 @@ func TestDashboard(t *testing.T) {
 		if n := testdb.Count(t, f.pool, `SELECT count(*) FROM relay_jobs WHERE kind = 'digest.build'`); n != 2 {
 			t.Fatalf("%d digest.build jobs after a trigger, want 2", n)
 		}
+		// Backfill a past fire: a time that is not a fire time is the
+		// API's problem; a fire time gets one job, however often asked.
+		browsertest.Run(t, ctx, "backfill refused",
+			chromedp.SetValue(chromedp.CSS("#sched-nightly-digest-backfill-at"), "2025-10-01T04:00:00+02:00"),
+			chromedp.Click(chromedp.CSS(`#sched-nightly-digest button[data-schedule-action="backfill"]`)),
+			chromedp.WaitVisible(chromedp.CSS(`[role=alert][data-problem-status="422"]`)))
+		if p := text(t, ctx, "[role=alert]"); !strings.Contains(p, "not a fire time") {
+			t.Fatalf("problem shown: %q", p)
+		}
+		browsertest.Run(t, ctx, "backfill a past fire",
+			chromedp.SetValue(chromedp.CSS("#sched-nightly-digest-backfill-at"), "2025-10-01T03:00:00+02:00"),
+			chromedp.Click(chromedp.CSS(`#sched-nightly-digest button[data-schedule-action="backfill"]`)),
+			chromedp.WaitVisible(chromedp.CSS(`#sched-nightly-digest .badge.outcome-backfilled`)),
+			browsertest.Screenshot(f.shots, "schedule-backfilled"))
+		browsertest.Run(t, ctx, "backfill it again",
+			chromedp.SetValue(chromedp.CSS("#sched-nightly-digest-backfill-at"), "2025-10-01T01:00:00Z"),
+			chromedp.Click(chromedp.CSS(`#sched-nightly-digest button[data-schedule-action="backfill"]`)),
+			chromedp.Poll[chromedp.Void](`(document.querySelector("[role=status]")?.textContent || "").includes("had already enqueued")`))
+		if n := testdb.Count(t, f.pool, `SELECT count(*) FROM relay_jobs WHERE kind = 'digest.build'`); n != 3 {
+			t.Fatalf("%d digest.build jobs after two backfills of one fire, want 3", n)
+		}
 
 		// Redispatch the dispatched outbox event.
 		browsertest.Run(t, ctx, "redispatch",

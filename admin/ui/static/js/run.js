@@ -65,6 +65,7 @@ function content(r, ctx, note, reload) {
       h('a', { href: runHref(c.id), 'data-child-run': c.id }, c.id), c.workflow, badge(c.state), time(c.created_at), time(c.finished_at)]),
     'No child runs.'),
     ...setAside(r),
+    ...updates(r),
     h('div', { class: 'cols' },
       h('section', {}, h('h2', {}, 'Input'), json(r.input)),
       h('section', {}, h('h2', {}, 'Output'), r.output !== undefined ? json(r.output) : h('p', { class: 'muted' }, 'None (set once completed).'))));
@@ -83,6 +84,18 @@ function setAside(r) {
       h('span', { 'data-set-aside-signal': sg.name }, sg.name), time(sg.sent_at), time(sg.set_aside_at),
       h('pre', { class: 'mono' }, sg.decode_error),
       sg.payload !== undefined ? json(sg.payload) : h('span', { class: 'muted' }, `${sg.payload_bytes} bytes (not shown)`)]))];
+}
+
+// updates lists the run's update requests (workflow.Update), newest
+// first, when there are any: pending until the run answers.
+function updates(r) {
+  const ups = r.updates || [];
+  if (!ups.length) return [];
+  return [
+    h('h2', {}, `Updates (${ups.length})`),
+    table('Updates', ['Update', 'State', 'Sent', 'Handled', 'Error'], ups.map((u) => [
+      h('span', { 'data-update': u.name, 'data-update-state': u.state }, u.name), badge(u.state), time(u.sent_at), time(u.handled_at),
+      u.error ? h('pre', { class: 'mono' }, u.error) : '']))];
 }
 
 const ms = (iso) => new Date(iso).getTime();

@@ -1,5 +1,5 @@
 // Schedules: spec, time zone, the next five fires, the last fires with
-// their outcome, and pause / resume / trigger now.
+// their outcome, and pause / resume / trigger now / backfill a past fire.
 import { api } from './api.js';
 import { h, badge, time, zonedTime, viewerZone, json, table } from './dom.js';
 import { action } from './app.js';
@@ -31,6 +31,15 @@ function schedule(s, ctx, note, reload) {
     };
     buttons.push(s.paused ? mk('resume', 'Resume', `Schedule ${s.name} resumed.`) : mk('pause', 'Pause', `Schedule ${s.name} paused.`));
     buttons.push(mk('trigger', 'Trigger now', (r) => [`Schedule ${s.name} triggered: `, h('a', { href: `#/jobs/${r.job_id}` }, `job ${r.job_id}`), '.']));
+    // Backfill: fire a past fire time once (the fire's key holds).
+    const at = h('input', { type: 'text', id: id + '-backfill-at', autocomplete: 'off', size: 26,
+      placeholder: '2026-10-31T02:00:00-04:00', 'aria-label': `Past fire time of ${s.name} to backfill (RFC 3339)` });
+    const bf = h('button', { type: 'button', class: 'secondary', 'data-schedule-action': 'backfill' }, 'Backfill');
+    bf.addEventListener('click', () => action(bf, note,
+      (r) => [r.existing ? `That fire of ${s.name} had already enqueued ` : `Schedule ${s.name} backfilled for ${r.fire_time}: `,
+        r.job_id ? h('a', { href: `#/jobs/${r.job_id}` }, `job ${r.job_id}`) : 'its job', '.'],
+      () => api('POST', `v1/schedules/${encodeURIComponent(s.name)}/backfill`, { fire_time: at.value.trim() }), reload));
+    buttons.push(h('span', { class: 'backfill' }, at, ' ', bf));
   }
   const fires = s.last_fires.map((f) => [zonedTime(f.fire_time, s.time_zone), badge(f.outcome, 'outcome'),
     f.job_id ? h('a', { href: `#/jobs/${f.job_id}` }, String(f.job_id)) : '—', time(f.recorded_at)]);
