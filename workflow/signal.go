@@ -33,16 +33,29 @@ func Signal(ctx context.Context, db core.DB, id, name string, payload any) error
 	if err != nil {
 		return fmt.Errorf("workflow: signal %s to run %s: %w", name, id, err)
 	}
-	err = inTx(ctx, db, func(tx core.DB) error {
+	err = deliver(ctx, db, id, sqlInsertSignal, []any{id, name, string(enc)})
+	if err != nil {
+		return fmt.Errorf("workflow: signal %s to run %s: %w", name, id, err)
+	}
+	return nil
+}
+
+// deliver runs insert, a statement that puts a message (a signal, an
+// update request) in run id's mailbox and returns what scan names followed
+// by the run's job id (0: no job to wake), on db in one transaction; then
+// wakes the job. No row means the run is missing or finished
+// (runMissing says which).
+func deliver(ctx context.Context, db core.DB, id, insert string, args []any, scan ...any) error {
+	return inTx(ctx, db, func(tx core.DB) error {
 		ex, err := dbx.For(tx)
 		if err != nil {
 			return err
 		}
 		var job int64
 		found := false
-		if err := ex.Query(ctx, sqlInsertSignal, []any{id, name, string(enc)}, func(r dbx.Scanner) error {
+		if err := ex.Query(ctx, insert, args, func(r dbx.Scanner) error {
 			found = true
-			return r.Scan(&job)
+			return r.Scan(append(scan, &job)...)
 		}); err != nil {
 			return err
 		}
@@ -54,10 +67,6 @@ func Signal(ctx context.Context, db core.DB, id, name string, payload any) error
 		}
 		return core.Wake(ctx, tx, job)
 	})
-	if err != nil {
-		return fmt.Errorf("workflow: signal %s to run %s: %w", name, id, err)
-	}
-	return nil
 }
 
 // setAsideSignal is a signal a wait set aside, for the log.

@@ -234,27 +234,7 @@ func SendUpdate(ctx context.Context, db core.DB, id, name string, req any) (int6
 		return 0, fmt.Errorf("workflow: update %s of run %s: %w", name, id, err)
 	}
 	var uid int64
-	err = inTx(ctx, db, func(tx core.DB) error {
-		ex, err := dbx.For(tx)
-		if err != nil {
-			return err
-		}
-		var job int64
-		found := false
-		if err := ex.Query(ctx, sqlInsertUpdate, []any{id, name, string(enc)}, func(r dbx.Scanner) error {
-			found = true
-			return r.Scan(&uid, &job)
-		}); err != nil {
-			return err
-		}
-		if !found {
-			return runMissing(ctx, ex, id)
-		}
-		if job == 0 {
-			return nil
-		}
-		return core.Wake(ctx, tx, job)
-	})
+	err = deliver(ctx, db, id, sqlInsertUpdate, []any{id, name, string(enc)}, &uid)
 	if err != nil {
 		return 0, fmt.Errorf("workflow: update %s of run %s: %w", name, id, err)
 	}
