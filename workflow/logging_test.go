@@ -228,17 +228,24 @@ func TestExecutionSpanNumbered(t *testing.T) {
 	if _, err := result[int](t, pool, h.ID); err != nil {
 		t.Fatal(err)
 	}
-	var numbers []int64
-	for _, s := range rec.Ended() {
-		if !strings.HasPrefix(s.Name(), "workflow.execute") {
-			continue
-		}
-		for _, a := range s.Attributes() {
-			if a.Key == attribute.Key("relay.workflow.execution") {
-				numbers = append(numbers, a.Value.AsInt64())
+	// The run's outcome commits inside its last execution, whose span ends
+	// only after: wait (bounded) for both executions' spans to end.
+	executionNumbers := func() []int64 {
+		var numbers []int64
+		for _, s := range rec.Ended() {
+			if !strings.HasPrefix(s.Name(), "workflow.execute") {
+				continue
+			}
+			for _, a := range s.Attributes() {
+				if a.Key == attribute.Key("relay.workflow.execution") {
+					numbers = append(numbers, a.Value.AsInt64())
+				}
 			}
 		}
+		return numbers
 	}
+	b.waitFor("both execute spans to end", func() bool { return len(executionNumbers()) >= 2 })
+	numbers := executionNumbers()
 	if len(numbers) != 2 || numbers[0] != 1 || numbers[1] != 2 {
 		t.Fatalf("execution numbers on the execute spans: %v, want [1 2]", numbers)
 	}
