@@ -154,8 +154,11 @@ func HandleUpdate[Req, Resp any](wctx Context, name string, handler func(wctx Co
 				_, err = x.upsert(ctx, tx, timedOut, 1, wakeAt, 0)
 				wakeAt = nil
 				h = timedOut
+				return err
 			}
-			return err
+			// The wait is recorded and its timeout not reached: suspend
+			// again (err is only the read's ErrNoRows here).
+			return nil
 		})
 		if !found {
 			if h != nil && h.state == stepCompleted {
