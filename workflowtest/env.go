@@ -15,7 +15,8 @@
 //
 // The test reads the run's outcome, output and steps (workflow.Run),
 // its compensations (Compensations), its exported history (History) and
-// how many times each step's function was called (Calls).
+// how many times each step's function was called (Calls); signals and
+// updates are sent at virtual times (SignalAt, UpdateAt, UpdateAnswer).
 package workflowtest
 
 import (
