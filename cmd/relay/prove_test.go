@@ -199,8 +199,9 @@ func TestProveOutbox(t *testing.T) {
 
 // The workflow proof, small: payment runs (charge → email ∥ report as
 // children on another queue, the first to end chosen by a Select → sleep
-// → a Select of the approval signal and a timer → notify, one in ten
-// compensated, each with an execution timeout) executed by worker processes that are SIGKILLed and one
+// → one in three takes an address update (HandleUpdate) → a Select of the
+// approval signal and a timer → notify, one in ten compensated, each with
+// an execution timeout) executed by worker processes that are SIGKILLed and one
 // SIGSTOPped past its lease: every run ends as its input asked, each
 // database effect once, no run forked, nothing out of order.
 func TestProveWorkflow(t *testing.T) {
@@ -210,7 +211,8 @@ func TestProveWorkflow(t *testing.T) {
 	f := runProof(t, bin, "workflow", "--database-url", url, "--runs", "160", "--processes", "3", "--concurrency", "4",
 		"--kill", "2", "--pause", "1", "--lease", "1s", "--sleep", "200ms", "--stall-bound", "40s")
 	for k, want := range map[string]string{"runs": "160", "completed": "144", "compensated": "16", "lost": "0", "stalled": "0",
-		"duplicate_tx_effects": "0", "forked_runs": "0", "order_violations": "0", "kills": "2", "pauses": "1"} {
+		"duplicate_tx_effects": "0", "forked_runs": "0", "order_violations": "0", "updates": "48", "update_violations": "0",
+		"kills": "2", "pauses": "1"} {
 		if f[k] != want {
 			t.Errorf("%s=%s, want %s (%v)", k, f[k], want, f)
 		}
@@ -235,12 +237,12 @@ func TestProveWorkflowDatabaseFaults(t *testing.T) {
 		"--partition", "1", "--lock-storm", "--cancel-every", "10", "--retry-failed")
 	for k, want := range map[string]string{"runs": "200", "failed": "0", "lost": "0", "stalled": "0", "duplicate_tx_effects": "0",
 		"forked_runs": "0", "order_violations": "0", "cancels": "20", "cancel_violations": "0", "retried": "20", "retry_violations": "0",
-		"kills": "1", "pauses": "1", "pg_restarts": "1", "pg_crashes": "1", "partitions": "1"} {
+		"update_violations": "0", "kills": "1", "pauses": "1", "pg_restarts": "1", "pg_crashes": "1", "partitions": "1"} {
 		if f[k] != want {
 			t.Errorf("%s=%s, want %s (%v)", k, f[k], want, f)
 		}
 	}
-	for _, k := range []string{"cancels_accepted", "cancelled", "backend_kills", "locks"} {
+	for _, k := range []string{"cancels_accepted", "cancelled", "backend_kills", "locks", "updates"} {
 		if n, _ := strconv.Atoi(f[k]); n == 0 {
 			t.Errorf("%s=0: not exercised (%v)", k, f)
 		}

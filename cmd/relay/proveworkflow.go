@@ -36,6 +36,7 @@ type proveWFConfig struct {
 	sleep        time.Duration
 	failEvery    int
 	earlyEvery   int
+	updateEvery  int
 	pgRestart    bool
 	pgCrash      bool
 	backendKill  int
@@ -71,6 +72,14 @@ func (c proveWFConfig) cohort(seq int) (fail, outage, cancel bool) {
 	return fail, outage, cancel
 }
 
+// updated: run seq takes an address update before its approval (never a
+// run that fails, goes through the outage or is cancelled: those do not
+// all reach it).
+func (c proveWFConfig) updated(seq int) bool {
+	fail, outage, cancel := c.cohort(seq)
+	return c.updateEvery > 0 && seq%c.updateEvery == 1%c.updateEvery && !fail && !outage && !cancel
+}
+
 // runProveWorkflow is `relay prove workflow`: payment runs (charge →
 // email ∥ report as children on another queue → notify: a sleep, then a
 // signal the prover answers) executed by worker processes that are
@@ -95,6 +104,7 @@ func runProveWorkflow(ctx context.Context, args []string) error {
 	fs.DurationVar(&c.sleep, "sleep", 300*time.Millisecond, "the durable sleep before notify")
 	fs.IntVar(&c.failEvery, "fail-every", 10, "one run in this many fails in report and is compensated (0: none)")
 	fs.IntVar(&c.earlyEvery, "early-signal-every", 4, "one run in this many gets its signal before it waits (0: none)")
+	fs.IntVar(&c.updateEvery, "update-every", 3, "one run in this many takes an address update (workflow.HandleUpdate) before its approval, sent with it (0: none)")
 	fs.BoolVar(&c.pgRestart, "pg-restart", false, "restart PostgreSQL mid-run (throwaway cluster only)")
 	fs.BoolVar(&c.pgCrash, "pg-crash", false, "crash PostgreSQL mid-run (immediate shutdown, recovery from WAL; throwaway cluster only)")
 	fs.IntVar(&c.backendKill, "backend-kill", 0, "terminate this many worker backends per second (pg_terminate_backend)")
@@ -114,9 +124,9 @@ func runProveWorkflow(ctx context.Context, args []string) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if c.runs < 1 || c.processes < 1 || c.concurrency < 1 || c.kills < 0 || c.pauses < 0 || c.lease < 200*time.Millisecond || c.failEvery < 0 || c.earlyEvery < 0 ||
+	if c.runs < 1 || c.processes < 1 || c.concurrency < 1 || c.kills < 0 || c.pauses < 0 || c.lease < 200*time.Millisecond || c.failEvery < 0 || c.earlyEvery < 0 || c.updateEvery < 0 ||
 		c.backendKill < 0 || c.partitions < 0 || c.cancelEvery < 0 {
-		return errors.New("prove workflow: --runs, --processes, --concurrency must be ≥ 1, --kill/--pause/--fail-every/--backend-kill/--partition/--cancel-every ≥ 0, --lease ≥ 200ms")
+		return errors.New("prove workflow: --runs, --processes, --concurrency must be ≥ 1, --kill/--pause/--fail-every/--update-every/--backend-kill/--partition/--cancel-every ≥ 0, --lease ≥ 200ms")
 	}
 	if c.partitionFor == 0 {
 		c.partitionFor = c.lease * 5 / 2
@@ -200,7 +210,7 @@ func runProveWorkflow(ctx context.Context, args []string) error {
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			for j := i; j < i+n; j++ {
 				fail, outage, cancel := c.cohort(j)
-				in := payIn{Seq: j, Fail: fail, Outage: outage, SleepMs: int(c.sleep.Milliseconds())}
+				in := payIn{Seq: j, Fail: fail, Outage: outage, Update: c.updated(j), SleepMs: int(c.sleep.Milliseconds())}
 				if _, err := workflow.Start(ctx, tx, wfs.payment, in, &workflow.StartOpts{ID: proveRunID(j), Queue: proveQueue, MaxAttempts: 1000,
 					// An execution timeout far past the proof's length:
 					// every suspension is cut to it, and no run reaches it.
@@ -228,7 +238,7 @@ func runProveWorkflow(ctx context.Context, args []string) error {
 		// must keep them.
 		for j := i; j < i+n; j++ {
 			if _, outage, _ := c.cohort(j); c.earlyEvery > 0 && j%c.earlyEvery == 0 && !outage {
-				if err := proveSignal(ctx, pool, proveRunID(j), true); err != nil {
+				if err := proveSignal(ctx, pool, proveRunID(j), true, c.updated(j)); err != nil {
 					return err
 				}
 				early++
@@ -300,10 +310,13 @@ func runProveWorkflow(ctx context.Context, args []string) error {
 		}
 	}
 
+	if err := collectUpdateAnswers(ctx, pool); err != nil {
+		return err
+	}
 	res := map[string]int64{}
 	for _, name := range []string{"runs", "completed", "compensated", "cancelled", "failed", "lost", "stalled", "duplicate_tx_effects", "forked_runs",
 		"late_checkpoints_refused", "order_violations", "sends_with_two_tokens", "sink_calls", "executions", "early_signals",
-		"cancels", "cancels_accepted", "cancel_stages_accepted", "cancel_violations", "retried", "retry_violations"} {
+		"cancels", "cancels_accepted", "cancel_stages_accepted", "cancel_violations", "retried", "retry_violations", "updates", "update_violations"} {
 		var n int64
 		if err := retryDB(ctx, "workflow audit "+name, func(ctx context.Context) error {
 			return pool.QueryRow(ctx, queries[name]).Scan(&n)
@@ -322,10 +335,10 @@ func runProveWorkflow(ctx context.Context, args []string) error {
 	if c.failover {
 		failoverFields = fmt.Sprintf(" replication=%s sends_with_two_tokens=%d %s", c.replication, res["sends_with_two_tokens"], sup.clock.summary())
 	}
-	fmt.Printf("proof: workflow runs=%d completed=%d compensated=%d cancelled=%d failed=%d lost=%d stalled=%d duplicate_tx_effects=%d forked_runs=%d late_checkpoints_refused=%d order_violations=%d cancels=%d cancels_accepted=%d cancel_violations=%d retried=%d retry_violations=%d kills=%d pauses=%d pg_restarts=%d pg_crashes=%d backend_kills=%d partitions=%d locks=%d%s elapsed=%s\n",
+	fmt.Printf("proof: workflow runs=%d completed=%d compensated=%d cancelled=%d failed=%d lost=%d stalled=%d duplicate_tx_effects=%d forked_runs=%d late_checkpoints_refused=%d order_violations=%d cancels=%d cancels_accepted=%d cancel_violations=%d retried=%d retry_violations=%d updates=%d update_violations=%d kills=%d pauses=%d pg_restarts=%d pg_crashes=%d backend_kills=%d partitions=%d locks=%d%s elapsed=%s\n",
 		res["runs"], res["completed"], res["compensated"], res["cancelled"], res["failed"], res["lost"], res["stalled"], res["duplicate_tx_effects"], res["forked_runs"],
 		res["late_checkpoints_refused"], res["order_violations"], res["cancels"], res["cancels_accepted"], res["cancel_violations"], res["retried"], res["retry_violations"],
-		n.kills, n.pauses, n.pgRestarts, n.pgCrashes, n.backendKills.Load(), n.partitions, n.locks.Load(), failoverFields, elapsed.Round(time.Millisecond))
+		res["updates"], res["update_violations"], n.kills, n.pauses, n.pgRestarts, n.pgCrashes, n.backendKills.Load(), n.partitions, n.locks.Load(), failoverFields, elapsed.Round(time.Millisecond))
 	// Asynchronous replication can lose an outside call's stored token (the
 	// call is made again with a new one): reported, not a failure.
 	twoTokens := res["sends_with_two_tokens"]
@@ -333,7 +346,8 @@ func runProveWorkflow(ctx context.Context, args []string) error {
 		twoTokens = 0
 	}
 	if res["runs"] != int64(c.runs) || res["lost"] != 0 || res["stalled"] != 0 || res["duplicate_tx_effects"] != 0 || res["forked_runs"] != 0 ||
-		res["order_violations"] != 0 || twoTokens != 0 || res["cancel_violations"] != 0 || res["retry_violations"] != 0 {
+		res["order_violations"] != 0 || twoTokens != 0 || res["cancel_violations"] != 0 || res["retry_violations"] != 0 ||
+		res["update_violations"] != 0 {
 		return errors.New("prove workflow: the audit failed")
 	}
 	return sup.exercised(res)
@@ -350,13 +364,24 @@ func failing(c proveWFConfig) int {
 func proveRunID(seq int) string { return fmt.Sprintf("pay-%06d", seq) }
 
 // proveSignal sends run's approval once (the proof table's primary key
-// keeps the prover from sending two) in one transaction with its record; a
-// run already finished (cancelled) is recorded as answered.
-func proveSignal(ctx context.Context, pool *pgxpool.Pool, run string, early bool) error {
+// keeps the prover from sending two) in one transaction with its record
+// and, when update, with the run's address update and its record; a run
+// already finished (cancelled) is recorded as answered.
+func proveSignal(ctx context.Context, pool *pgxpool.Pool, run string, early, update bool) error {
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `INSERT INTO prove_wf_signals (run_id, early) VALUES ($1, $2) ON CONFLICT DO NOTHING`, run, early)
 		if err != nil || tag.RowsAffected() == 0 {
 			return err
+		}
+		if update {
+			addr := "street " + run
+			uid, err := workflow.SendUpdate(ctx, tx, run, proveUpdateName, addr)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO prove_wf_updates (run_id, update_id, address) VALUES ($1, $2, $3)`, run, uid, addr); err != nil {
+				return err
+			}
 		}
 		return workflow.Signal(ctx, tx, run, proveSignalName, "approved")
 	})
@@ -366,6 +391,38 @@ func proveSignal(ctx context.Context, pool *pgxpool.Pool, run string, early bool
 	}
 	if err != nil {
 		return fmt.Errorf("prove workflow: signal %s: %w", run, err)
+	}
+	return nil
+}
+
+// collectUpdateAnswers records the answer to each update the prover sent
+// (every run is final by now: UpdateResult returns at once), or the error
+// it got instead.
+func collectUpdateAnswers(ctx context.Context, pool *pgxpool.Pool) error {
+	rows, err := pool.Query(ctx, `SELECT update_id FROM prove_wf_updates ORDER BY update_id`)
+	if err != nil {
+		return fmt.Errorf("prove workflow: read the updates sent: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return fmt.Errorf("prove workflow: read the updates sent: %w", err)
+	}
+	for _, uid := range ids {
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		answer, uerr := workflow.UpdateResult[string](wctx, pool, uid)
+		cancel()
+		var answerCol, errCol any
+		if uerr != nil {
+			errCol = uerr.Error()
+		} else {
+			answerCol = answer
+		}
+		if err := retryDB(ctx, "record update answer", func(ctx context.Context) error {
+			_, err := pool.Exec(ctx, `UPDATE prove_wf_updates SET answer = $2, error = $3 WHERE update_id = $1`, uid, answerCol, errCol)
+			return err
+		}); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -14,6 +14,9 @@
 --   prove_wf_sink     every call the sink (in the prover's process) received
 --   prove_wf_asks     a run asking for its approval signal
 --   prove_wf_signals  the approvals the prover sent
+--   prove_wf_updates  the address updates the prover sent (in the
+--                     approval's transaction), with the answer it got
+--                     once every run was final, or its error
 --   prove_kills       when each worker process was sent SIGKILL
 --   prove_wf_ledger   one row: whether the ledger is down (--retry-failed:
 --                     until the faults are over)
@@ -63,6 +66,13 @@ CREATE TABLE prove_wf_signals (
     run_id text        PRIMARY KEY,
     early  boolean     NOT NULL,
     at     timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE TABLE prove_wf_updates (
+    run_id    text   PRIMARY KEY,
+    update_id bigint NOT NULL,
+    address   text   NOT NULL,
+    answer    text,
+    error     text
 );
 CREATE TABLE prove_wf_ledger (
     down boolean NOT NULL
@@ -253,3 +263,29 @@ WHERE r.state <> CASE
         WHEN (r.input->>'fail')::boolean THEN 'compensated'
         ELSE 'completed' END
    OR EXISTS (SELECT 1 FROM prove_wf_effects e WHERE e.run_id = r.id GROUP BY e.kind HAVING count(*) > 1);
+
+-- name: updates
+SELECT count(*) FROM prove_wf_updates WHERE answer IS NOT NULL;
+
+-- update_violations: payment runs whose address update was lost, applied
+-- twice or answered wrongly across the kills. A run meant to take one
+-- that completed must have been sent exactly one, answered with its
+-- address, applied once (one address effect, written in the handler's
+-- StepTx) and recorded once in its history (update:address#1); an update
+-- answered at all must have been applied and recorded once; a run not
+-- meant to take one holds none.
+-- name: update_violations
+WITH u AS (
+    SELECT r.id, r.state, coalesce((r.input->>'update')::boolean, false) AS wants,
+           (SELECT count(*) FROM prove_wf_updates p WHERE p.run_id = r.id) AS sent,
+           (SELECT count(*) FROM prove_wf_updates p WHERE p.run_id = r.id AND p.answer IS NOT NULL) AS answered,
+           (SELECT count(*) FROM prove_wf_updates p WHERE p.run_id = r.id AND p.answer = 'applied ' || p.address) AS answered_right,
+           (SELECT count(*) FROM prove_wf_effects e WHERE e.run_id = r.id AND e.kind = 'address') AS applied,
+           (SELECT count(*) FROM relay_workflow_steps s WHERE s.run_id = r.id AND s.key LIKE 'update:address#%' AND s.state = 'completed') AS recorded
+    FROM relay_workflow_runs r
+    WHERE r.workflow = 'prove.payment'
+)
+SELECT count(*) FROM u
+WHERE (wants AND state = 'completed' AND NOT (sent = 1 AND answered_right = 1 AND applied = 1 AND recorded = 1))
+   OR (answered > 0 AND NOT (answered_right = 1 AND applied = 1 AND recorded = 1))
+   OR (NOT wants AND (sent > 0 OR applied > 0));

@@ -335,7 +335,11 @@ func (s *wfSupervisor) answerAsks(ctx context.Context) error {
 		return fmt.Errorf("read approval requests: %w", err)
 	}
 	for _, run := range asks {
-		if err := proveSignal(ctx, s.pool, run, false); err != nil {
+		var seq int
+		if _, err := fmt.Sscanf(run, "pay-%d", &seq); err != nil {
+			return fmt.Errorf("approval request of %s: %w", run, err)
+		}
+		if err := proveSignal(ctx, s.pool, run, false, s.c.updated(seq)); err != nil {
 			return err
 		}
 	}

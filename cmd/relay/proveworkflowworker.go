@@ -30,6 +30,9 @@ type payIn struct {
 	// failure, a credit, then a post that fails the run while the ledger
 	// is down), to be retried once it is back (--retry-failed).
 	Outage bool `json:"outage,omitempty"`
+	// Update: the run takes an address update (proveUpdateName) before it
+	// waits for its approval; the prover sends it with the approval.
+	Update bool `json:"update,omitempty"`
 }
 
 // sideIn is a child's input: the payment run it works for.
@@ -41,6 +44,7 @@ type sideIn struct {
 const (
 	proveSideQueue  = "prove-side"
 	proveSignalName = "approval"
+	proveUpdateName = "address"
 )
 
 type proveWorkflows struct {
@@ -119,8 +123,9 @@ func (e *proveEnv) effect(ctx context.Context, tx pgx.Tx, run, kind, stepRun str
 }
 
 // payment: charge → email ∥ report (children on the side queue, the first
-// to end chosen by a Select) → sleep → a Select of the approval and a
-// timer → notify. The charge registers its refund.
+// to end chosen by a Select) → sleep → ask → (in.Update) an address
+// update → a Select of the approval and a timer → notify. The charge
+// registers its refund.
 func (e *proveEnv) payment(wctx workflow.Context, in payIn, w proveWorkflows) (string, error) {
 	run := wctx.RunID()
 	exec, err := e.execution(wctx, run)
@@ -170,6 +175,25 @@ func (e *proveEnv) payment(wctx workflow.Context, in payIn, w proveWorkflows) (s
 		return true, err
 	}, proveStep()); err != nil {
 		return "", err
+	}
+	// The address update, applied in a StepTx (its effect commits with the
+	// step's checkpoint), answered once: a replay calls the handler again
+	// with the recorded request, its step answered from history.
+	if in.Update {
+		handled, err := workflow.HandleUpdate(wctx, proveUpdateName, func(wctx workflow.Context, addr string) (string, error) {
+			if _, err := workflow.StepTx(wctx, "apply-address", func(ctx context.Context, tx pgx.Tx) (bool, error) {
+				return true, e.effect(ctx, tx, run, "address", run, exec)
+			}, proveStep()); err != nil {
+				return "", err
+			}
+			return "applied " + addr, nil
+		}, &workflow.UpdateOpts[string]{Timeout: 5 * time.Minute})
+		if err != nil {
+			return "", err
+		}
+		if !handled {
+			return "", core.Permanent(errors.New("payment: no address update within 5 minutes"))
+		}
 	}
 	// The approval, or 5 minutes: a Select of a signal and a timer, its
 	// choice checkpointed with the signal it consumed.

@@ -126,7 +126,7 @@ func provePaymentVariant(patched bool) func(workflow.Context, payIn) (string, er
 			e = workflow.Child(wctx, "email", email, sideIn{}, nil)
 		}
 		// As the proof: the first child to end chosen by a Select, both
-		// collected, the cool-off, the ask, and a Select of the approval
+		// collected, the cool-off, the ask, the address update, and a Select of the approval
 		// and a timer.
 		if _, err := workflow.Select(wctx, "first-side", workflow.OnChild(e), workflow.OnChild(r)); err != nil {
 			return "", err
@@ -142,6 +142,14 @@ func provePaymentVariant(patched bool) func(workflow.Context, payIn) (string, er
 		}
 		if _, err := workflow.Step(wctx, "ask", func(ctx context.Context) (bool, error) { return true, nil }, nil); err != nil {
 			return "", err
+		}
+		if in.Update {
+			if _, err := workflow.HandleUpdate(wctx, proveUpdateName, func(wctx workflow.Context, addr string) (string, error) {
+				_, err := workflow.StepTx(wctx, "apply-address", func(ctx context.Context, tx pgx.Tx) (bool, error) { return true, nil }, nil)
+				return "applied " + addr, err
+			}, &workflow.UpdateOpts[string]{Timeout: 5 * time.Minute}); err != nil {
+				return "", err
+			}
 		}
 		approve := workflow.OnSignal[string](proveSignalName)
 		if _, err := workflow.Select(wctx, "approval", approve, workflow.OnTimer(5*time.Minute)); err != nil {
