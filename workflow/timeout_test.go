@@ -79,11 +79,21 @@ func TestStepTimeoutDiscardsTheLateResult(t *testing.T) {
 		t.Fatal(err)
 	}
 	release := make(chan struct{})
-	var stepCalls, txCalls atomic.Int32
-	opts := &workflow.StepOpts{MaxAttempts: 2, Retry: noDelay, Timeout: 100 * time.Millisecond}
+	// The first call of each step blocks, ignoring its context, until the
+	// run has finished; every other call returns at once. Which call blocks
+	// is chosen by who comes first, not by a count of calls: under load an
+	// attempt's goroutine may reach fn only after its timeout, and the
+	// retry's call must not be mistaken for it.
+	var stepBlocked, txBlocked atomic.Bool
+	// The timeout also bounds the retry's whole attempt (for StepTx: its
+	// transaction's begin, insert, checkpoint and commit), which under the
+	// load of a shared CI machine can take longer than a tenth of a second;
+	// the first attempts wait it out, so it is the test's cost, not a
+	// margin for a race.
+	opts := &workflow.StepOpts{MaxAttempts: 2, Retry: noDelay, Timeout: 2 * time.Second}
 	wf := workflow.MustRegister(b.reg, "late-results", func(wctx workflow.Context, _ int) (int, error) {
 		a, err := workflow.Step(wctx, "step", func(ctx context.Context) (int, error) {
-			if stepCalls.Add(1) == 1 {
+			if stepBlocked.CompareAndSwap(false, true) {
 				<-release // ignores ctx, returns after the retry
 				return 99, nil
 			}
@@ -93,11 +103,12 @@ func TestStepTimeoutDiscardsTheLateResult(t *testing.T) {
 			return 0, err
 		}
 		c, err := workflow.StepTx(wctx, "tx", func(ctx context.Context, tx pgx.Tx) (int, error) {
-			n := txCalls.Add(1)
-			if _, err := tx.Exec(context.Background(), `INSERT INTO effects (k) VALUES ($1)`, map[int32]string{1: "late", 2: "retry"}[n]); err != nil {
+			late := txBlocked.CompareAndSwap(false, true)
+			k := map[bool]string{true: "late", false: "retry"}[late]
+			if _, err := tx.Exec(context.Background(), `INSERT INTO effects (k) VALUES ($1)`, k); err != nil {
 				return 0, err
 			}
-			if n == 1 {
+			if late {
 				<-release // ignores ctx, its transaction open
 				return 99, nil
 			}
