@@ -61,11 +61,15 @@ func runDemo(ctx context.Context, args []string) error {
 	start := time.Now()
 	var cluster *devpg.Cluster
 	if *url == "" {
+		release, err := lockDemoDir()
+		if err != nil {
+			return err
+		}
+		defer release()
 		fmt.Printf("demo: no DATABASE_URL; starting the demo's own PostgreSQL in %s (replaced at each demo, kept for --dashboard)\n", demoDir())
 		if err := devpg.Discard(demoDir()); err != nil {
 			return fmt.Errorf("demo: %w", err)
 		}
-		var err error
 		if cluster, err = devpg.Start(ctx, devpg.Options{Dir: demoDir()}); err != nil {
 			return fmt.Errorf("demo: %w", err)
 		}
@@ -126,6 +130,11 @@ func runDemoDashboard(ctx context.Context, url, listen string) error {
 		if _, err := os.Stat(filepath.Join(demoDir(), "data")); err != nil {
 			return errors.New("demo: no demo database in " + demoDir() + ": run `relay demo` first (or pass --database-url)")
 		}
+		release, err := lockDemoDir()
+		if err != nil {
+			return err
+		}
+		defer release()
 		cluster, err := devpg.Start(ctx, devpg.Options{Dir: demoDir()})
 		if err != nil {
 			return fmt.Errorf("demo: %w", err)
