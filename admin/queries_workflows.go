@@ -10,7 +10,8 @@ import (
 // through the workflow package, in the audit row's transaction.
 
 const runColumns = `id, workflow, state, queue, coalesce(parent_id, ''), left(coalesce(error, ''), 1000),
-       cancel_requested, executions, created_at, started_at, finished_at, tags`
+       cancel_requested, executions, created_at, started_at, finished_at, tags,
+       CASE WHEN parent_id IS NOT NULL THEN coalesce(parent_close, 'cancel') ELSE '' END`
 
 // runFilter is a validated filter over workflow runs.
 type runFilter struct {
@@ -79,6 +80,20 @@ SELECT id, name, created_at, consumed_at, decode_error, octet_length(payload::te
 FROM relay_workflow_signals
 WHERE run_id = $1 AND decode_error IS NOT NULL
 ORDER BY id LIMIT $2`
+
+// sqlRunHeartbeats reads run $1's latest heartbeat of each step
+// (workflow.Heartbeat: its attempt, time and details, a detail over $2
+// bytes left out): the range of the table's primary key for the run.
+const sqlRunHeartbeats = `
+SELECT h.position, h.attempt, h.at, octet_length(h.details::text),
+       CASE WHEN octet_length(h.details::text) <= $2 THEN h.details::text END
+FROM relay_workflow_heartbeats h WHERE h.run_id = $1`
+
+// sqlRunParentClose reads run $1's parent-close policy: '' for a run that
+// is no child; a child's stored NULL is the default, cancel.
+const sqlRunParentClose = `
+SELECT CASE WHEN parent_id IS NOT NULL THEN coalesce(parent_close, 'cancel') ELSE '' END
+FROM relay_workflow_runs WHERE id = $1`
 
 // sqlRunUpdates lists run $1's update requests newest first, up to $2
 // (relay_workflow_updates_run_idx).

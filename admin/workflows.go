@@ -32,6 +32,7 @@ type WorkflowRun struct {
 	FinishedAt      *time.Time `json:"finished_at,omitempty"`
 	DurationMS      *int64     `json:"duration_ms,omitempty" doc:"created_at to finished_at, once finished"`
 	Tags            []string   `json:"tags" doc:"The run's tags (set at start or added by the workflow)"`
+	ParentClose     string     `json:"parent_close,omitempty" enum:"cancel,abandon,terminate" doc:"A child's parent-close policy (workflow.ChildOpts.ParentClose): what its parent's end does to it"`
 }
 
 // WorkflowRunDetail is one run with its input, output, step timeline and
@@ -101,6 +102,17 @@ type WorkflowStep struct {
 	// AttemptLogError says why the stored attempt log could not be read
 	// (then attempt_log is empty).
 	AttemptLogError string `json:"attempt_log_error,omitempty" doc:"Why the stored attempt log could not be read (a value of another shape)"`
+	// Heartbeat is the step's latest heartbeat (workflow.Heartbeat), kept
+	// across its attempts.
+	Heartbeat *WorkflowStepHeartbeat `json:"heartbeat,omitempty" doc:"The step's latest heartbeat (workflow.Heartbeat), kept across attempts"`
+}
+
+// WorkflowStepHeartbeat is the latest heartbeat a step's function sent.
+type WorkflowStepHeartbeat struct {
+	Attempt      int             `json:"attempt" doc:"The attempt that sent it"`
+	At           time.Time       `json:"at"`
+	DetailsBytes int             `json:"details_bytes"`
+	Details      json.RawMessage `json:"details,omitempty" doc:"Absent when larger than 64 KiB (details_bytes says how large)"`
 }
 
 // WorkflowStepAttempt is one attempt of a step's function.
@@ -356,7 +368,7 @@ func (s *server) listRuns(ctx context.Context, in *listRunsInput) (*listRunsOutp
 func scanRun(r pgx.CollectableRow) (WorkflowRun, error) {
 	var w WorkflowRun
 	err := r.Scan(&w.ID, &w.Workflow, &w.State, &w.Queue, &w.ParentID, &w.Error, &w.CancelRequested, &w.Executions,
-		&w.CreatedAt, &w.StartedAt, &w.FinishedAt, &w.Tags)
+		&w.CreatedAt, &w.StartedAt, &w.FinishedAt, &w.Tags, &w.ParentClose)
 	if w.Tags == nil {
 		w.Tags = []string{}
 	}
@@ -423,7 +435,31 @@ func (s *server) getRun(ctx context.Context, in *runIDInput) (*runOutput, error)
 		}
 		d.Steps = append(d.Steps, ws)
 	}
-	rows, err := s.read.Query(ctx, sqlChildRuns, in.ID, 1000)
+	if err := s.read.QueryRow(ctx, sqlRunParentClose, in.ID).Scan(&d.ParentClose); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return nil, s.internalError("get workflow run", err)
+	}
+	rows, err := s.read.Query(ctx, sqlRunHeartbeats, in.ID, maxStepOutputShown)
+	if err != nil {
+		return nil, s.internalError("get workflow run", err)
+	}
+	beats := map[int]*WorkflowStepHeartbeat{}
+	var pos int
+	var hb WorkflowStepHeartbeat
+	var details *string
+	if _, err := pgx.ForEachRow(rows, []any{&pos, &hb.Attempt, &hb.At, &hb.DetailsBytes, &details}, func() error {
+		b := hb
+		if details != nil {
+			b.Details = json.RawMessage(*details)
+		}
+		beats[pos] = &b
+		return nil
+	}); err != nil {
+		return nil, s.internalError("get workflow run", err)
+	}
+	for i := range d.Steps {
+		d.Steps[i].Heartbeat = beats[d.Steps[i].Position]
+	}
+	rows, err = s.read.Query(ctx, sqlChildRuns, in.ID, 1000)
 	if err != nil {
 		return nil, s.internalError("get workflow run", err)
 	}

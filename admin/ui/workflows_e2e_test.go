@@ -253,6 +253,10 @@ func TestWorkflowRunPages(t *testing.T) {
 		if out := text(t, tab, "main .cols section:last-child pre"); !strings.Contains(out, "PO-7 approved by eve") {
 			t.Fatalf("output shown %q", out)
 		}
+		// The child's parent-close policy, in the child runs table.
+		if p := text(t, tab, `tr:has(a[data-child-run="po-7/shout"]) [data-parent-close]`); p != "cancel" {
+			t.Fatalf("the child's parent-close policy shown %q, want cancel (the default)", p)
+		}
 		browsertest.Run(t, tab, "the child run",
 			chromedp.Click(chromedp.CSS(`table a[data-child-run="po-7/shout"]`)),
 			chromedp.WaitVisible(chromedp.CSS(`#run-state[data-run-state="completed"]`)),

@@ -61,8 +61,9 @@ function content(r, ctx, note, reload) {
     h('h2', {}, `Step timeline (${r.steps.length})`),
     r.steps.length ? timeline(r) : h('p', { class: 'muted' }, 'No step recorded yet.'),
     h('h2', {}, `Child runs (${r.children.length})`),
-    table('Child runs', ['Run', 'Workflow', 'State', 'Created', 'Finished'], r.children.map((c) => [
-      h('a', { href: runHref(c.id), 'data-child-run': c.id }, c.id), c.workflow, badge(c.state), time(c.created_at), time(c.finished_at)]),
+    table('Child runs', ['Run', 'Workflow', 'State', 'On parent close', 'Created', 'Finished'], r.children.map((c) => [
+      h('a', { href: runHref(c.id), 'data-child-run': c.id }, c.id), c.workflow, badge(c.state),
+      h('span', { 'data-parent-close': c.parent_close || '' }, c.parent_close || ''), time(c.created_at), time(c.finished_at)]),
     'No child runs.'),
     ...setAside(r),
     ...updates(r),
@@ -182,6 +183,9 @@ function timeline(r) {
       log.length ? h('ol', { class: 'attempts small', start: log[0].attempt, 'aria-label': 'Attempts' },
         log.map((a) => h('li', { class: a.error ? 'att-failed' : 'att-ok', 'data-attempt': a.attempt }, time(a.started_at), ' — ', attemptText(a)))) : null,
       log.length && log[0].attempt > 1 ? h('p', { class: 'small muted' }, `The latest ${log.length} attempts are logged.`) : null,
+      st.heartbeat ? [h('p', { class: 'small', 'data-heartbeat-attempt': st.heartbeat.attempt }, `Latest heartbeat: attempt ${st.heartbeat.attempt}, `, time(st.heartbeat.at),
+        st.heartbeat.details === undefined ? ` (details: ${st.heartbeat.details_bytes} bytes, too large to show)` : ''),
+        st.heartbeat.details !== undefined ? json(st.heartbeat.details) : null] : null,
       st.error ? h('pre', { class: 'mono err-pre' }, st.error) : null,
       st.output !== undefined ? [h('p', { class: 'small muted' }, `Output (${st.output_bytes} bytes)`), json(st.output)]
         : st.output_bytes ? h('p', { class: 'small muted' }, `Output: ${st.output_bytes} bytes (too large to show)`) : null);
