@@ -89,7 +89,7 @@ SELECT h.position, h.attempt, h.at, octet_length(h.details::text),
        CASE WHEN octet_length(h.details::text) <= $2 THEN h.details::text END
 FROM relay_workflow_heartbeats h WHERE h.run_id = $1`
 
-// sqlRunParentClose reads run $1's parent-close policy: ” for a run that
+// sqlRunParentClose reads run $1's parent-close policy: empty for a run that
 // is no child; a child's stored NULL is the default, cancel.
 const sqlRunParentClose = `
 SELECT CASE WHEN parent_id IS NOT NULL THEN coalesce(parent_close, 'cancel') ELSE '' END
