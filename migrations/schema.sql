@@ -486,6 +486,7 @@ BEGIN
     END IF;
     PERFORM pg_notify('relay_workflow', run);
     PERFORM relay_workflow_cancel_tree(run, false);
+    PERFORM relay_workflow_terminate_children(run);
     PERFORM relay_workflow_wake(ARRAY[parent_job]);
     RETURN NULL;
 END;
@@ -576,6 +577,48 @@ CREATE FUNCTION public.relay_workflow_runs_deleted() RETURNS trigger
 BEGIN
     DELETE FROM relay_workflow_steps WHERE run_id = OLD.id;
     RETURN NULL;
+END;
+$$;
+
+-- Name: relay_workflow_terminate_children(text); Type: FUNCTION; Schema: public
+
+CREATE FUNCTION public.relay_workflow_terminate_children(parent text) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    kid     text;
+    kid_job bigint;
+    token   text;
+BEGIN
+    FOR kid IN
+        SELECT id FROM relay_workflow_runs
+        WHERE parent_id = parent AND parent_close = 'terminate' AND finished_at IS NULL
+        ORDER BY id
+        FOR NO KEY UPDATE
+    LOOP
+        UPDATE relay_workflow_runs
+        SET state = 'terminated', finished_at = now(),
+            error = format('workflow: run %s terminated: its parent %s ended (ChildOpts.ParentClose is ParentCloseTerminate)', kid, parent)
+        WHERE id = kid AND finished_at IS NULL
+        RETURNING coalesce(job_id, 0) INTO kid_job;
+        IF NOT FOUND THEN
+            CONTINUE;
+        END IF;
+        PERFORM pg_notify('relay_workflow', kid);
+        PERFORM relay_workflow_cancel_tree(kid, false);
+        PERFORM relay_workflow_terminate_children(kid);
+        IF kid_job <> 0 THEN
+            WITH old AS (SELECT id, lease_token FROM relay_jobs WHERE id = kid_job FOR UPDATE)
+            UPDATE relay_jobs AS j
+            SET state = 'cancelled', finalized_at = now(), lease_token = NULL, lease_expires_at = NULL
+            FROM old
+            WHERE j.id = old.id AND j.state IN ('queued', 'claimed')
+            RETURNING coalesce(old.lease_token::text, '') INTO token;
+            IF FOUND THEN
+                PERFORM pg_notify('relay_control', 'cancel:' || kid_job || ':' || token);
+            END IF;
+        END IF;
+    END LOOP;
 END;
 $$;
 
