@@ -82,8 +82,12 @@ func TestWorkflowRunPages(t *testing.T) {
 			return "", err
 		}
 		workflow.Compensate(wctx, "release", func(context.Context) error { return nil })
-		return workflow.Step(wctx, "charge", func(context.Context) (string, error) { return "", errors.New("card declined") },
-			&workflow.StepOpts{MaxAttempts: 1})
+		return workflow.Step(wctx, "charge", func(ctx context.Context) (string, error) {
+			if err := workflow.Heartbeat(ctx, map[string]string{"card": "****4242"}); err != nil {
+				return "", err
+			}
+			return "", errors.New("card declined")
+		}, &workflow.StepOpts{MaxAttempts: 1})
 	})
 	approve := workflow.MustRegister(reg, "approve", func(wctx workflow.Context, in string) (string, error) {
 		shouted, err := workflow.Child(wctx, "shout", shout, in, nil).Get(wctx)
@@ -125,7 +129,7 @@ func TestWorkflowRunPages(t *testing.T) {
 	for _, err := range []error{
 		startRun(ctx, pool, report, "report-q3", "q3"),
 		startRun(ctx, pool, pay, "pay-42", 42, "tenant:acme", "order:42"),
-		startRun(ctx, pool, approve, "po-7", "po-7"),
+		startRun(ctx, pool, approve, "po-7", "po-7", "ship:1,2"),
 		startRun(ctx, pool, hold, "hold-9", "seat-9"),
 	} {
 		if err != nil {
@@ -221,6 +225,14 @@ func TestWorkflowRunPages(t *testing.T) {
 			browsertest.Screenshot(shots, "workflow-run-compensated"))
 		if n := count(t, tab, "#run-retry, #run-cancel, #signal-form, #terminate-form"); n != 0 {
 			t.Fatal("a compensated run offers actions")
+		}
+		// The charge step's latest heartbeat: its attempt and its details.
+		browsertest.Run(t, tab, "a step's heartbeat",
+			chromedp.Click(chromedp.CSS(`#timeline li[data-step-key="charge"] summary`)),
+			chromedp.WaitVisible(chromedp.CSS(`#timeline li[data-step-key="charge"] [data-heartbeat-attempt="1"]`)),
+			browsertest.Screenshot(shots, "workflow-run-heartbeat"))
+		if d := text(t, tab, `#timeline li[data-step-key="charge"] [data-heartbeat-attempt="1"] + *`); !strings.Contains(d, "****4242") {
+			t.Fatalf("the heartbeat's details shown %q", d)
 		}
 
 		// The waiting run: its child nested and linked; signalled from the
@@ -318,6 +330,23 @@ func TestWorkflowRunPages(t *testing.T) {
 			chromedp.Click(chromedp.CSS(`a.tag[href*="order%3A42"]`)),
 			at("#/workflows?tag=order%3A42"),
 			chromedp.WaitVisible(chromedp.CSS(`a[data-run-id="pay-42"]`)))
+		// A tag holding a comma: its link quotes it, and so may the filter's
+		// text; split on the comma, it would name two tags no run carries.
+		browsertest.Run(t, tab, "a tag with a comma",
+			chromedp.Navigate(base+"#/workflows"), at("#/workflows"),
+			chromedp.Click(chromedp.CSS(`tr:has(a[data-run-id="po-7"]) a.tag`)),
+			at("#/workflows?tag=%22ship%3A1%2C2%22"),
+			chromedp.WaitVisible(chromedp.CSS(`a[data-run-id="po-7"]`)))
+		if n := count(t, tab, "a[data-run-id]"); n != 1 {
+			t.Fatalf("%d runs listed for the tag ship:1,2, want po-7 alone", n)
+		}
+		browsertest.Run(t, tab, "a quoted tag typed with another",
+			chromedp.SetValue(chromedp.CSS("#wf-tag"), `"ship:1,2" , tenant:acme`),
+			chromedp.Click(chromedp.CSS("#apply-filter")),
+			at("#/workflows?tag=%22ship%3A1%2C2%22+%2C+tenant%3Aacme"))
+		if n := count(t, tab, "a[data-run-id]"); n != 0 {
+			t.Fatalf("%d runs listed for ship:1,2 and tenant:acme, which no run carries both", n)
+		}
 		browsertest.Run(t, tab, "a tag no run carries",
 			chromedp.SetValue(chromedp.CSS("#wf-tag"), "tenant:nobody"),
 			chromedp.Click(chromedp.CSS("#apply-filter")),

@@ -1,6 +1,7 @@
 // Jobs: a filterable list with keyset paging (the API's opaque cursor),
 // and bulk actions on the filter with a dry-run count first.
 import { api, query } from './api.js';
+import { tagList, tagText } from './tags.js';
 import { h, table, badge, time, problemBox, okBox, viewerZone } from './dom.js';
 
 const STATES = ['queued', 'claimed', 'succeeded', 'dead', 'cancelled'];
@@ -10,9 +11,6 @@ const BULK = { requeue: ['dead', 'cancelled'], cancel: ['queued', 'claimed'], de
 // flash is a bulk action's outcome, shown once by the re-rendered list.
 let flash = null;
 
-// tagList splits the tags field (comma-separated, as on the runs page)
-// into the API's repeated ?tag=.
-const tagList = (v) => v.split(',').map((t) => t.trim()).filter(Boolean);
 
 export async function render(view, ctx) {
   const f = Object.fromEntries(FILTERS.map((k) => [k, ctx.params.get(k) || '']));
@@ -80,7 +78,7 @@ function filterForm(f, ctx) {
     field('f-queue', 'Queue', text('queue')),
     field('f-kind', 'Kind', text('kind')),
     field('f-ordering_key', 'Ordering key', text('ordering_key')),
-    field('f-tag', 'Tags (all of)', h('input', { id: 'f-tag', name: 'tag', value: f.tag.join(', '), type: 'search',
+    field('f-tag', 'Tags (all of)', h('input', { id: 'f-tag', name: 'tag', value: f.tag.map(tagText).join(', '), type: 'search',
       autocomplete: 'off', placeholder: 'tenant:acme, vip' })),
     field('f-created_after', 'Created from', ca),
     field('f-created_before', 'Created before', cb),

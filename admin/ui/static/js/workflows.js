@@ -2,14 +2,11 @@
 // paging (the API's opaque cursor).
 import { api, query } from './api.js';
 import { h, table, badge, time, duration } from './dom.js';
+import { tagList, tagText } from './tags.js';
 
 export const STATES = ['pending', 'running', 'compensating', 'completed', 'failed', 'compensated', 'cancelled', 'terminated'];
 const FILTERS = ['workflow', 'state', 'created_after', 'created_before', 'tag'];
 
-// tagList splits the tag filter's text (comma-separated: a tag holding a
-// comma is found through the API, not here) into the API's repeated ?tag=
-// parameters.
-const tagList = (v) => v.split(',').map((t) => t.trim()).filter(Boolean);
 const withTags = (params) => {
   const { tag, ...rest } = params;
   const q = new URLSearchParams(query(rest).slice(1));
@@ -37,7 +34,7 @@ export async function render(view, ctx) {
     time(r.finished_at),
     r.duration_ms != null ? duration(r.duration_ms / 1000) : '—',
     r.parent_id ? h('a', { href: runHref(r.parent_id) }, r.parent_id) : '',
-    h('span', { class: 'tags' }, (r.tags || []).map((t) => h('a', { class: 'tag', href: '#/workflows' + query({ tag: t }) }, t))),
+    h('span', { class: 'tags' }, (r.tags || []).map((t) => h('a', { class: 'tag', href: '#/workflows' + query({ tag: tagText(t) }) }, t))),
     h('td', { class: ['failed', 'compensated', 'terminated'].includes(r.state) ? 'err' : 'err muted' }, r.error ? r.error.split('\n')[0].slice(0, 160) : ''),
   ]);
   const pager = h('div', { class: 'pager' },
@@ -68,7 +65,7 @@ function filterForm(f, ctx) {
   const ca = h('input', { id: 'wf-created_after', type: 'datetime-local', value: toLocal(f.created_after) });
   const cb = h('input', { id: 'wf-created_before', type: 'datetime-local', value: toLocal(f.created_before) });
   const tag = h('input', { id: 'wf-tag', type: 'search', autocomplete: 'off', value: f.tag, placeholder: 'tenant:acme, order:123',
-    title: 'Runs carrying every tag (comma-separated)' });
+    title: 'Runs carrying every tag (comma-separated; a tag holding a comma in double quotes)' });
   const form = h('form', { class: 'filters', role: 'search', 'aria-label': 'Filter workflow runs' },
     field('wf-workflow', 'Workflow', wf),
     field('wf-state', 'State', state),
