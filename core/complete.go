@@ -35,9 +35,10 @@ type outcome struct {
 }
 
 // completer records the ends of attempts in batches: one statement per kind
-// of outcome (successes, failures, releases) for every outcome that arrived
-// while the previous batch was written. Under load that is one round trip
-// for many jobs; a small batch waits up to completeGather for company.
+// of outcome (successes, failures, releases) for the outcomes gathered
+// since the previous batch was taken. Under load that is one round trip
+// for many jobs; a small batch waits up to completeGather for company,
+// including the outcomes that arrived while the previous batch was written.
 //
 // It never waits on a row lock: each statement locks the rows it can with
 // SKIP LOCKED and reports the rows another transaction holds (a caller's
@@ -59,6 +60,9 @@ type completer struct {
 	signal  chan struct{}
 	done    chan struct{}
 	closing bool
+	// quiet is how long a batch of plain successes waits for company:
+	// completeGatherQuiet (tests lengthen it).
+	quiet time.Duration
 }
 
 const completeBatchMax = 2000
@@ -82,7 +86,7 @@ const (
 
 func newCompleter(c *Client) *completer {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &completer{c: c, ctx: ctx, cancel: cancel, signal: make(chan struct{}, 1), done: make(chan struct{})}
+	return &completer{c: c, ctx: ctx, cancel: cancel, signal: make(chan struct{}, 1), done: make(chan struct{}), quiet: completeGatherQuiet}
 }
 
 func (p *completer) add(o outcome) {
@@ -133,7 +137,18 @@ func (p *completer) run() {
 			again, err := p.flush(batch)
 			if len(again) == 0 {
 				failures = 0
-				continue
+				// What arrived during the write waits for company as any
+				// small batch does (its add signalled: gather runs next),
+				// unless it is a full batch, holds an outcome that makes a
+				// job runnable, or Stop is waiting. Written at once, it made
+				// every other batch a small one under a steady load.
+				p.mu.Lock()
+				next, urgent := len(p.pending), p.urgent || p.closing
+				p.mu.Unlock()
+				if next >= completeGatherMin || urgent {
+					continue
+				}
+				break
 			}
 			// Put them back in front, and pause: the database is unreachable,
 			// or another transaction holds their rows.
@@ -155,11 +170,11 @@ func (p *completer) run() {
 	}
 }
 
-// gather waits, up to completeGatherQuiet (completeGather once an urgent
-// outcome is pending), for a small batch to grow.
+// gather waits, up to p.quiet (completeGather once an urgent outcome is
+// pending), for a small batch to grow.
 func (p *completer) gather() {
 	start := time.Now()
-	deadline := start.Add(completeGatherQuiet)
+	deadline := start.Add(p.quiet)
 	for time.Now().Before(deadline) {
 		p.mu.Lock()
 		n, closing, urgent := len(p.pending), p.closing, p.urgent
