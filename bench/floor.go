@@ -58,7 +58,7 @@ SELECT pg_notify('` + floorChannel + `', '') FROM i`
 UPDATE floor_jobs j SET state = 1, lease_token = gen_random_uuid(), lease_expires_at = now() + $2::interval
 FROM c WHERE j.id = c.id
 RETURNING j.id, j.lease_token, (j.args->>'s')::bigint`
-	floorComplete = `UPDATE floor_jobs j SET state = 2, finalized_at = now(), lease_token = NULL, lease_expires_at = NULL
+	floorCompleteSQL = `UPDATE floor_jobs j SET state = 2, finalized_at = now(), lease_token = NULL, lease_expires_at = NULL
 FROM unnest($1::bigint[], $2::uuid[]) AS d(id, token)
 WHERE j.id = d.id AND j.lease_token = d.token`
 )
@@ -182,7 +182,7 @@ func (f Floor) Work(ctx context.Context, pool *pgxpool.Pool, cfg WorkerConfig, h
 	}
 
 	completerErr := make(chan error, 1)
-	go func() { completerErr <- f.complete(pool, done, &inflight, poke, hooks) }()
+	go func() { completerErr <- floorComplete(pool, floorCompleteSQL, done, &inflight, poke, hooks) }()
 
 	hooks.ready()
 	claimTx := pgx.TxOptions{}
@@ -247,9 +247,9 @@ func (Floor) claim(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, 
 	return out, err
 }
 
-// complete writes the handlers' outcomes in gathered batches until done
-// is closed and drained.
-func (Floor) complete(pool *pgxpool.Pool, done <-chan floorJob, inflight *atomic.Int64, freed func(), hooks Hooks) error {
+// floorComplete writes the handlers' outcomes in gathered batches with
+// statement sql (ids $1, tokens $2) until done is closed and drained.
+func floorComplete(pool *pgxpool.Pool, sql string, done <-chan floorJob, inflight *atomic.Int64, freed func(), hooks Hooks) error {
 	ctx := context.Background()
 	var total int64
 	for {
@@ -288,7 +288,7 @@ func (Floor) complete(pool *pgxpool.Pool, done <-chan floorJob, inflight *atomic
 		for i, j := range batch {
 			ids[i], tokens[i] = j.id, j.token
 		}
-		tag, err := pool.Exec(ctx, floorComplete, ids, tokens)
+		tag, err := pool.Exec(ctx, sql, ids, tokens)
 		if err != nil {
 			return fmt.Errorf("floor complete: %w", err)
 		}

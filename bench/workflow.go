@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -131,6 +132,10 @@ type WorkflowResult struct {
 
 	Elapsed time.Duration `json:"elapsed"`
 	PGCPU   time.Duration `json:"pg_cpu"` // -1: unknown
+	// ProcessCPU is the CPU the measuring process used (queued mode: the
+	// engine's executions, in this process, and the harness's wait), -1
+	// when unknown.
+	ProcessCPU time.Duration `json:"process_cpu"`
 	// StatementsPerRun is the statements sent per run measured (-1:
 	// unknown): the round trips each run costs.
 	StatementsPerRun float64 `json:"statements_per_run"`
@@ -156,7 +161,11 @@ func (r WorkflowResult) Line() string {
 	if r.PGCPU >= 0 && r.Runs > 0 {
 		pg = ms(r.PGCPU * 1000 / time.Duration(r.Runs))
 	}
-	fmt.Fprintf(&b, " pg_cpu_ms_per_1k=%s statements_per_run=%.3g elapsed=%s", pg, r.StatementsPerRun, r.Elapsed.Round(time.Millisecond))
+	fmt.Fprintf(&b, " pg_cpu_ms_per_1k=%s", pg)
+	if r.ProcessCPU > 0 && r.Runs > 0 {
+		fmt.Fprintf(&b, " process_cpu_ms_per_1k=%s", ms(r.ProcessCPU*1000/time.Duration(r.Runs)))
+	}
+	fmt.Fprintf(&b, " statements_per_run=%.3g elapsed=%s", r.StatementsPerRun, r.Elapsed.Round(time.Millisecond))
 	return b.String()
 }
 
@@ -165,7 +174,7 @@ func RunWorkflow(ctx context.Context, sys WorkflowSystem, spec WorkflowSpec) (re
 	if spec.Shape == "" {
 		spec.Shape = ShapeChain
 	}
-	res = WorkflowResult{System: sys.Name(), Spec: spec, PGCPU: -1}
+	res = WorkflowResult{System: sys.Name(), Spec: spec, PGCPU: -1, ProcessCPU: -1}
 	eng, err := sys.Open(ctx, spec)
 	if err != nil {
 		return res, fmt.Errorf("%s: open: %w", sys.Name(), err)
@@ -216,6 +225,7 @@ func runQueued(ctx context.Context, eng WorkflowEngine, res WorkflowResult) (Wor
 	res.StartedPerSec = float64(spec.Runs) / time.Since(began).Seconds()
 
 	cpu0 := pgCPU(ctx, eng.Pool())
+	self0 := processCPU()
 	st0 := eng.Statements()
 	began = time.Now()
 	if err := eng.Serve(ctx); err != nil {
@@ -245,6 +255,9 @@ func runQueued(ctx context.Context, eng WorkflowEngine, res WorkflowResult) (Wor
 		}
 	}
 	res.Elapsed = time.Since(began)
+	if self0 >= 0 {
+		res.ProcessCPU = processCPU() - self0
+	}
 	res.PGCPU = cpuSince(ctx, eng.Pool(), cpu0)
 	res.Runs = spec.Runs
 	res.StatementsPerRun = perRun(st0, eng.Statements(), spec.Runs)
@@ -415,6 +428,16 @@ func ParseWorkflowResult(out string) (WorkflowResult, error) {
 		}
 	}
 	return res, fmt.Errorf("no result line in the output:\n%s", out)
+}
+
+// processCPU is the CPU (user + system) this process has used, -1 when
+// unknown.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return -1
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func perRun(before, after int64, runs int) float64 {

@@ -19,7 +19,8 @@
 // and the same against DBOS Transact Go v1.8.0, for durable workflows (a
 // chain of three no-op steps; each measurement in a process of its own):
 //
-//  5. queued: 20,000 runs started up front, then drained: runs/s, steps/s;
+//  5. queued: 20,000 runs started up front, then drained: runs/s, steps/s
+//     (beside DBOS and the workflow floor, bench.WorkflowFloor);
 //  6. latency: 32 callers, then one, each starting a run and waiting for its
 //     result: p50, p99;
 //  7. suspension: the chain with a Sleep(0) between steps, and with each
@@ -101,7 +102,7 @@ func run(ctx context.Context, args []string) error {
 	fs.StringVar(&o.url, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL (default: a throwaway cluster with default settings)")
 	fs.StringVar(&o.workloads, "workloads", "1,2,3,4,5,6,7,9", "which workloads to run (8, the steady-load sweep, only when named)")
 	fs.IntVar(&o.rounds, "rounds", 2, "rounds per workload; each round runs Relay then River (then the floor)")
-	fs.BoolVar(&o.floor, "floor", true, "workloads 1-4: also run the floor (bench.Floor: the minimal SQL of a leased queue, no library), Relay's figures then also as a ratio of the floor's")
+	fs.BoolVar(&o.floor, "floor", true, "workloads 1-4: also run the floor (bench.Floor: the minimal SQL of a leased queue, no library), Relay's figures then also as a ratio of the floor's; workloads 5 and 9 likewise with the workflow floor (bench.WorkflowFloor: the fewest writes of a durable 3-step run)")
 	fs.IntVar(&o.w1Jobs, "w1-jobs", 1_000_000, "workload 1: jobs")
 	fs.IntVar(&o.w1RelayWorkers, "w1-relay-workers", 2000, "workload 1: Relay's workers")
 	fs.IntVar(&o.w1RiverW, "w1-river-workers", 2000, "workload 1: River's workers (riverbench uses 2,000)")

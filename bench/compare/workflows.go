@@ -10,9 +10,11 @@ import (
 	"github.com/relayq/relay/bench"
 )
 
-// workflowSystems are the workflow engines compared, Relay first.
+// workflowSystems are the workflow engines compared, Relay first, and the
+// workflow floor (the fewest writes of a durable 3-step run, no library),
+// which measures the chain's queued drain and starts only.
 func workflowSystems() []bench.WorkflowSystem {
-	return append(relayWorkflowSystems(), DBOS{})
+	return append(relayWorkflowSystems(), DBOS{}, bench.WorkflowFloor{})
 }
 
 // wfEach runs spec on every workflow system, A B A B, each measurement in a
@@ -26,6 +28,9 @@ func (c *comparison) wfEach(ctx context.Context, title string, spec bench.Workfl
 			continue
 		}
 		if so, ok := sys.(interface{ StartsOnly() bool }); ok && so.StartsOnly() && spec.Mode != "starts" {
+			continue
+		}
+		if m, ok := sys.(interface{ Measures(bench.WorkflowSpec) bool }); ok && (!m.Measures(spec) || !c.o.floor) {
 			continue
 		}
 		systems = append(systems, sys)
@@ -91,6 +96,13 @@ func (c *comparison) queuedShape(ctx context.Context, name string, shape bench.S
 	c.add(name, "runs/s", false, wfCollect(res, func(r bench.WorkflowResult) float64 { return r.RunsPerSec }))
 	c.add(name, "steps/s", false, wfCollect(res, func(r bench.WorkflowResult) float64 { return r.StepsPerSec }))
 	c.add(name, "PostgreSQL CPU ms / 1k runs", true, wfCollect(res, func(r bench.WorkflowResult) float64 { return perKRuns(r) }))
+	c.add(name, "process CPU ms / 1k runs", true, wfCollect(res, func(r bench.WorkflowResult) float64 {
+		if r.ProcessCPU < 0 || r.Runs == 0 {
+			return -1
+		}
+		return msf(r.ProcessCPU) * 1000 / float64(r.Runs)
+	}))
+	c.add(name, "statements / run", true, wfCollect(res, func(r bench.WorkflowResult) float64 { return r.StatementsPerRun }))
 	return nil
 }
 

@@ -38,11 +38,14 @@ func (c *comparison) add(workload, metric string, lower bool, vals map[string][]
 			names = append(names, sys.Name())
 		}
 	}
+	var others []string
 	for name := range vals {
 		if name != "relay" && !slices.Contains(names, name) {
-			names = append(names, name)
+			others = append(others, name)
 		}
 	}
+	slices.Sort(others) // dbos before floor, every time
+	names = append(names, others...)
 	for _, name := range names {
 		c.rows = append(c.rows, summaryRow{workload: workload, metric: metric, lowerIsBetter: lower,
 			relay: mean(vals["relay"]), otherName: name, other: mean(vals[name])})

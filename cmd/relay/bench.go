@@ -43,7 +43,7 @@ func runBench(ctx context.Context, args []string) error {
 	prefetch := fs.Int("prefetch", 0, "jobs each process may claim beyond --workers (QueueConfig.Prefetch)")
 	coalesce := fs.Duration("claim-coalesce", 0, "Config.ClaimCoalesce of the worker processes (0: the default; negative: off, a claim per notification)")
 	traced := fs.Bool("trace", false, "record every span (to a discarding exporter), to measure tracing's cost")
-	system := fs.String("system", "relay", "the queue measured: relay, or floor (the fewest statements a leased queue must run, no library: what Relay is measured against)")
+	system := fs.String("system", "relay", "the queue measured: relay, or floor (the fewest statements a leased queue must run, no library: what Relay is measured against; with --workflow, the fewest writes of a durable 3-step run)")
 	wf := fs.Bool("workflow", false, "workflows instead of jobs: --runs three-step runs started up front and drained, then --callers callers each starting runs and waiting for their results")
 	wfRuns := fs.Int("runs", 20000, "--workflow: runs started up front, then drained (0: skip)")
 	wfShape := fs.String("shape", "chain", "--workflow: chain (3 no-op steps), sleep (a Sleep(0) between steps) or child (each step a child run)")
@@ -53,7 +53,7 @@ func runBench(ctx context.Context, args []string) error {
 		return err
 	}
 	if *wf {
-		return runBenchWorkflow(ctx, *dbURL, *wfRuns, *workers, *wfShape, *wfCallers, *duration, *wfEager)
+		return runBenchWorkflow(ctx, *dbURL, *system, *wfRuns, *workers, *wfShape, *wfCallers, *duration, *wfEager)
 	}
 	if *jobs < 1 || *workers < 1 || *processes < 1 || *rate < 0 || *fill < 0 || *backlog < 0 || *keys < 0 {
 		return fmt.Errorf("bench: --jobs, --workers, --processes must be ≥ 1; --rate, --fill-finished, --key-backlog, --keys ≥ 0")
@@ -169,11 +169,23 @@ func runBench(ctx context.Context, args []string) error {
 // runBenchWorkflow is `relay bench --workflow`: Relay's side of the
 // workflow workloads of bench/compare, alone, in this process: runs queued
 // up front and drained, then callers that each start a run and wait for its
-// result. Each measurement prints its summary line.
-func runBenchWorkflow(ctx context.Context, dbURL string, runs, workers int, shapeName, callers string, duration time.Duration, eager bool) error {
+// result. Each measurement prints its summary line. system "floor" is
+// bench.WorkflowFloor, which has the queued drain of the chain only.
+func runBenchWorkflow(ctx context.Context, dbURL, system string, runs, workers int, shapeName, callers string, duration time.Duration, eager bool) error {
 	shape, err := bench.ParseShape(shapeName)
 	if err != nil {
 		return err
+	}
+	var sys bench.WorkflowSystem = bench.RelayWorkflow{}
+	switch system {
+	case "relay":
+	case "floor":
+		if shape != bench.ShapeChain || eager || runs == 0 {
+			return errors.New("bench: --workflow --system floor measures the chain's queued drain only: give --runs, no --shape or --eager")
+		}
+		sys, callers = bench.WorkflowFloor{}, ""
+	default:
+		return fmt.Errorf("bench: --system %q: want relay or floor", system)
 	}
 	var counts []int
 	for _, c := range strings.Split(callers, ",") {
@@ -212,7 +224,6 @@ func runBenchWorkflow(ctx context.Context, dbURL string, runs, workers int, shap
 	fmt.Printf("bench: %s\n", bench.Machine(ctx, pool))
 	pool.Close()
 	schema := fmt.Sprintf("relay_bench_wf_%08x", rand.Uint32())
-	sys := bench.RelayWorkflow{}
 	var specs []bench.WorkflowSpec
 	if runs > 0 {
 		specs = append(specs, bench.WorkflowSpec{Mode: "queued", Shape: shape, Runs: runs, Workers: workers})
@@ -222,7 +233,7 @@ func runBenchWorkflow(ctx context.Context, dbURL string, runs, workers int, shap
 	}
 	for _, spec := range specs {
 		spec.URL, spec.Schema = dbURL, schema
-		systems := []bench.RelayWorkflow{sys}
+		systems := []bench.WorkflowSystem{sys}
 		if eager && spec.Mode == "latency" {
 			systems = append(systems, bench.RelayWorkflow{Eager: true})
 		}
