@@ -8,10 +8,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// announcer tells Result callers that runs finished: one notification per
-// run on channel relay_workflow (payload the run id), sent after the
-// transaction that recorded the run's end committed, in a transaction of
-// their own.
+// announcer tells Result callers that runs finished, and UpdateResult
+// callers that updates were answered: one notification per run on channel
+// relay_workflow (payload the run id) and per update on channel
+// relay_workflow_update (payload the update's id), sent after the
+// transaction that recorded the run's end or the update's answer
+// committed, in a transaction of their own.
 //
 // Not in the outcome's transaction, because PostgreSQL serialises the
 // commits of transactions that NOTIFY: it holds a database-wide lock from a
@@ -21,15 +23,16 @@ import (
 // transaction that only notifies writes no WAL that must be flushed, so it
 // holds that lock for microseconds.
 //
-// Runs that finish while a notification is being sent share the next one
-// (one statement for all of them); no goroutine runs while there is
-// nothing to send. A notification lost to a crash between the commit and
-// its sending, or to a failed send, costs the callers waiting on that run
-// their polling interval (a second at most): Result reads the run again
-// anyway.
+// Runs and updates that end while a notification is being sent share the
+// next statement; no goroutine runs while there is nothing to send. A
+// notification lost to a crash between the commit and its sending, or to
+// a failed send, costs the callers waiting on that run or update their
+// polling interval (a second at most): Result and UpdateResult read it
+// again anyway.
 type announcer struct {
 	mu      sync.Mutex
-	pending []string
+	pending []string // runs
+	updates []int64
 	sending bool
 }
 
@@ -43,6 +46,19 @@ const wakeTimeout = 5 * time.Second
 func (a *announcer) announce(pool *pgxpool.Pool, id string) {
 	a.mu.Lock()
 	a.pending = append(a.pending, id)
+	a.startLocked(pool)
+}
+
+// announceUpdate queues the notification of update uid's answer, to be
+// sent on pool.
+func (a *announcer) announceUpdate(pool *pgxpool.Pool, uid int64) {
+	a.mu.Lock()
+	a.updates = append(a.updates, uid)
+	a.startLocked(pool)
+}
+
+// startLocked starts the sender unless it runs, and unlocks a.mu.
+func (a *announcer) startLocked(pool *pgxpool.Pool) {
 	if a.sending {
 		a.mu.Unlock()
 		return
@@ -56,16 +72,22 @@ func (a *announcer) announce(pool *pgxpool.Pool, id string) {
 func (a *announcer) send(pool *pgxpool.Pool) {
 	for {
 		a.mu.Lock()
-		ids := a.pending
-		a.pending = nil
-		if len(ids) == 0 {
+		ids, uids := a.pending, a.updates
+		a.pending, a.updates = nil, nil
+		if len(ids) == 0 && len(uids) == 0 {
 			a.sending = false
 			a.mu.Unlock()
 			return
 		}
 		a.mu.Unlock()
+		if ids == nil {
+			ids = []string{}
+		}
+		if uids == nil {
+			uids = []int64{}
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), announceTimeout)
-		pool.Exec(ctx, sqlAnnounceDone, ids) //nolint:errcheck // Result polls
+		pool.Exec(ctx, sqlAnnounceDone, ids, uids) //nolint:errcheck // Result and UpdateResult poll
 		cancel()
 	}
 }

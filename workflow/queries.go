@@ -149,9 +149,14 @@ const sqlSetRunState = `UPDATE relay_workflow_runs SET state = $2 WHERE id = $1 
 // sqlNotifyDone wakes Result callers waiting on run $1. Delivered at commit.
 const sqlNotifyDone = `SELECT pg_notify('relay_workflow', $1::text)`
 
-// sqlAnnounceDone wakes Result callers waiting on runs $1, after the
-// commits that recorded their ends (announcer).
-const sqlAnnounceDone = `SELECT pg_notify('relay_workflow', id) FROM unnest($1::text[]) AS id`
+// sqlAnnounceDone wakes Result callers waiting on runs $1 and UpdateResult
+// callers waiting on updates $2, after the commits that recorded the runs'
+// ends and the updates' answers (announcer).
+const sqlAnnounceDone = `
+SELECT pg_notify(n.channel, n.payload)
+FROM (SELECT 'relay_workflow', id FROM unnest($1::text[]) AS id
+      UNION ALL
+      SELECT 'relay_workflow_update', id::text FROM unnest($2::bigint[]) AS id) AS n (channel, payload)`
 
 // sqlRunOutcome reads a run's state and outcome (Result).
 const sqlRunOutcome = `
@@ -512,16 +517,13 @@ WHERE run_id = $1 AND name = $2 AND state = 'pending'
 ORDER BY id LIMIT 1`
 
 // sqlAnswerUpdate records the answer to pending update $1 (state $2,
-// response $3, error $4) and wakes its caller, in the transaction that
-// checkpoints the update.
+// response $3, error $4), in the transaction that checkpoints the update.
+// Its caller is woken after the commit (announcer): a NOTIFY here would
+// serialise the commit with every other notifying one.
 const sqlAnswerUpdate = `
-WITH done AS (
-    UPDATE relay_workflow_updates
-    SET state = $2, response = $3::jsonb, error = nullif($4, ''), handled_at = now()
-    WHERE id = $1 AND state = 'pending'
-    RETURNING id
-)
-SELECT pg_notify('relay_workflow_update', id::text) FROM done`
+UPDATE relay_workflow_updates
+SET state = $2, response = $3::jsonb, error = nullif($4, ''), handled_at = now()
+WHERE id = $1 AND state = 'pending'`
 
 // sqlUpdateOutcome reads update $1 and whether its run has finished.
 const sqlUpdateOutcome = `

@@ -42,8 +42,11 @@ type Registry struct {
 	byName map[string]*definition
 	stats  stats
 	waiter waiter
-	// announcer wakes Result callers after a run's end commits.
+	// announcer wakes Result callers after a run's end commits, and
+	// UpdateResult callers after an update's answer commits.
 	announcer announcer
+	// updatePoll, when set (tests), replaces updatePollFallback.
+	updatePoll time.Duration
 	// group sends the checkpoints of concurrent executions together.
 	group grouper
 	// errs and types are the errors declared with DeclareError and

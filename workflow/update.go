@@ -1,10 +1,12 @@
 package workflow
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -185,6 +187,7 @@ func HandleUpdate[Req, Resp any](wctx Context, name string, handler func(wctx Co
 				_, err := tx.Exec(ctx, sqlAnswerUpdate, id, "rejected", nil, boundError(reject))
 				return err
 			})
+			x.r.announcer.announceUpdate(x.r.pool, id)
 			x.r.logger.Info("relay: workflow update rejected", "run_id", x.runID, "workflow", x.run.workflow, "update", name, "update_id", id, "error", reject)
 			continue
 		}
@@ -208,6 +211,8 @@ func HandleUpdate[Req, Resp any](wctx Context, name string, handler func(wctx Co
 			_, err := tx.Exec(ctx, sqlAnswerUpdate, id, state, respJSON, msg)
 			return err
 		})
+		// The caller is woken once the answer has committed.
+		x.r.announcer.announceUpdate(x.r.pool, id)
 		return true, nil
 	}
 }
@@ -247,23 +252,72 @@ func SendUpdate(ctx context.Context, db core.DB, id, name string, req any) (int6
 // UpdateResult waits for the answer to update uid (SendUpdate) and decodes
 // its response into Resp: an *UpdateError when the run rejected it
 // (ErrUpdateRejected) or its handler failed (ErrUpdateFailed);
-// ErrUpdateNotHandled when the run ended first. It polls db (every few
-// milliseconds at first, backing off to half a second), holding no
-// connection between polls; ctx bounds the wait.
-func UpdateResult[Resp any](ctx context.Context, db core.DB, uid int64) (Resp, error) {
+// ErrUpdateNotHandled when the run ended first. It reads the update
+// through db and waits on reg's one shared LISTEN connection (as
+// Handle.Result; no pool connection is held while waiting): the worker
+// that answers announces the answer after its commit, and the end of the
+// update's run wakes it too. A notification missed (a worker killed
+// between the commit and its announcement) is caught by a poll once a
+// second. A nil reg, or one made without a pool or closed, has no
+// listener: UpdateResult then polls every few milliseconds at first,
+// backing off to half a second. ctx bounds the wait.
+func UpdateResult[Resp any](ctx context.Context, db core.DB, reg *Registry, uid int64) (Resp, error) {
+	return updateResult[Resp](ctx, db, reg, uid, "")
+}
+
+// updatePollFallback is how often UpdateResult reads an update it waits
+// for on the listener, for a notification missed.
+const updatePollFallback = time.Second
+
+// updateResult is UpdateResult; runID, when known (Update), is the
+// update's run, whose end is waited for from the first read.
+func updateResult[Resp any](ctx context.Context, db core.DB, reg *Registry, uid int64, runID string) (Resp, error) {
 	var zero Resp
 	ex, err := dbx.For(db)
 	if err != nil {
 		return zero, fmt.Errorf("workflow: result of update %d: %w", uid, err)
 	}
+	var w *waiter
+	fallback := updatePollFallback
+	if reg != nil && reg.pool != nil && reg.waiter.open() {
+		w = &reg.waiter
+		fallback = cmp.Or(reg.updatePoll, fallback)
+	}
+	key := updateKey(strconv.FormatInt(uid, 10))
 	delay := 2 * time.Millisecond
 	for {
-		var runID, name, state, resp, msg, runState string
+		if w != nil && !w.open() {
+			w, delay = nil, 2*time.Millisecond // Registry.Close: poll from here on
+		}
+		var woken <-chan struct{}
+		release := func() {}
+		subscribedRun := runID
+		if w != nil {
+			keys := []string{key}
+			if runID != "" {
+				keys = append(keys, runID) // its end answers ErrUpdateNotHandled
+			}
+			var connected <-chan struct{}
+			woken, connected, release = w.subscribeAll(keys)
+			// Read only once the listener listens, or a notification
+			// could slip between the read and the LISTEN.
+			select {
+			case <-connected:
+			case <-time.After(5 * time.Second):
+			case <-ctx.Done():
+				release()
+				return zero, fmt.Errorf("workflow: result of update %d: %w", uid, ctx.Err())
+			}
+		}
+		var name, state, resp, msg, runState string
 		var finished, found bool
 		err := ex.Query(ctx, sqlUpdateOutcome, []any{uid}, func(r dbx.Scanner) error {
 			found = true
 			return r.Scan(&runID, &name, &state, &resp, &msg, &finished, &runState)
 		})
+		if err != nil || !found || state != "pending" || finished {
+			release()
+		}
 		switch {
 		case err != nil:
 			return zero, fmt.Errorf("workflow: result of update %d: %w", uid, err)
@@ -282,22 +336,37 @@ func UpdateResult[Resp any](ctx context.Context, db core.DB, uid int64) (Resp, e
 		case finished:
 			return zero, fmt.Errorf("workflow: update %s (%d) of run %s: %w (it ended %s)", name, uid, runID, ErrUpdateNotHandled, runState)
 		}
+		if w != nil && subscribedRun == "" {
+			// The first read named the run: wait on its end as well,
+			// from a read made once subscribed to it.
+			release()
+			continue
+		}
+		if w != nil {
+			delay = fallback // the notification comes first; this is the fallback
+		}
 		select {
 		case <-ctx.Done():
+			release()
 			return zero, fmt.Errorf("workflow: result of update %s (%d) of run %s: %w", name, uid, runID, ctx.Err())
+		case <-woken:
 		case <-time.After(delay):
 		}
-		delay = min(delay*2, 500*time.Millisecond)
+		release()
+		if w == nil {
+			delay = min(delay*2, 500*time.Millisecond)
+		}
 	}
 }
 
 // Update sends an update request of name to run id and waits for its
-// answer (SendUpdate, then UpdateResult): a synchronous, durable request
-// into a running run, as Temporal's workflow updates. db must not be a
-// transaction (ErrUpdateInTransaction): the request commits first, then
-// the run answers. The request survives a worker's death: it stays pending
-// until a run's execution records its answer.
-func Update[Resp any](ctx context.Context, db core.DB, id, name string, req any) (Resp, error) {
+// answer (SendUpdate, then UpdateResult, waiting on reg's listener): a
+// synchronous, durable request into a running run, as Temporal's workflow
+// updates. db must not be a transaction (ErrUpdateInTransaction): the
+// request commits first, then the run answers. The request survives a
+// worker's death: it stays pending until a run's execution records its
+// answer.
+func Update[Resp any](ctx context.Context, db core.DB, reg *Registry, id, name string, req any) (Resp, error) {
 	var zero Resp
 	if dbx.InTransaction(db) {
 		return zero, fmt.Errorf("workflow: update %s of run %s: %w", name, id, ErrUpdateInTransaction)
@@ -306,5 +375,5 @@ func Update[Resp any](ctx context.Context, db core.DB, id, name string, req any)
 	if err != nil {
 		return zero, err
 	}
-	return UpdateResult[Resp](ctx, db, uid)
+	return updateResult[Resp](ctx, db, reg, uid, id)
 }

@@ -66,7 +66,7 @@ func TestUpdate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	add := func(req any) (int, error) { return workflow.Update[int](ctx, b.pool, h.ID, "add", req) }
+	add := func(req any) (int, error) { return workflow.Update[int](ctx, b.pool, b.reg, h.ID, "add", req) }
 	if n, err := add(addItem{SKU: "a", Qty: 1}); err != nil || n != 1 {
 		t.Fatalf("first add: %d, %v", n, err)
 	}
@@ -94,7 +94,7 @@ func TestUpdate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := workflow.Update[int](ctx, tx, h.ID, "add", addItem{SKU: "c", Qty: 1}); !errors.Is(err, workflow.ErrUpdateInTransaction) {
+	if _, err := workflow.Update[int](ctx, tx, b.reg, h.ID, "add", addItem{SKU: "c", Qty: 1}); !errors.Is(err, workflow.ErrUpdateInTransaction) {
 		t.Errorf("update in a transaction: %v", err)
 	}
 	tx.Rollback(ctx) //nolint:errcheck
@@ -118,13 +118,13 @@ func TestUpdate(t *testing.T) {
 	if run.Executions < 4 {
 		t.Errorf("%d executions: the waits did not suspend the run", run.Executions)
 	}
-	if _, err := workflow.UpdateResult[int](ctx, b.pool, lost); !errors.Is(err, workflow.ErrUpdateNotHandled) {
+	if _, err := workflow.UpdateResult[int](ctx, b.pool, b.reg, lost); !errors.Is(err, workflow.ErrUpdateNotHandled) {
 		t.Errorf("update no HandleUpdate asked for: %v", err)
 	}
 	if _, err := add(addItem{SKU: "d", Qty: 1}); !errors.Is(err, workflow.ErrRunFinished) {
 		t.Errorf("update of a finished run: %v", err)
 	}
-	if _, err := workflow.Update[int](ctx, b.pool, "nope", "add", addItem{SKU: "d", Qty: 1}); !errors.Is(err, workflow.ErrRunNotFound) {
+	if _, err := workflow.Update[int](ctx, b.pool, b.reg, "nope", "add", addItem{SKU: "d", Qty: 1}); !errors.Is(err, workflow.ErrRunNotFound) {
 		t.Errorf("update of an unknown run: %v", err)
 	}
 	if n := b.count(`SELECT count(*) FROM relay_workflow_updates WHERE state = 'completed'`); n != 4 {
@@ -167,7 +167,7 @@ func TestUpdateSurvivesAWorkerStop(t *testing.T) {
 	var resp string
 	go func() {
 		var err error
-		resp, err = workflow.Update[string](ctx, b.pool, h.ID, "set", "x")
+		resp, err = workflow.Update[string](ctx, b.pool, b.reg, h.ID, "set", "x")
 		answer <- err
 	}()
 	select {

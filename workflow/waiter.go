@@ -8,9 +8,11 @@ import (
 	"github.com/relayq/relay/internal/notifier"
 )
 
-// waiter is a registry's one LISTEN connection for Result callers: each
-// finished run's notification (channel relay_workflow, payload the run id)
-// wakes the callers waiting on that run. It runs while anyone waits, and
+// waiter is a registry's one LISTEN connection for Result and UpdateResult
+// callers: each finished run's notification (channel relay_workflow,
+// payload the run id) wakes the callers waiting on that run, and each
+// answered update's (channel relay_workflow_update, payload its id) the
+// callers waiting on that update (keyed updateKey). It runs while anyone waits, and
 // stops waiterIdle after the last one left, so an idle registry holds no
 // connection. It holds no pool slot (notifier connects on its own).
 type waiter struct {
@@ -111,8 +113,8 @@ func (w *waiter) subscribeAll(ids []string) (<-chan struct{}, <-chan struct{}, f
 		w.connected, w.connectedOnce = connected, once
 		go notifier.Run(ctx, notifier.Config{
 			Pool:      w.r.pool,
-			Channels:  []string{"relay_workflow"},
-			OnNotify:  func(_, payload string) { w.wake(payload) },
+			Channels:  []string{"relay_workflow", "relay_workflow_update"},
+			OnNotify:  func(channel, payload string) { w.notified(channel, payload) },
 			OnConnect: func() { once.Do(func() { close(connected) }); w.wakeAll() },
 			Logger:    w.r.logger,
 			AppName:   "relay-workflow-results",
@@ -152,7 +154,21 @@ func (w *waiter) subscribeAll(ids []string) (<-chan struct{}, <-chan struct{}, f
 	return s.ch, connected, release
 }
 
-// wake closes the channels of the callers waiting on run id.
+// updateKey is the key the callers waiting on update uid's answer wait
+// under: a run id cannot hold a NUL byte (PostgreSQL's text cannot), so no
+// run's key is an update's.
+func updateKey(uid string) string { return "\x00update:" + uid }
+
+// notified wakes the callers a notification concerns.
+func (w *waiter) notified(channel, payload string) {
+	if channel == "relay_workflow_update" {
+		payload = updateKey(payload)
+	}
+	w.wake(payload)
+}
+
+// wake closes the channels of the callers waiting on key (a run id, or an
+// updateKey).
 func (w *waiter) wake(id string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -85,5 +85,5 @@ WHERE u.id = $1`, uid).Scan(&state, &finished)
 		return zero, nil
 	}
 	// Answered, or its run finished: UpdateResult returns at its first read.
-	return workflow.UpdateResult[Resp](ctx, e.pool, uid)
+	return workflow.UpdateResult[Resp](ctx, e.pool, nil, uid) // no listener: one read
 }

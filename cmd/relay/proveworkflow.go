@@ -409,7 +409,7 @@ func collectUpdateAnswers(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	for _, uid := range ids {
 		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		answer, uerr := workflow.UpdateResult[string](wctx, pool, uid)
+		answer, uerr := workflow.UpdateResult[string](wctx, pool, nil, uid) // final: one read, no listener
 		cancel()
 		var answerCol, errCol any
 		if uerr != nil {
