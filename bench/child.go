@@ -45,6 +45,9 @@ func childArgs(system, url string, cfg WorkerConfig) []string {
 	if cfg.StartEarly {
 		args = append(args, "--start-early")
 	}
+	if cfg.Queues > 1 {
+		args = append(args, "--queues", fmt.Sprint(cfg.Queues))
+	}
 	return args
 }
 
@@ -62,6 +65,7 @@ func RunChild(ctx context.Context, args []string, systems []System) error {
 	fs.DurationVar(&cfg.ClaimCoalesce, "claim-coalesce", 0, "Relay's ClaimCoalesce (0: default, negative: off)")
 	fs.BoolVar(&cfg.NoClaimFloor, "no-claim-floor", false, "relay: Config.NoClaimFloor")
 	fs.BoolVar(&cfg.SynchronousClaims, "synchronous-claims", false, "relay: Config.SynchronousClaims")
+	fs.IntVar(&cfg.Queues, "queues", 0, "relay: serve this many queues q0 … q<n-1>")
 	fs.BoolVar(&cfg.StartEarly, "start-early", false, "start the client before the parent's go (steady runs)")
 	fs.DurationVar(&cfg.Window, "window", 0, "also report pickup latencies per window of this length (by insert time)")
 	if err := fs.Parse(args); err != nil {

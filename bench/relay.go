@@ -24,6 +24,14 @@ type Relay struct {
 	// Keys, when set, gives every inserted job an ordering key drawn from
 	// it (the outbox-shaped load of issue 17).
 	Keys *KeyPicker
+	// Queues, when above 1, spreads the inserted jobs at random over this
+	// many queues, "q0" … "q<n-1>", instead of the default queue (the
+	// workers serve them all: WorkerConfig.Queues).
+	Queues int
+	// DueAt, when set, is every batch-inserted job's RunAt and stamp: a
+	// burn-down of jobs that all become due at once, whose pickup counts
+	// from that moment.
+	DueAt time.Time
 	// producer, when set, enqueues (ForProducers); else the package-level
 	// core.Enqueue does.
 	producer *core.Client
@@ -69,8 +77,11 @@ func (r Relay) enqueue(ctx context.Context, db core.DB, args core.JobArgs, opts 
 // KeyPicker draws ordering keys "k0" … "k<n-1>", Zipf-distributed (s =
 // 1.1: a few hot keys, a long tail), safe for concurrent use.
 type KeyPicker struct {
-	mu   sync.Mutex
-	zipf *rand.Zipf
+	mu    sync.Mutex
+	zipf  *rand.Zipf
+	cycle bool // instead of zipf: NewCyclingKeyPicker
+	n     int
+	next  uint64
 }
 
 // NewKeyPicker returns a picker over n keys.
@@ -78,15 +89,48 @@ func NewKeyPicker(n int) *KeyPicker {
 	return &KeyPicker{zipf: rand.NewZipf(rand.New(rand.NewSource(1)), 1.1, 1, uint64(n-1))}
 }
 
+// NewCyclingKeyPicker returns a picker over n keys that takes each in
+// turn: n jobs get n distinct keys, none of them hot.
+func NewCyclingKeyPicker(n int) *KeyPicker {
+	return &KeyPicker{cycle: true, n: n}
+}
+
 func (p *KeyPicker) opts() *core.EnqueueOpts {
 	if p == nil {
 		return nil
 	}
 	p.mu.Lock()
-	k := p.zipf.Uint64()
+	var k uint64
+	if p.cycle {
+		k = p.next
+		p.next = (p.next + 1) % uint64(p.n)
+	} else {
+		k = p.zipf.Uint64()
+	}
 	p.mu.Unlock()
 	return &core.EnqueueOpts{OrderingKey: "k" + strconv.FormatUint(k, 10)}
 }
+
+// opts is the enqueue options of one inserted job: its ordering key, its
+// queue and its due time, as r is configured.
+func (r Relay) opts() *core.EnqueueOpts {
+	o := r.Keys.opts()
+	if r.Queues <= 1 && r.DueAt.IsZero() {
+		return o
+	}
+	if o == nil {
+		o = &core.EnqueueOpts{}
+	}
+	if r.Queues > 1 {
+		o.Queue = queueName(rand.Intn(r.Queues))
+	}
+	if !r.DueAt.IsZero() {
+		o.RunAt = r.DueAt
+	}
+	return o
+}
+
+func queueName(i int) string { return "q" + strconv.Itoa(i) }
 
 type benchArgs struct {
 	Stamp int64 `json:"s"`
@@ -99,10 +143,19 @@ func (Relay) Table() string { return "relay_jobs" }
 
 // relayConfig is the client configuration the benchmarks use: the
 // defaults, but for the slots.
+// With cfg.Queues above 1 it serves that many queues, each with an equal
+// share of the slots (at least one).
 func relayConfig(cfg WorkerConfig, ws *core.Workers) *core.Config {
+	queues := map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: cfg.Workers, Prefetch: cfg.Prefetch}}
+	if cfg.Queues > 1 {
+		queues = make(map[string]core.QueueConfig, cfg.Queues)
+		for i := range cfg.Queues {
+			queues[queueName(i)] = core.QueueConfig{MaxWorkers: max(1, cfg.Workers/cfg.Queues), Prefetch: cfg.Prefetch}
+		}
+	}
 	return &core.Config{
 		Workers:       ws,
-		Queues:        map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: cfg.Workers, Prefetch: cfg.Prefetch}},
+		Queues:        queues,
 		Logger:        benchLogger(),
 		ClaimCoalesce: cfg.ClaimCoalesce,
 		NoClaimFloor:  cfg.NoClaimFloor,
@@ -114,6 +167,9 @@ func relayConfig(cfg WorkerConfig, ws *core.Workers) *core.Config {
 func (Relay) Describe(cfg WorkerConfig) string {
 	c := relayConfig(cfg, nil)
 	q := c.Queues[core.DefaultQueue]
+	if cfg.Queues > 1 {
+		q = c.Queues[queueName(0)]
+	}
 	coalesce := "default"
 	if c.ClaimCoalesce != 0 {
 		coalesce = c.ClaimCoalesce.String()
@@ -125,8 +181,8 @@ func (Relay) Describe(cfg WorkerConfig) string {
 	if w := producerWake(cfg); w > 0 {
 		wake = w.String()
 	}
-	return fmt.Sprintf("MaxWorkers %d, Prefetch %d, ClaimCoalesce %s, NoClaimFloor %v, SynchronousClaims %v, defaults otherwise (FetchLimit 1000, PollInterval 1s, LISTEN/NOTIFY on); steady runs' producers (without --keys): a Client with EnqueueWakeCoalesce %s",
-		q.MaxWorkers, q.Prefetch, coalesce, c.NoClaimFloor, c.SynchronousClaims, wake)
+	return fmt.Sprintf("%d queue(s), MaxWorkers %d each, Prefetch %d, ClaimCoalesce %s, NoClaimFloor %v, SynchronousClaims %v, defaults otherwise (FetchLimit 1000, PollInterval 1s, LISTEN/NOTIFY on); steady runs' producers (without --keys): a Client with EnqueueWakeCoalesce %s",
+		len(c.Queues), q.MaxWorkers, q.Prefetch, coalesce, c.NoClaimFloor, c.SynchronousClaims, wake)
 }
 
 func (Relay) Setup(ctx context.Context, pool *pgxpool.Pool) error {
@@ -141,18 +197,21 @@ func (Relay) Reset(ctx context.Context, pool *pgxpool.Pool) error {
 
 func (r Relay) InsertBatch(ctx context.Context, pool *pgxpool.Pool, n int) error {
 	stamp := time.Now().UnixNano()
+	if !r.DueAt.IsZero() {
+		stamp = r.DueAt.UnixNano()
+	}
 	params := make([]core.EnqueueParams, n)
 	for i := range params {
-		params[i] = core.EnqueueParams{Args: benchArgs{Stamp: stamp}, Opts: r.Keys.opts()}
+		params[i] = core.EnqueueParams{Args: benchArgs{Stamp: stamp}, Opts: r.opts()}
 	}
 	_, err := core.EnqueueMany(ctx, pool, params)
 	return err
 }
 
 func (r Relay) InsertOne(ctx context.Context, pool *pgxpool.Pool, stamp time.Time) error {
-	opts := r.Keys.opts()
-	if opts == nil {
-		return r.enqueue(ctx, pool, benchArgs{Stamp: stamp.UnixNano()}, nil)
+	opts := r.opts()
+	if opts == nil || opts.OrderingKey == "" {
+		return r.enqueue(ctx, pool, benchArgs{Stamp: stamp.UnixNano()}, opts)
 	}
 	// Producers of one key serialise on a lock taken before the job's id
 	// is drawn, as outbox.Publish does, so that a key's ids follow commit
@@ -185,6 +244,22 @@ func (Relay) FillFinished(ctx context.Context, pool *pgxpool.Pool, n int) error 
 		}
 	}
 	return tx.Commit(ctx)
+}
+
+// FillScheduled inserts n queued jobs due in a day, of a kind no bench
+// worker handles, spread as r spreads its jobs over queues: a backlog of
+// scheduled work in the claim index beside the measured jobs.
+func (r Relay) FillScheduled(ctx context.Context, pool *pgxpool.Pool, n int) error {
+	queue := `'default'`
+	if r.Queues > 1 {
+		queue = fmt.Sprintf(`'q' || (i %% %d)`, r.Queues)
+	}
+	_, err := pool.Exec(ctx, fmt.Sprintf(`INSERT INTO relay_jobs (kind, queue, run_at)
+		SELECT 'future', %s, now() + interval '1 day' + i * interval '1 ms' FROM generate_series(1, %d) AS i`, queue, n))
+	if err != nil {
+		return fmt.Errorf("fill scheduled jobs: %w", err)
+	}
+	return nil
 }
 
 // FillKeyBacklog gives ordering key "hot" a running head (claimed, with an

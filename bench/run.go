@@ -94,6 +94,11 @@ type BurnDown struct {
 	// KeepTable skips emptying the table first (the scale workload keeps
 	// its finished rows).
 	KeepTable bool
+	// Queues is WorkerConfig.Queues.
+	Queues int
+	// DueAt, when set, is when the inserted jobs become due (Relay.DueAt):
+	// the drain is timed from then, not from the workers' go.
+	DueAt time.Time
 }
 
 // RunBurnDown inserts the jobs in batches, then drains them with fresh
@@ -123,7 +128,10 @@ func RunBurnDown(ctx context.Context, env Env, sys System, o BurnDown) (Result, 
 		return r, err
 	}
 
-	cfg := WorkerConfig{Workers: o.Workers, Prefetch: o.Prefetch, Job: o.Job}
+	cfg := WorkerConfig{Workers: o.Workers, Prefetch: o.Prefetch, Job: o.Job, Queues: o.Queues}
+	if !o.DueAt.IsZero() && time.Now().After(o.DueAt) {
+		return r, fmt.Errorf("the jobs became due (%s) before their insert ended: give them longer", o.DueAt.Format(time.RFC3339Nano))
+	}
 	f, err := startFleet(ctx, env, sys, cfg, o.Processes)
 	if err != nil {
 		return r, err
@@ -147,6 +155,9 @@ func RunBurnDown(ctx context.Context, env Env, sys System, o BurnDown) (Result, 
 		}
 	}
 	r.Elapsed = time.Since(began)
+	if !o.DueAt.IsZero() {
+		r.Elapsed = time.Since(o.DueAt)
+	}
 	r.PGCPU = cpuSince(ctx, env.Pool, cpu0)
 	r.WorkedPerSec = float64(o.Jobs) / r.Elapsed.Seconds()
 	hist, work, wcpu, err := f.stop()
@@ -179,6 +190,8 @@ type Steady struct {
 	NoClaimFloor bool
 	// SynchronousClaims makes Relay's claims commit synchronously.
 	SynchronousClaims bool
+	// Queues is WorkerConfig.Queues.
+	Queues int
 	// During, when set, runs beside the offered load from its start (an
 	// xmin holder, say); the run waits for it to return before it ends.
 	During func(ctx context.Context, began time.Time)
@@ -205,7 +218,7 @@ func RunSteady(ctx context.Context, env Env, sys System, o Steady) (Result, erro
 			return r, fmt.Errorf("reset: %w", err)
 		}
 	}
-	wcfg := WorkerConfig{Workers: o.Workers, Prefetch: o.Prefetch, Job: o.Job, ClaimCoalesce: o.ClaimCoalesce, Window: o.Window, NoClaimFloor: o.NoClaimFloor, SynchronousClaims: o.SynchronousClaims, StartEarly: true}
+	wcfg := WorkerConfig{Workers: o.Workers, Prefetch: o.Prefetch, Job: o.Job, ClaimCoalesce: o.ClaimCoalesce, Window: o.Window, NoClaimFloor: o.NoClaimFloor, SynchronousClaims: o.SynchronousClaims, StartEarly: true, Queues: o.Queues}
 	if p, ok := sys.(producers); ok {
 		var err error
 		if sys, err = p.ForProducers(env.Pool, wcfg); err != nil {

@@ -69,6 +69,10 @@ type WorkerConfig struct {
 	// SynchronousClaims makes Relay's claims commit synchronously
 	// (core.Config.SynchronousClaims), for A/B runs.
 	SynchronousClaims bool
+	// Queues, when above 1, has each process serve that many queues ("q0"
+	// … "q<n-1>", Relay.Queues), each with Workers/Queues slots (at least
+	// one), instead of the default queue.
+	Queues int
 	// StartEarly starts each process's client before the run's clock
 	// (Hooks.Ready): a steady run offers jobs to running workers. A
 	// burn-down times the workers' start with the drain, as before.

@@ -32,7 +32,13 @@ func runBench(ctx context.Context, args []string) error {
 	duration := fs.Duration("duration", 30*time.Second, "steady mode: how long the rate is offered")
 	jobSleep := fs.Duration("job-sleep", 0, "each handler sleeps this long")
 	jobHash := fs.Int("job-hash", 0, "each handler runs this many rounds of SHA-256")
-	fill := fs.Int("fill-finished", 0, "burn-down: first fill the table with this many finished jobs")
+	fill := fs.Int("fill-finished", 0, "first fill the table with this many finished jobs (retention off: none is deleted during the run)")
+	scheduled := fs.Int("fill-scheduled", 0, "first fill the table with this many queued jobs due in a day (scheduled work beside the measured jobs)")
+	dueIn := fs.Duration("due-in", 0, "burn-down: the jobs all become due this long after their insert began (pickup and the drain count from then)")
+	queues := fs.Int("queues", 1, "spread the jobs over this many queues, all served by each worker process (each with --workers/--queues slots, at least one)")
+	cycleKeys := fs.Bool("cycle-keys", false, "--keys: give the jobs the keys in turn, not Zipf-distributed (as many distinct keys as jobs, up to --keys; none hot)")
+	schedules := fs.Int("schedules", 0, "run a scheduler in this process with this many schedules, each firing every minute (a job of a kind and queue nobody serves)")
+	sampleWaits := fs.Duration("sample-waits", 0, "steady mode: sample pg_stat_activity's wait events this often (10ms–100ms), counted per --window and over the run")
 	backlog := fs.Int("key-backlog", 0, "first give one ordering key a running head and this many jobs queued behind it, ahead of the burn-down's jobs")
 	keys := fs.Int("keys", 0, "give every job an ordering key among this many, Zipf-distributed (the outbox-shaped load); prints the order violations found")
 	holdXmin := fs.Duration("hold-xmin", 0, "steady mode: an idle-in-transaction session holds the xmin horizon this long (from --hold-at); pickup is reported per --window")
@@ -55,8 +61,11 @@ func runBench(ctx context.Context, args []string) error {
 	if *wf {
 		return runBenchWorkflow(ctx, *dbURL, *system, *wfRuns, *workers, *wfShape, *wfCallers, *duration, *wfEager)
 	}
-	if *jobs < 1 || *workers < 1 || *processes < 1 || *rate < 0 || *fill < 0 || *backlog < 0 || *keys < 0 {
-		return fmt.Errorf("bench: --jobs, --workers, --processes must be ≥ 1; --rate, --fill-finished, --key-backlog, --keys ≥ 0")
+	if *jobs < 1 || *workers < 1 || *processes < 1 || *queues < 1 || *rate < 0 || *fill < 0 || *scheduled < 0 || *backlog < 0 || *keys < 0 || *schedules < 0 || *dueIn < 0 || *sampleWaits < 0 {
+		return fmt.Errorf("bench: --jobs, --workers, --processes, --queues must be ≥ 1; --rate, --fill-finished, --fill-scheduled, --key-backlog, --keys, --schedules, --due-in, --sample-waits ≥ 0")
+	}
+	if *dueIn > 0 && *rate > 0 {
+		return errors.New("bench: --due-in is a burn-down's (without --rate)")
 	}
 	if *traced {
 		os.Setenv(bench.EnvTrace, "1") // the worker processes inherit it
@@ -68,16 +77,19 @@ func runBench(ctx context.Context, args []string) error {
 	}
 	defer db.Close()
 	pool, schemaURL := db.Pool, db.URL
-	relaySys := bench.Relay{}
+	relaySys := bench.Relay{Queues: *queues}
 	if *keys > 0 {
 		relaySys.Keys = bench.NewKeyPicker(*keys)
+		if *cycleKeys {
+			relaySys.Keys = bench.NewCyclingKeyPicker(*keys)
+		}
 	}
 	var sys bench.System = relaySys
 	switch *system {
 	case "relay":
 	case "floor":
-		if *keys > 0 || *backlog > 0 || *holdXmin > 0 {
-			return errors.New("bench: --system floor has no ordering keys: --keys, --key-backlog and --hold-xmin are Relay's")
+		if *keys > 0 || *backlog > 0 || *holdXmin > 0 || *queues > 1 || *scheduled > 0 || *dueIn > 0 || *schedules > 0 {
+			return errors.New("bench: --system floor has no ordering keys, queues, run-at or schedules: --keys, --key-backlog, --hold-xmin, --queues, --fill-scheduled, --due-in and --schedules are Relay's")
 		}
 		sys = bench.Floor{}
 	default:
@@ -93,34 +105,71 @@ func runBench(ctx context.Context, args []string) error {
 	env := bench.Env{Pool: pool, URL: schemaURL, Out: os.Stdout,
 		Spawn: func(a []string) *exec.Cmd { return exec.Command(self, append([]string{"bench-worker"}, a...)...) }}
 	job := bench.Job{Sleep: *jobSleep, Hash: *jobHash}
-	cfg := bench.WorkerConfig{Workers: *workers, Prefetch: *prefetch, Job: job, ClaimCoalesce: *coalesce, NoClaimFloor: *noFloor, SynchronousClaims: *syncClaims}
+	cfg := bench.WorkerConfig{Workers: *workers, Prefetch: *prefetch, Job: job, ClaimCoalesce: *coalesce, NoClaimFloor: *noFloor, SynchronousClaims: *syncClaims, Queues: *queues}
 	fmt.Printf("bench: %s\nbench: %s: %s\n", bench.Machine(ctx, pool), sys.Name(), sys.Describe(cfg))
 
 	var res bench.Result
-	if *backlog > 0 && *rate > 0 {
+	// What the measured jobs run beside: filled first, then vacuumed and
+	// analyzed, and kept by the run.
+	keep := *fill > 0 || *scheduled > 0 || *backlog > 0
+	if keep {
 		if err := sys.Reset(ctx, pool); err != nil {
 			return err
 		}
+	}
+	if *fill > 0 {
+		fmt.Printf("bench: filling the table with %d finished jobs\n", *fill)
+		if err := sys.FillFinished(ctx, pool, *fill); err != nil {
+			return err
+		}
+	}
+	if *scheduled > 0 {
+		fmt.Printf("bench: filling the table with %d queued jobs due in a day, over %d queue(s)\n", *scheduled, *queues)
+		if err := relaySys.FillScheduled(ctx, pool, *scheduled); err != nil {
+			return err
+		}
+	}
+	if *backlog > 0 {
 		fmt.Printf("bench: one ordering key with a running head and %d jobs queued behind it\n", *backlog)
 		if err := relaySys.FillKeyBacklog(ctx, pool, *backlog); err != nil {
 			return err
 		}
-		if _, err := pool.Exec(ctx, "VACUUM ANALYZE relay_jobs"); err != nil {
+	}
+	if keep {
+		if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+sys.Table()); err != nil {
 			return err
 		}
+	}
+	if *schedules > 0 {
+		stop, err := startBenchSchedules(ctx, pool, *schedules)
+		if err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		defer stop()
+		fmt.Printf("bench: a scheduler with %d schedules, each firing every minute\n", *schedules)
 	}
 	if *holdXmin > 0 && *window == 0 {
 		*window = 10 * time.Second
 	}
-	if (*holdXmin > 0 || *window > 0) && *rate == 0 {
-		return errors.New("bench: --hold-xmin and --window need --rate (steady mode)")
+	if *sampleWaits > 0 && *window == 0 {
+		*window = 10 * time.Second
+	}
+	if (*holdXmin > 0 || *window > 0 || *sampleWaits > 0) && *rate == 0 {
+		return errors.New("bench: --hold-xmin, --window and --sample-waits need --rate (steady mode)")
 	}
 	if *rate > 0 {
 		fmt.Printf("bench: steady %d jobs/s for %s, %d process(es) × %d workers\n", *rate, *duration, *processes, *workers)
-		steady := bench.Steady{Rate: *rate, Duration: *duration, Workers: *workers, Prefetch: *prefetch, Processes: *processes, Job: job, ClaimCoalesce: *coalesce, KeepTable: *backlog > 0, Window: *window, NoClaimFloor: *noFloor, SynchronousClaims: *syncClaims}
+		steady := bench.Steady{Rate: *rate, Duration: *duration, Workers: *workers, Prefetch: *prefetch, Processes: *processes, Job: job, ClaimCoalesce: *coalesce, KeepTable: keep, Window: *window, NoClaimFloor: *noFloor, SynchronousClaims: *syncClaims, Queues: *queues}
 		var held heldXmin
 		if *window > 0 {
 			steady.During = func(ctx context.Context, began time.Time) {
+				if *sampleWaits > 0 {
+					sctx, cancel := context.WithDeadline(ctx, began.Add(*duration))
+					defer cancel()
+					done := make(chan struct{})
+					go func() { defer close(done); bench.SampleWaits(sctx, pool, began, *sampleWaits, *window, os.Stdout) }()
+					defer func() { <-done }()
+				}
 				held = watchVacuum(ctx, pool, began, *duration, *window, *holdAt, *holdXmin)
 			}
 		}
@@ -129,28 +178,15 @@ func runBench(ctx context.Context, args []string) error {
 			printWindows(res.Windows, held)
 		}
 	} else {
-		if *fill > 0 {
-			fmt.Printf("bench: filling the table with %d finished jobs\n", *fill)
-			if err := sys.FillFinished(ctx, pool, *fill); err != nil {
-				return err
-			}
-			if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+sys.Table()); err != nil {
-				return err
-			}
-		}
-		if *backlog > 0 {
-			if *fill == 0 {
-				if err := sys.Reset(ctx, pool); err != nil {
-					return err
-				}
-			}
-			fmt.Printf("bench: one ordering key with a running head and %d jobs queued behind it\n", *backlog)
-			if err := relaySys.FillKeyBacklog(ctx, pool, *backlog); err != nil {
-				return err
-			}
+		var dueAt time.Time
+		if *dueIn > 0 {
+			dueAt = time.Now().Add(*dueIn).Truncate(time.Second).Add(time.Second)
+			relaySys.DueAt = dueAt
+			sys = relaySys
+			fmt.Printf("bench: the jobs all become due at %s\n", dueAt.Format(time.RFC3339))
 		}
 		fmt.Printf("bench: burn-down of %d jobs, %d process(es) × %d workers\n", *jobs, *processes, *workers)
-		res, err = bench.RunBurnDown(ctx, env, sys, bench.BurnDown{Jobs: *jobs, Workers: *workers, Prefetch: *prefetch, Processes: *processes, Job: job, KeepTable: *fill > 0 || *backlog > 0})
+		res, err = bench.RunBurnDown(ctx, env, sys, bench.BurnDown{Jobs: *jobs, Workers: *workers, Prefetch: *prefetch, Processes: *processes, Job: job, KeepTable: keep, Queues: *queues, DueAt: dueAt})
 	}
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)
@@ -160,7 +196,11 @@ func runBench(ctx context.Context, args []string) error {
 		if err != nil {
 			return fmt.Errorf("bench: order check: %w", err)
 		}
-		fmt.Printf("bench: ordering keys %d (Zipf): %d jobs started before their key's previous job finished, on %d keys\n", *keys, jobs, bad)
+		dist := "Zipf"
+		if *cycleKeys {
+			dist = "in turn"
+		}
+		fmt.Printf("bench: ordering keys %d (%s): %d jobs started before their key's previous job finished, on %d keys\n", *keys, dist, jobs, bad)
 	}
 	fmt.Println(res.Line())
 	return nil

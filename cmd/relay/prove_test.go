@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -144,6 +145,11 @@ func TestBench(t *testing.T) {
 	for _, args := range [][]string{
 		{"--jobs", "2000", "--workers", "20", "--processes", "2"},
 		{"--rate", "200", "--duration", "1s", "--workers", "10", "--job-hash", "10"},
+		// What the measured jobs run beside (docs/benchmarks.md, cost as
+		// the work grows): queues, scheduled and finished rows, jobs due
+		// at once, distinct keys; schedules and the wait sampler.
+		{"--jobs", "500", "--workers", "20", "--queues", "5", "--fill-scheduled", "100", "--fill-finished", "100", "--due-in", "2s", "--keys", "50", "--cycle-keys"},
+		{"--rate", "100", "--duration", "2s", "--workers", "10", "--queues", "3", "--schedules", "3", "--sample-waits", "50ms", "--window", "1s"},
 	} {
 		out, err := exec.Command(bin, append([]string{"bench", "--database-url", url}, args...)...).CombinedOutput()
 		if err != nil {
@@ -165,6 +171,12 @@ func TestBench(t *testing.T) {
 			if p, _ := strconv.ParseFloat(fields["p99_ms"], 64); p <= 0 || fields["jobs"] == "0" {
 				t.Errorf("steady run measured no latency: %s", last)
 			}
+		}
+		if slices.Contains(args, "--sample-waits") && !regexp.MustCompile(`(?m)^bench: waits over the run \(0 samples failed\): [1-9]\d* samples`).Match(out) {
+			t.Errorf("relay bench %v: no wait-event samples in\n%s", args, out)
+		}
+		if slices.Contains(args, "--cycle-keys") && !strings.Contains(string(out), "ordering keys 50 (in turn): 0 jobs started before") {
+			t.Errorf("relay bench %v: no order check in\n%s", args, out)
 		}
 	}
 }
