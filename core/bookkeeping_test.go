@@ -290,3 +290,52 @@ func TestCompleteTxThenHeartbeats(t *testing.T) {
 		t.Fatalf("state %s", st)
 	}
 }
+
+// A client of many queues shares a bounded number of bookkeeping
+// connections between their claims: with one per queue, a process serving
+// hundreds of queues opened more connections than the server allows and
+// every claim failed. 60 queues, each claiming a job at once, open at
+// most 1 + 16 (before the bound: about 60).
+func TestManyQueuesShareClaimConnections(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	const queues = 60
+	var mu sync.Mutex
+	ran := map[string]bool{}
+	ws := core.NewWorkers()
+	core.MustAddWorker(ws, core.WorkFunc[echoArgs](func(ctx context.Context, j *core.Job[echoArgs]) error {
+		mu.Lock()
+		ran[j.Args.Msg] = true
+		mu.Unlock()
+		return nil
+	}))
+	qs := map[string]core.QueueConfig{}
+	params := make([]core.EnqueueParams, 0, queues)
+	for i := range queues {
+		name := fmt.Sprintf("q%d", i)
+		qs[name] = core.QueueConfig{MaxWorkers: 1}
+		params = append(params, core.EnqueueParams{Args: echoArgs{Msg: name}, Opts: &core.EnqueueOpts{Queue: name}})
+	}
+	// The jobs are there before the client starts: every queue's first
+	// claim, at its start, finds one, all at once.
+	if _, err := core.EnqueueMany(ctx, pool, params); err != nil {
+		t.Fatal(err)
+	}
+	c := startClient(t, pool, &core.Config{Workers: ws, ID: "many-queues", Queues: qs})
+	waitFor(t, "a job of every queue run", func() bool {
+		return count(t, pool, `SELECT count(*) FROM relay_jobs WHERE state = 'succeeded'`) == queues
+	})
+	mu.Lock()
+	if len(ran) != queues {
+		t.Errorf("%d queues' jobs ran, want %d", len(ran), queues)
+	}
+	mu.Unlock()
+	// A pool keeps the connections it opened (idle, for 30 minutes): what
+	// is there now is what the claims needed at most.
+	n := count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1`, "relay-worker "+c.ID())
+	if n > 1+16 {
+		t.Errorf("the client of %d queues has %d bookkeeping connections, want at most 17", queues, n)
+	}
+	t.Logf("%d queues: %d bookkeeping connections", queues, n)
+}

@@ -213,7 +213,8 @@ type Stats struct {
 // A client that runs workers keeps its own bookkeeping (claims, heartbeats,
 // the recording of outcomes) off the pool it is given: it opens small
 // pools of its own with the same connection settings, of one connection
-// plus one per queue (application_name "relay-worker") and one for the
+// plus one per queue, 16 at the most (application_name "relay-worker"; a
+// client of more queues shares those between their claims), and one for the
 // recording of outcomes ("relay-completer"), so that handlers holding every
 // connection of the caller's pool (a transaction each, as CompleteTx asks)
 // cannot starve a heartbeat. Their connections wait at most a tenth of
@@ -758,17 +759,25 @@ func (c *Client) dbCtx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(c.hardCtx, 15*time.Second)
 }
 
+// maxClaimConns bounds the bookkeeping pool's connections for claims: a
+// queue's claim holds one for a single statement (a limited claim for one
+// transaction, its lock waits bounded by lock_timeout), so a client of
+// many queues shares this many between them rather than open one per
+// queue, which with hundreds of queues exceeded the server's
+// max_connections and left every claim failing.
+const maxClaimConns = 16
+
 // newOwnPools opens the client's bookkeeping pools (see Client) on the
 // caller's pool's settings: one of a connection for the heartbeat and one
-// per queue's claim, and the completer's of one connection for the
-// recording of outcomes. Their connections refuse to wait more than a short
+// per queue's claim (at most maxClaimConns), and the completer's of one
+// connection for the recording of outcomes. Their connections refuse to wait more than a short
 // while for a row lock (they use SKIP LOCKED; this is the backstop) where
 // the server accepts lock_timeout as a startup parameter, and name
 // themselves (appname.For). It probes the connections first (checkPooling) and
 // says whether to listen.
 func (c *Client) newOwnPools(ctx context.Context) (listen bool, err error) {
 	cfg := c.pool.Config()
-	cfg.MaxConns = int32(1 + len(c.queues))
+	cfg.MaxConns = int32(1 + min(len(c.queues), maxClaimConns))
 	cfg.MinConns = 0
 	rp := cfg.ConnConfig.RuntimeParams
 	if rp == nil {
