@@ -55,8 +55,26 @@ func runBench(ctx context.Context, args []string) error {
 	wfShape := fs.String("shape", "chain", "--workflow: chain (3 no-op steps), sleep (a Sleep(0) between steps) or child (each step a child run)")
 	wfCallers := fs.String("callers", "32,1", "--workflow: caller counts for the latency runs (empty: skip)")
 	wfEager := fs.Bool("eager", false, "--workflow: run each latency measurement a second time with eager start (workflow.RunNow: the run executed in the caller's goroutine)")
+	sleepers := fs.Int("sleepers", 0, "workflow runs that each sleep to a wake time spread over --wake-within, then run a step: how late they wake (its own measurement; the job flags do not apply)")
+	wakeWithin := fs.Duration("wake-within", time.Minute, "--sleepers: the wake times are spread evenly over this long")
+	history := fs.Int("history", 0, "one workflow run of this many steps in one execution, then a Sleep(0) whose wake-up replays them (its own measurement)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if *sleepers > 0 || *history > 0 {
+		if *sleepers > 0 && *history > 0 || *wakeWithin <= 0 {
+			return errors.New("bench: --sleepers or --history, one at a time; --wake-within > 0")
+		}
+		db, err := openProofDB(ctx, *dbURL, false)
+		if err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		defer db.Close()
+		fmt.Printf("bench: %s\n", bench.Machine(ctx, db.Pool))
+		if *history > 0 {
+			return runBenchHistory(ctx, db.URL, *history)
+		}
+		return runBenchSleepers(ctx, db.URL, *sleepers, *wakeWithin, *workers)
 	}
 	if *wf {
 		return runBenchWorkflow(ctx, *dbURL, *system, *wfRuns, *workers, *wfShape, *wfCallers, *duration, *wfEager)

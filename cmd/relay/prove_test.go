@@ -181,6 +181,29 @@ func TestBench(t *testing.T) {
 	}
 }
 
+// relay bench's workflow curves, small: a run's long history replayed,
+// and sleeping runs woken over a window, each printing its summary line.
+func TestBenchCurves(t *testing.T) {
+	t.Parallel()
+	bin := buildRelay(t)
+	url := testdb.URL(t)
+	for _, c := range []struct {
+		args []string
+		want *regexp.Regexp
+	}{
+		{[]string{"--history", "30"}, regexp.MustCompile(`(?m)^bench: mode=history steps=30 steps_per_s=[1-9]`)},
+		{[]string{"--sleepers", "40", "--wake-within", "1s", "--workers", "10"}, regexp.MustCompile(`(?m)^bench: mode=sleepers runs=40 within=1s workers=10 late_p50_ms=`)},
+	} {
+		out, err := exec.Command(bin, append([]string{"bench", "--database-url", url}, c.args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("relay bench %v: %v\n%s", c.args, err, out)
+		}
+		if !c.want.Match(out) {
+			t.Errorf("relay bench %v: no summary line matching %s in\n%s", c.args, c.want, out)
+		}
+	}
+}
+
 // Worker processes are SIGKILLed while jobs call a sink through
 // idempotency.External and write through idempotency.Once: one database
 // effect and one token per job.
