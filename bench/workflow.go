@@ -71,6 +71,10 @@ type WorkflowSpec struct {
 	// Batch is, in mode "starts", how many runs an engine that starts
 	// batches (BatchStarter) starts per transaction.
 	Batch int `json:"batch,omitempty"`
+	// Hops, in mode "latency", has an engine that is a HopReporter time
+	// each hop of every call (a diagnostic: off in a measurement of
+	// record).
+	Hops bool `json:"hops,omitempty"`
 }
 
 // BatchStarter is a WorkflowEngine that starts runs in batches, for mode
@@ -139,6 +143,8 @@ type WorkflowResult struct {
 	// StatementsPerRun is the statements sent per run measured (-1:
 	// unknown): the round trips each run costs.
 	StatementsPerRun float64 `json:"statements_per_run"`
+	// Hops is, with WorkflowSpec.Hops, where the calls' time went.
+	Hops []HopFigure `json:"hops,omitempty"`
 }
 
 // Line is the machine-readable summary.
@@ -368,7 +374,8 @@ func runLatency(ctx context.Context, eng WorkflowEngine, res WorkflowResult) (Wo
 	sleepCtx(ctx, spec.Duration) //nolint:errcheck
 	mu.Lock()
 	stopped.Store(true)
-	res.Elapsed = time.Since(began)
+	ended := time.Now()
+	res.Elapsed = ended.Sub(began)
 	n := hist.Count()
 	st1 := eng.Statements()
 	mu.Unlock()
@@ -382,6 +389,13 @@ func runLatency(ctx context.Context, eng WorkflowEngine, res WorkflowResult) (Wo
 	res.RunsPerSec = float64(n) / res.Elapsed.Seconds()
 	res.StepsPerSec = res.RunsPerSec * ChainSteps
 	res.P50, res.P95, res.P99 = hist.Quantile(0.5), hist.Quantile(0.95), hist.Quantile(0.99)
+	if hr, ok := eng.(HopReporter); ok && spec.Hops {
+		hops, err := hr.Hops(ctx, began, ended)
+		if err != nil {
+			return res, fmt.Errorf("hops: %w", err)
+		}
+		res.Hops = hops
+	}
 	return res, nil
 }
 

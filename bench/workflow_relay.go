@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/url"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -81,7 +82,23 @@ type relayWFEngine struct {
 	progress atomic.Int64
 	drop     func()
 	counter  StatementCounter
+	hops     *hopLog // spec.Hops: the calls' hops, else nil
+	seq      atomic.Int64
 }
+
+// The points of a queued call's hops, in order (WorkflowSpec.Hops): the
+// caller's, the workflow function's, and the database's own timestamps of
+// the run (the claim statement's now(), the first checkpoint's, which sets
+// started_at, and the outcome's), read after the measurement. A database
+// timestamp is its transaction's start, so it marks when that statement's
+// group began on the server, not when it committed.
+var relayHopPoints = []string{"call", "start committed", "claimed", "function entered",
+	"step 1", "checkpoint 1 began", "step 2", "step 3", "function returned", "outcome began", "result returned"}
+
+// The eager start's: RunNow returns after the function (no claim, no
+// result read).
+var relayEagerHopPoints = []string{"call", "function entered",
+	"step 1", "checkpoint 1 began", "step 2", "step 3", "function returned", "outcome began", "result returned"}
 
 var relayStepKeys = [ChainSteps]string{"s1", "s2", "s3"}
 var relaySleepKeys = [ChainSteps]string{"z0", "z1", "z2"}
@@ -89,6 +106,13 @@ var relayChildKeys = [ChainSteps]string{"c1", "c2", "c3"}
 
 func (r RelayWorkflow) Open(ctx context.Context, spec WorkflowSpec) (WorkflowEngine, error) {
 	e := &relayWFEngine{spec: spec, eager: r.Eager, start: r.Start}
+	if spec.Hops && spec.Mode == "latency" {
+		if r.Eager {
+			e.hops = newHopLog(relayEagerHopPoints...)
+		} else {
+			e.hops = newHopLog(relayHopPoints...)
+		}
+	}
 	schema := pgx.Identifier{spec.Schema}.Sanitize()
 	conn, err := pgx.Connect(ctx, spec.URL)
 	if err != nil {
@@ -142,6 +166,9 @@ func (r RelayWorkflow) Open(ctx context.Context, spec WorkflowSpec) (WorkflowEng
 		return workflow.Step(wctx, "c", noop, nil)
 	})
 	e.chain = workflow.MustRegister(reg, "bench.chain", func(wctx workflow.Context, shape Shape) (int, error) {
+		if e.hops != nil {
+			return e.tracedChain(wctx, shape, noop)
+		}
 		for i := range ChainSteps {
 			switch shape {
 			case ShapeSleep:
@@ -178,6 +205,78 @@ func (r RelayWorkflow) Open(ctx context.Context, spec WorkflowSpec) (WorkflowEng
 		return nil, err
 	}
 	return e, nil
+}
+
+// tracedChain is the chain shape marking its hops (WorkflowSpec.Hops).
+func (e *relayWFEngine) tracedChain(wctx workflow.Context, shape Shape, noop func(context.Context) (int, error)) (int, error) {
+	if shape != ShapeChain {
+		return 0, fmt.Errorf("bench: hops are timed for the %s shape only", ShapeChain)
+	}
+	id := wctx.RunID()
+	e.hops.mark(id, "function entered", time.Now())
+	for i := range ChainSteps {
+		point := fmt.Sprintf("step %d", i+1)
+		if _, err := workflow.Step(wctx, relayStepKeys[i], func(ctx context.Context) (int, error) {
+			e.hops.mark(id, point, time.Now())
+			return noop(ctx)
+		}, nil); err != nil {
+			return 0, err
+		}
+	}
+	e.progress.Add(1)
+	e.hops.mark(id, "function returned", time.Now())
+	return ChainSteps, nil
+}
+
+// Hops implements HopReporter: the calls' own marks, with the database's
+// timestamps of their runs read now, in one query.
+func (e *relayWFEngine) Hops(ctx context.Context, from, to time.Time) ([]HopFigure, error) {
+	if e.hops == nil {
+		return nil, nil
+	}
+	rows, err := e.pool.Query(ctx, `
+SELECT r.id, j.attempted_at, r.started_at, r.finished_at
+FROM relay_workflow_runs AS r JOIN relay_jobs AS j ON j.id = r.job_id
+WHERE r.workflow = 'bench.chain' AND r.finished_at IS NOT NULL`)
+	if err != nil {
+		return nil, fmt.Errorf("read the runs' timestamps: %w", err)
+	}
+	type dbTimes struct{ claimed, started, finished time.Time }
+	db := map[string]dbTimes{}
+	for rows.Next() {
+		var id string
+		var t dbTimes
+		var claimed, started *time.Time
+		if err := rows.Scan(&id, &claimed, &started, &t.finished); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("read the runs' timestamps: %w", err)
+		}
+		if claimed != nil {
+			t.claimed = *claimed
+		}
+		if started != nil {
+			t.started = *started
+		}
+		db[id] = t
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read the runs' timestamps: %w", err)
+	}
+	l := e.hops
+	l.mu.Lock()
+	for _, c := range l.calls {
+		t, ok := db[c.runID]
+		if !ok {
+			continue
+		}
+		for point, at := range map[string]time.Time{"claimed": t.claimed, "checkpoint 1 began": t.started, "outcome began": t.finished} {
+			if i := slices.Index(l.points, point); i >= 0 && !at.IsZero() {
+				c.marks[i] = at
+			}
+		}
+	}
+	l.mu.Unlock()
+	return l.figures(from, to), nil
 }
 
 func (e *relayWFEngine) Enqueue(ctx context.Context, shape Shape) error {
@@ -228,6 +327,9 @@ func (e *relayWFEngine) Finished(ctx context.Context) (n int64, err error) {
 }
 
 func (e *relayWFEngine) Call(ctx context.Context, shape Shape) error {
+	if e.hops != nil {
+		return e.tracedCall(ctx, shape)
+	}
 	if e.eager {
 		_, err := workflow.RunNow(ctx, e.client, e.chain, shape, &workflow.StartOpts{Queue: relayWFQueue})
 		return err
@@ -238,6 +340,37 @@ func (e *relayWFEngine) Call(ctx context.Context, shape Shape) error {
 	}
 	_, err = h.Result(ctx, e.pool)
 	return err
+}
+
+// tracedCall is Call marking its hops (WorkflowSpec.Hops).
+func (e *relayWFEngine) tracedCall(ctx context.Context, shape Shape) error {
+	began := time.Now()
+	opts := &workflow.StartOpts{Queue: relayWFQueue}
+	if e.eager {
+		// RunNow names its run only when it returns: the caller picks
+		// the id, so that the function's marks find the call's.
+		opts.ID = fmt.Sprintf("bench-%d-%d", began.UnixNano(), e.seq.Add(1))
+		e.hops.mark(opts.ID, "call", began)
+		_, err := workflow.RunNow(ctx, e.client, e.chain, shape, opts)
+		if err != nil {
+			return err
+		}
+		e.hops.mark(opts.ID, "result returned", time.Now())
+		e.hops.done(opts.ID)
+		return nil
+	}
+	h, err := workflow.Start(ctx, e.pool, e.chain, shape, opts)
+	if err != nil {
+		return err
+	}
+	e.hops.mark(h.ID, "call", began)
+	e.hops.mark(h.ID, "start committed", time.Now())
+	if _, err = h.Result(ctx, e.pool); err != nil {
+		return err
+	}
+	e.hops.mark(h.ID, "result returned", time.Now())
+	e.hops.done(h.ID)
+	return nil
 }
 
 func (e *relayWFEngine) Pool() *pgxpool.Pool { return e.pool }

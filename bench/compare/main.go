@@ -90,6 +90,7 @@ type options struct {
 	wfStartRuns, wfStartBatch        int
 	wfCallers                        []int
 	wfDuration, wfWarmup, wfDBOSPoll time.Duration
+	wfHops                           bool
 
 	sweepRates    []int
 	sweepWindows  []time.Duration
@@ -124,6 +125,7 @@ func run(ctx context.Context, args []string) error {
 	fs.DurationVar(&o.sweepDuration, "sweep-duration", 20*time.Second, "workload 8: how long each rate is offered, per run")
 	fs.DurationVar(&o.wfDuration, "wf-duration", 15*time.Second, "workflow workload 6: how long callers run, per caller count")
 	fs.DurationVar(&o.wfWarmup, "wf-warmup", 2*time.Second, "workflow workload 6: calls before recording")
+	fs.BoolVar(&o.wfHops, "wf-hops", false, "workflow workload 6: Relay times each hop of every call (start, claim, checkpoints, outcome, result) and prints each hop's p50 and p99 (a diagnostic; it adds work to each call)")
 	fs.DurationVar(&o.wfDBOSPoll, "wf-dbos-poll", 10*time.Millisecond, "workflow workloads: DBOS's queue polling interval (its default is 1s)")
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -56,6 +56,7 @@ func (c *comparison) wfEach(ctx context.Context, title string, spec bench.Workfl
 				return nil, fmt.Errorf("%s: %w", sys.Name(), err)
 			}
 			fmt.Println(res.Line())
+			fmt.Print(res.HopsTable())
 			out[sys.Name()] = append(out[sys.Name()], res)
 		}
 	}
@@ -133,7 +134,7 @@ func perKRuns(r bench.WorkflowResult) float64 {
 func (c *comparison) wfLatency(ctx context.Context) error {
 	for _, callers := range c.o.wfCallers {
 		spec := bench.WorkflowSpec{Mode: "latency", Shape: bench.ShapeChain, Callers: callers, Duration: c.o.wfDuration,
-			Warmup: c.o.wfWarmup, Workers: max(c.o.wfWorkers, callers), Poll: c.o.wfDBOSPoll}
+			Warmup: c.o.wfWarmup, Workers: max(c.o.wfWorkers, callers), Poll: c.o.wfDBOSPoll, Hops: c.o.wfHops}
 		name := fmt.Sprintf("6 wf %d caller(s)", callers)
 		res, err := c.wfEach(ctx, fmt.Sprintf("workload %s: each starts a 3-step run and waits for its result, for %s (after %s of warm-up)",
 			name, c.o.wfDuration, c.o.wfWarmup), spec)

@@ -54,6 +54,7 @@ func runBench(ctx context.Context, args []string) error {
 	wfRuns := fs.Int("runs", 20000, "--workflow: runs started up front, then drained (0: skip)")
 	wfShape := fs.String("shape", "chain", "--workflow: chain (3 no-op steps), sleep (a Sleep(0) between steps) or child (each step a child run)")
 	wfCallers := fs.String("callers", "32,1", "--workflow: caller counts for the latency runs (empty: skip)")
+	wfHops := fs.Bool("hops", false, "--workflow: time each hop of every latency call (start, claim, checkpoints, outcome, result) and print each hop's p50 and p99 (a diagnostic; it adds work to each call)")
 	wfEager := fs.Bool("eager", false, "--workflow: run each latency measurement a second time with eager start (workflow.RunNow: the run executed in the caller's goroutine)")
 	sleepers := fs.Int("sleepers", 0, "workflow runs that each sleep to a wake time spread over --wake-within, then run a step: how late they wake (its own measurement; the job flags do not apply)")
 	wakeWithin := fs.Duration("wake-within", time.Minute, "--sleepers: the wake times are spread evenly over this long")
@@ -77,7 +78,7 @@ func runBench(ctx context.Context, args []string) error {
 		return runBenchSleepers(ctx, db.URL, *sleepers, *wakeWithin, *workers)
 	}
 	if *wf {
-		return runBenchWorkflow(ctx, *dbURL, *system, *wfRuns, *workers, *wfShape, *wfCallers, *duration, *wfEager)
+		return runBenchWorkflow(ctx, *dbURL, *system, *wfRuns, *workers, *wfShape, *wfCallers, *duration, *wfEager, *wfHops)
 	}
 	if *jobs < 1 || *workers < 1 || *processes < 1 || *queues < 1 || *rate < 0 || *fill < 0 || *scheduled < 0 || *backlog < 0 || *keys < 0 || *schedules < 0 || *dueIn < 0 || *sampleWaits < 0 {
 		return fmt.Errorf("bench: --jobs, --workers, --processes, --queues must be ≥ 1; --rate, --fill-finished, --fill-scheduled, --key-backlog, --keys, --schedules, --due-in, --sample-waits ≥ 0")
@@ -229,7 +230,7 @@ func runBench(ctx context.Context, args []string) error {
 // up front and drained, then callers that each start a run and wait for its
 // result. Each measurement prints its summary line. system "floor" is
 // bench.WorkflowFloor, which has the queued drain of the chain only.
-func runBenchWorkflow(ctx context.Context, dbURL, system string, runs, workers int, shapeName, callers string, duration time.Duration, eager bool) error {
+func runBenchWorkflow(ctx context.Context, dbURL, system string, runs, workers int, shapeName, callers string, duration time.Duration, eager, hops bool) error {
 	shape, err := bench.ParseShape(shapeName)
 	if err != nil {
 		return err
@@ -287,7 +288,7 @@ func runBenchWorkflow(ctx context.Context, dbURL, system string, runs, workers i
 		specs = append(specs, bench.WorkflowSpec{Mode: "queued", Shape: shape, Runs: runs, Workers: workers})
 	}
 	for _, n := range counts {
-		specs = append(specs, bench.WorkflowSpec{Mode: "latency", Shape: shape, Callers: n, Duration: duration, Warmup: 2 * time.Second, Workers: max(workers, n)})
+		specs = append(specs, bench.WorkflowSpec{Mode: "latency", Shape: shape, Callers: n, Duration: duration, Warmup: 2 * time.Second, Workers: max(workers, n), Hops: hops})
 	}
 	for _, spec := range specs {
 		spec.URL, spec.Schema = dbURL, schema
@@ -302,6 +303,7 @@ func runBenchWorkflow(ctx context.Context, dbURL, system string, runs, workers i
 				return fmt.Errorf("bench: %w", err)
 			}
 			fmt.Println(res.Line())
+			fmt.Print(res.HopsTable())
 		}
 	}
 	return nil
