@@ -173,7 +173,7 @@ func (x *execution) batchWrite(fin *outcome, extra ...*stepWrite) error {
 	// no two writers deadlock.
 	sql, args := fence.Check(x.job.ID, x.job.LeaseToken)
 	b.Queue(sql, args...)
-	cancel, refused := false, false
+	cancel, refused, finWrote := false, false, false
 	err := x.r.group.do(ctx, x.r.pool, member{
 		job: x.job.ID,
 		queue: func(g *pgx.Batch) {
@@ -183,7 +183,7 @@ func (x *execution) batchWrite(fin *outcome, extra ...*stepWrite) error {
 		},
 		read: func(br pgx.BatchResults) error {
 			var err error
-			cancel, refused = false, false
+			cancel, refused, finWrote = false, false, false
 			first := 0
 			if readCancel {
 				err = br.QueryRow().Scan(&cancel)
@@ -196,6 +196,9 @@ func (x *execution) batchWrite(fin *outcome, extra ...*stepWrite) error {
 				}
 				if i == finAt && e == nil && ct.RowsAffected() == 0 && cancelRefuses(fin.state) {
 					refused = true // a cancel is requested (sqlFinishRootRun)
+				}
+				if i == finAt {
+					finWrote = e == nil && ct.RowsAffected() == 1
 				}
 			}
 			return err
@@ -215,6 +218,7 @@ func (x *execution) batchWrite(fin *outcome, extra ...*stepWrite) error {
 		x.hist[w.row.position] = w.row
 	}
 	x.cancelling = x.cancelling || cancel || refused
+	x.finWrote = finWrote
 	x.r.stats.checkpoints.Add(1)
 	if refused {
 		return errCancelWins

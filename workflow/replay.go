@@ -117,6 +117,10 @@ type execution struct {
 	cancelling, compensating bool
 	// touched: this execution's first write has marked the run started.
 	touched bool
+	// finWrote: the run's outcome statement updated its row (a root
+	// run's outcome written by batchWrite or in finish's transaction),
+	// so the outcome is the one the run now holds.
+	finWrote bool
 	// cancelRead is the cancel flag as the write in progress read it,
 	// before its fn (writeTx).
 	cancelRead bool
@@ -550,6 +554,7 @@ func (x *execution) finish(state RunState, output []byte, msg string) error {
 			if err != nil {
 				return fmt.Errorf("finish run: %w", err)
 			}
+			x.finWrote = ct.RowsAffected() == 1
 			if ct.RowsAffected() == 0 && cancelRefuses(state) {
 				return errCancelWins
 			}
@@ -585,8 +590,13 @@ func (x *execution) finish(state RunState, output []byte, msg string) error {
 		return fmt.Errorf("workflow: run %s: record outcome %s: %w", x.runID, state, err)
 	}
 	if x.run.parentID == "" {
-		// A child's callers are woken in its outcome's transaction, which
-		// notifies anyway (its parent's wake-up).
+		// Callers waiting here get the outcome as written, at once
+		// (waiter.deliver); other processes' are notified. A child's
+		// callers are woken in its outcome's transaction, which notifies
+		// anyway (its parent's wake-up).
+		if x.finWrote {
+			x.r.waiter.deliver(x.runID, &finished{workflow: x.run.workflow, state: state, output: output, msg: msg})
+		}
 		x.r.announcer.announce(x.r.pool, x.runID)
 	}
 	x.r.stats.finished.Add(1)

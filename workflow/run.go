@@ -318,9 +318,11 @@ func result[T any](ctx context.Context, db core.DB, id string, w *waiter) (T, er
 			w, delay = nil, 2*time.Millisecond // Registry.Close: poll from here on
 		}
 		var woken, connected <-chan struct{}
+		var mine *sub
 		release := func() {}
 		if w != nil {
-			woken, connected, release = w.subscribe(id)
+			mine, connected, release = w.subscribe(id)
+			woken = mine.ch
 			// Read the run only once the listener listens, or a
 			// notification could slip between the read and the LISTEN.
 			select {
@@ -363,6 +365,18 @@ func result[T any](ctx context.Context, db core.DB, id string, w *waiter) (T, er
 			release()
 			return zero, fmt.Errorf("workflow: result of %s: %w", id, ctx.Err())
 		case <-woken:
+			if f := mine.outcome; f != nil {
+				// This process recorded the outcome: no read.
+				release()
+				if f.state == StateCompleted {
+					var out T
+					if err := json.Unmarshal(f.output, &out); err != nil {
+						return zero, fmt.Errorf("workflow: result of %s: decode output into %T: %w", id, out, err)
+					}
+					return out, nil
+				}
+				return zero, &RunError{RunID: id, Workflow: f.workflow, State: f.state, Message: f.msg}
+			}
 		case <-time.After(delay):
 		}
 		release()

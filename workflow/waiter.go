@@ -64,9 +64,35 @@ func (w *waiter) close() {
 type sub struct {
 	ch   chan struct{}
 	once sync.Once
+	// single: the sub waits on one run (Handle.Result), and may be handed
+	// its outcome (deliver).
+	single bool
+	// outcome is the run's outcome when this process recorded it (set
+	// before ch is closed, read after), else nil: read the run.
+	outcome *finished
 }
 
 func (s *sub) fire() { s.once.Do(func() { close(s.ch) }) }
+
+// fireWith closes the channel with the run's outcome, for a sub on that
+// one run.
+func (s *sub) fireWith(f *finished) {
+	s.once.Do(func() {
+		if s.single {
+			s.outcome = f
+		}
+		close(s.ch)
+	})
+}
+
+// finished is a run's outcome as its execution recorded it (the values
+// its outcome's statement wrote).
+type finished struct {
+	workflow string
+	state    RunState
+	output   []byte // the encoded output (completed runs)
+	msg      string
+}
 
 // open reports whether Result may wait on the listener.
 func (w *waiter) open() bool {
@@ -77,17 +103,26 @@ func (w *waiter) open() bool {
 
 const waiterIdle = 10 * time.Second
 
-// subscribe registers interest in run id and returns a channel closed when
-// it may have finished, a channel closed once the listener listens, and
+// subscribe registers interest in run id and returns its sub, whose
+// channel is closed when it may have finished (with its outcome when this
+// process recorded it), a channel closed once the listener listens, and
 // the release to call when done waiting.
-func (w *waiter) subscribe(id string) (<-chan struct{}, <-chan struct{}, func()) {
-	return w.subscribeAll([]string{id})
+func (w *waiter) subscribe(id string) (*sub, <-chan struct{}, func()) {
+	s := &sub{ch: make(chan struct{}), single: true}
+	connected, release := w.add(s, []string{id})
+	return s, connected, release
 }
 
 // subscribeAll is subscribe for the runs of ids: its channel is closed
 // when any of them may have finished.
 func (w *waiter) subscribeAll(ids []string) (<-chan struct{}, <-chan struct{}, func()) {
 	s := &sub{ch: make(chan struct{})}
+	connected, release := w.add(s, ids)
+	return s.ch, connected, release
+}
+
+// add registers s on the runs of ids (subscribe).
+func (w *waiter) add(s *sub, ids []string) (<-chan struct{}, func()) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.waiting == nil {
@@ -151,7 +186,7 @@ func (w *waiter) subscribeAll(ids []string) (<-chan struct{}, <-chan struct{}, f
 			})
 		}
 	}
-	return s.ch, connected, release
+	return connected, release
 }
 
 // updateKey is the key the callers waiting on update uid's answer wait
@@ -174,6 +209,19 @@ func (w *waiter) wake(id string) {
 	defer w.mu.Unlock()
 	for _, s := range w.waiting[id] {
 		s.fire()
+	}
+	delete(w.waiting, id)
+}
+
+// deliver hands run id's outcome, which this process has just committed,
+// to the callers waiting on it here: they return it without a read, and
+// without waiting for the notification, which other processes still get
+// (announcer). A caller on several runs (Results) is woken to read them.
+func (w *waiter) deliver(id string, f *finished) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, s := range w.waiting[id] {
+		s.fireWith(f)
 	}
 	delete(w.waiting, id)
 }
