@@ -316,7 +316,7 @@ func runProveWorkflow(ctx context.Context, args []string) error {
 	res := map[string]int64{}
 	for _, name := range []string{"runs", "completed", "compensated", "cancelled", "failed", "lost", "stalled", "duplicate_tx_effects", "forked_runs",
 		"late_checkpoints_refused", "order_violations", "sends_with_two_tokens", "sink_calls", "executions", "early_signals",
-		"cancels", "cancels_accepted", "cancel_stages_accepted", "cancel_violations", "retried", "retry_violations", "updates", "update_violations"} {
+		"cancels", "cancels_accepted", "cancel_stages_accepted", "cancel_violations", "retried", "retry_violations", "updates"} {
 		var n int64
 		if err := retryDB(ctx, "workflow audit "+name, func(ctx context.Context) error {
 			return pool.QueryRow(ctx, queries[name]).Scan(&n)
@@ -324,6 +324,17 @@ func runProveWorkflow(ctx context.Context, args []string) error {
 			return err
 		}
 		res[name] = n
+	}
+	var violations []updateViolation
+	if err := retryDB(ctx, "workflow audit update_violations", func(ctx context.Context) (err error) {
+		violations, err = updateViolations(ctx, pool, queries)
+		return err
+	}); err != nil {
+		return err
+	}
+	res["update_violations"] = int64(len(violations))
+	for _, v := range violations {
+		fmt.Printf("prove: update violation: run %s %s\n", v.run, v.counts)
 	}
 	if res["stalled"] > 0 {
 		describeStalled(ctx, pool)
@@ -425,6 +436,31 @@ func collectUpdateAnswers(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 	}
 	return nil
+}
+
+// updateViolation is a payment run the update_violations audit counts,
+// with the counts that made it one.
+type updateViolation struct {
+	run, counts string
+}
+
+// updateViolations runs the update_violations audit (proveworkflow.sql)
+// through db.
+func updateViolations(ctx context.Context, db interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, queries map[string]string) ([]updateViolation, error) {
+	rows, err := db.Query(ctx, queries["update_violations"])
+	if err != nil {
+		return nil, fmt.Errorf("prove workflow: audit updates: %w", err)
+	}
+	vs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (v updateViolation, err error) {
+		err = r.Scan(&v.run, &v.counts)
+		return v, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("prove workflow: audit updates: %w", err)
+	}
+	return vs, nil
 }
 
 // proveWFQueries splits proveworkflow.sql into its named statements.

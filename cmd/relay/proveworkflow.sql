@@ -268,24 +268,34 @@ WHERE r.state <> CASE
 SELECT count(*) FROM prove_wf_updates WHERE answer IS NOT NULL;
 
 -- update_violations: payment runs whose address update was lost, applied
--- twice or answered wrongly across the kills. A run meant to take one
--- that completed must have been sent exactly one, answered with its
--- address, applied once (one address effect, written in the handler's
--- StepTx) and recorded once in its history (update:address#1); an update
--- answered at all must have been applied and recorded once; a run not
--- meant to take one holds none.
+-- twice or answered wrongly across the kills, one row each, naming the run
+-- and what its counts were. A run meant to take one that completed must
+-- have been sent exactly one, answered with its address (the prover's
+-- record of the answer, and the update's row in relay_workflow_updates),
+-- applied once (one address effect, written in the handler's StepTx) and
+-- recorded once in its history (update:address#1); an update answered at
+-- all, by the prover's record or by its row, must have been answered
+-- right, applied and recorded once; a run not meant to take one holds
+-- none. The proof's count is the number of rows.
 -- name: update_violations
 WITH u AS (
     SELECT r.id, r.state, coalesce((r.input->>'update')::boolean, false) AS wants,
            (SELECT count(*) FROM prove_wf_updates p WHERE p.run_id = r.id) AS sent,
            (SELECT count(*) FROM prove_wf_updates p WHERE p.run_id = r.id AND p.answer IS NOT NULL) AS answered,
            (SELECT count(*) FROM prove_wf_updates p WHERE p.run_id = r.id AND p.answer = 'applied ' || p.address) AS answered_right,
+           (SELECT count(*) FROM relay_workflow_updates x WHERE x.run_id = r.id AND x.state <> 'pending') AS stored,
+           (SELECT count(*) FROM relay_workflow_updates x JOIN prove_wf_updates p ON p.update_id = x.id
+            WHERE x.run_id = r.id AND x.name = 'address' AND x.state = 'completed' AND x.error IS NULL
+              AND x.response = to_jsonb('applied ' || p.address)) AS stored_right,
            (SELECT count(*) FROM prove_wf_effects e WHERE e.run_id = r.id AND e.kind = 'address') AS applied,
            (SELECT count(*) FROM relay_workflow_steps s WHERE s.run_id = r.id AND s.key LIKE 'update:address#%' AND s.state = 'completed') AS recorded
     FROM relay_workflow_runs r
     WHERE r.workflow = 'prove.payment'
 )
-SELECT count(*) FROM u
-WHERE (wants AND state = 'completed' AND NOT (sent = 1 AND answered_right = 1 AND applied = 1 AND recorded = 1))
-   OR (answered > 0 AND NOT (answered_right = 1 AND applied = 1 AND recorded = 1))
-   OR (NOT wants AND (sent > 0 OR applied > 0));
+SELECT id, format('state=%s wants=%s sent=%s answered=%s answered_right=%s stored=%s stored_right=%s applied=%s recorded=%s',
+                  state, wants, sent, answered, answered_right, stored, stored_right, applied, recorded)
+FROM u
+WHERE (wants AND state = 'completed' AND NOT (sent = 1 AND answered_right = 1 AND stored_right = 1 AND applied = 1 AND recorded = 1))
+   OR ((answered > 0 OR stored > 0) AND NOT (answered_right = 1 AND stored = 1 AND stored_right = 1 AND applied = 1 AND recorded = 1))
+   OR (NOT wants AND (sent > 0 OR stored > 0 OR applied > 0 OR recorded > 0))
+ORDER BY id;
