@@ -54,13 +54,105 @@ func (e eagerInserter) Insert(ctx context.Context, args JobArgs, opts *EnqueueOp
 	return job, nil
 }
 
+// Claim implements eager.Inserter: see there. The job runs in lend's
+// worker slot, which lend's handler does not use meanwhile (it waits in
+// Execute).
+func (e eagerInserter) Claim(ctx context.Context, id int64, kind, queue string, lend *JobRow) (eager.Job[*JobRow], error) {
+	cl, err := e.c.claimForCaller(ctx, id, kind, queue, lend)
+	if err != nil {
+		return eager.Job[*JobRow]{}, err
+	}
+	job := eager.Job[*JobRow]{ID: cl.id, Row: cl.row}
+	job.Execute = func(ctx context.Context) error { return e.c.execute(ctx, cl) }
+	return job, nil
+}
+
 // claimedJob is a job insertClaimed inserted: row is nil when it was left
-// queued, r nil once executed.
+// queued, r nil once executed. lent: it runs in its caller's worker slot
+// (Claim), not in one of its own.
 type claimedJob struct {
-	id  int64
-	row *JobRow
-	q   *queue
-	r   *running
+	id   int64
+	row  *JobRow
+	q    *queue
+	r    *running
+	lent bool
+}
+
+// claimForCaller claims queued job id for lend's handler to execute in
+// its slot (eagerInserter.Claim).
+func (c *Client) claimForCaller(ctx context.Context, id int64, kind, queue string, lend *JobRow) (*claimedJob, error) {
+	q := c.queues[queue]
+	if lend == nil || lend.Queue != queue || q == nil || c.workers[kind] == nil {
+		return nil, fmt.Errorf("core: claim %s job %d on queue %q: %w", kind, id, queue, eager.ErrNotWorked)
+	}
+	if v, ok := c.inflight.Load(lend.ID); !ok || v.(*running).row != lend || v.(*running).done.Load() {
+		return nil, fmt.Errorf("core: claim %s job %d: the lending job %d is not running in this client: %w", kind, id, lend.ID, eager.ErrNotWorked)
+	}
+	q.mu.Lock()
+	if q.closed || !c.live.Load() {
+		q.mu.Unlock()
+		return nil, fmt.Errorf("%w: the client is not running", eager.ErrUnavailable)
+	}
+	q.active.Add(1)
+	c.jobs.Add(1) // under q.mu, before close: Stop's wait sees it
+	q.mu.Unlock()
+	cl, err := c.claimKnown(ctx, q, id, kind, queue)
+	if err != nil || cl.row == nil {
+		q.active.Add(-1)
+		c.jobs.Done()
+		if err == nil {
+			err = fmt.Errorf("core: claim %s job %d: %w: not queued for a first attempt, or held by a pause or a limit", kind, id, eager.ErrUnavailable)
+		}
+		return nil, err
+	}
+	cl.lent = true
+	return cl, nil
+}
+
+// claimKnown claims queued job id (sqlClaimKnown) and makes it a claimed
+// job of the client, as insertClaimed does its own; cl.row is nil when
+// nothing was claimed.
+func (c *Client) claimKnown(ctx context.Context, q *queue, id int64, kind, queue string) (*claimedJob, error) {
+	token := uuid.New()
+	sent := time.Now()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	// As insertClaimed: a claim committed must be answered, whatever the
+	// caller's context does meanwhile.
+	bctx, bcancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+	defer bcancel()
+	rows, err := c.pool.Query(bctx, sqlClaimKnown, c.cfg.ID, leaseToken(token), c.cfg.LeaseDuration.Milliseconds(), kind, queue, id)
+	if err != nil {
+		return nil, fmt.Errorf("core: claim %s job %d: %w", kind, id, err)
+	}
+	claimed, err := scanClaimed(rows, c.cfg.ID)
+	if err != nil {
+		return nil, fmt.Errorf("core: claim %s job %d: %w", kind, id, err)
+	}
+	cl := &claimedJob{id: id, q: q}
+	if len(claimed) == 0 {
+		return cl, nil
+	}
+	c.adopt(ctx, cl, claimed[0], sent)
+	return cl, nil
+}
+
+// adopt makes jr, claimed by this client's statement sent at sent, a job in
+// flight of the client, for cl's caller to execute.
+func (c *Client) adopt(ctx context.Context, cl *claimedJob, jr *JobRow, sent time.Time) {
+	c.stats.claimed.Add(1)
+	// The handler's context carries the caller's values (its logger, its
+	// span) but not its cancellation (see Execute): it ends with the
+	// client's work context, a cancel or a lost lease.
+	hctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(c.workCtx, func() { cancel(context.Cause(c.workCtx)) })
+	r := &running{row: jr, ctx: hctx, cancel: func(cause error) { stop(); cancel(cause) }}
+	jr.run = r
+	c.startLease(r, sent)
+	c.metrics.pickup.Record(ctx, jr.AttemptedAt.Sub(jr.CreatedAt).Seconds(), c.metrics.with(jr))
+	c.inflight.Store(jr.ID, r)
+	cl.row, cl.r = jr, r
 }
 
 func (c *Client) insertClaimedJob(ctx context.Context, args JobArgs, opts *EnqueueOpts, with *eager.With) (*claimedJob, error) {
@@ -156,19 +248,7 @@ func (c *Client) insertClaimed(ctx context.Context, q *queue, row enqueueRow, wi
 		c.notifyQueues(c.pool, []string{row.Queue})
 		return cl, nil
 	}
-	jr := claimed[0]
-	c.stats.claimed.Add(1)
-	// The handler's context carries the caller's values (its logger, its
-	// span) but not its cancellation (see Execute): it ends with the
-	// client's work context, a cancel or a lost lease.
-	hctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
-	stop := context.AfterFunc(c.workCtx, func() { cancel(context.Cause(c.workCtx)) })
-	r := &running{row: jr, ctx: hctx, cancel: func(cause error) { stop(); cancel(cause) }}
-	jr.run = r
-	c.startLease(r, sent)
-	c.metrics.pickup.Record(ctx, jr.AttemptedAt.Sub(jr.CreatedAt).Seconds(), c.metrics.with(jr))
-	c.inflight.Store(jr.ID, r)
-	cl.row, cl.r = jr, r
+	c.adopt(ctx, cl, claimed[0], sent)
 	return cl, nil
 }
 
@@ -181,7 +261,9 @@ func (c *Client) execute(ctx context.Context, cl *claimedJob) error {
 	cl.r = nil
 	defer context.AfterFunc(ctx, func() { r.cancel(ErrCallerGone) })()
 	err := q.executeOne(r)
-	q.releaseSlot()
+	if !cl.lent {
+		q.releaseSlot()
+	}
 	return err
 }
 

@@ -567,6 +567,28 @@ WHERE j.id = ` + eager.InsertedJobID + ` AND j.state = 'queued'
 RETURNING j.id, j.kind, j.queue, j.priority, j.attempt, j.max_attempts, j.run_at,
           j.created_at, j.attempted_at, j.args, j.metadata, j.lease_token, coalesce(j.ordering_key, ''), j.tags`
 
+// sqlClaimKnown is sqlClaimInserted for job $6, already queued (an
+// eager caller claiming the job it waits for, eagerInserter.Claim): the
+// same claim, the same refusals (paused queue, global limits), and only a
+// runnable job never attempted, without an ordering key (whose order the
+// fetch loop's claims keep).
+var sqlClaimKnown = `
+UPDATE relay_jobs AS j
+SET state            = 'claimed',
+    attempt          = j.attempt + 1,
+    attempted_at     = now(),
+    attempted_by     = $1,
+    lease_token      = $2::uuid,
+    lease_expires_at = now() + $3 * interval '1 millisecond'
+WHERE j.id = $6 AND j.state = 'queued' AND j.run_at <= now()
+  AND j.kind = $4 AND j.queue = $5 AND j.attempt = 0 AND j.ordering_key IS NULL
+  AND NOT EXISTS (SELECT 1 FROM relay_queue_pauses AS p WHERE p.queue = j.queue)
+  AND NOT EXISTS (SELECT 1 FROM relay_limits AS l
+                  WHERE (l.scope = 'queue' AND l.name = j.queue) OR (l.scope = 'kind' AND l.name = j.kind)
+                     OR (l.scope = 'tag' AND l.name = ANY (j.tags)))
+RETURNING j.id, j.kind, j.queue, j.priority, j.attempt, j.max_attempts, j.run_at,
+          j.created_at, j.attempted_at, j.args, j.metadata, j.lease_token, coalesce(j.ordering_key, ''), j.tags`
+
 // The claim floor (core/claimfloor.go, issue 17 item 3). These statements
 // only read; the claims they bound are sqlClaimAfter's.
 

@@ -152,6 +152,19 @@ type outcome struct {
 // under the lease, or none of it. It is sent with the batches of other
 // executions writing at the same moment (grouper).
 func (x *execution) batchWrite(fin *outcome, extra ...*stepWrite) error {
+	return x.batchWriteOp(fin, nil, extra...)
+}
+
+// batchOp is one statement of a write's own in batchWrite's batch (a
+// child's start): queue adds exactly one, read reads its result.
+type batchOp struct {
+	queue func(b *pgx.Batch)
+	read  func(br pgx.BatchResults) error
+}
+
+// batchWriteOp is batchWrite with op's statement after the checkpoints,
+// before the outcome and the lease check.
+func (x *execution) batchWriteOp(fin *outcome, op *batchOp, extra ...*stepWrite) error {
 	x.endDryRun()
 	ctx, cancelWrite := context.WithTimeout(context.WithoutCancel(x.ctx), writeTimeout)
 	defer cancelWrite()
@@ -163,10 +176,19 @@ func (x *execution) batchWrite(fin *outcome, extra ...*stepWrite) error {
 	for _, w := range extra {
 		b.Queue(sqlUpsertStep, w.args(x.runID)...)
 	}
+	opAt := -1
+	if op != nil {
+		opAt = b.Len()
+		op.queue(b)
+	}
 	finAt := -1
 	if fin != nil {
 		finAt = b.Len()
-		b.Queue(sqlFinishRootRun, x.runID, string(fin.state), fin.output, fin.msg, fin.retryFrom)
+		q := sqlFinishRootRun
+		if x.run.parentID != "" {
+			q = sqlFinishChildRun // and wakes the parent
+		}
+		b.Queue(q, x.runID, string(fin.state), fin.output, fin.msg, fin.retryFrom)
 	}
 	// Last, as in writeTx: rows are locked in one order everywhere (the
 	// run's row, then its job's), which Cancel and Signal follow too, so
@@ -190,6 +212,12 @@ func (x *execution) batchWrite(fin *outcome, extra ...*stepWrite) error {
 				first = 1
 			}
 			for i := first; i < b.Len(); i++ {
+				if i == opAt {
+					if e := op.read(br); err == nil {
+						err = e
+					}
+					continue
+				}
 				ct, e := br.Exec()
 				if err == nil {
 					err = e

@@ -8,7 +8,12 @@ import (
 	"strconv"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/relayq/relay/internal/eager"
+	"github.com/relayq/relay/internal/jobinsert"
 )
 
 // ChildOpts tune a child run. The zero value (or nil) runs the child on its
@@ -35,6 +40,17 @@ type ChildFuture[Out any] struct {
 	// generation after a ContinueAsNew).
 	RunID string
 	err   error // Child was refused (enter): Get returns it
+	// fresh is the child as this execution inserted it (nil when it
+	// existed, or on a replay): Get may execute it here (executeChild).
+	fresh *freshChild
+}
+
+// freshChild is a child run this execution inserted: its job, and the run
+// as inserted (an execution of it starts from this, as an eager run's
+// first one does, instead of reading it back).
+type freshChild struct {
+	jobID int64
+	run   runInfo
 }
 
 // Child starts a run of wf with input in as a child of this run, under
@@ -89,14 +105,102 @@ func Child[In, Out any](wctx Context, key string, wf *Workflow[In, Out], in In, 
 		so.Priority, so.MaxAttempts = opts.Priority, opts.MaxAttempts
 	}
 	link := &parentLink{runID: x.runID, position: pos}
+	if !x.startChild(wf.name, input, *so, parentClose, link, key) {
+		x.startChildTx(wf.name, input, so, parentClose, link, key, pos)
+	}
+	if link.wake != nil {
+		// Committed: the child's queue is woken now (bounded: a wake-up
+		// lost to a slow server costs the workers' next poll, no more).
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(x.ctx), wakeTimeout)
+		link.wake(ctx, x.r.pool)
+		cancel()
+	}
+	f := &ChildFuture[Out]{x: x, pos: pos, RunID: id}
+	if link.jobID != 0 {
+		f.fresh = &freshChild{jobID: link.jobID, run: runInfo{workflow: wf.name, state: string(StatePending),
+			input: string(input), queue: so.Queue, parentID: x.runID, trace: link.trace}}
+	}
+	return f
+}
+
+// startChild starts child run so.ID of workflow name, and records its
+// checkpoint (waiting at link's position), in one statement of the
+// execution's next write, which goes with the writes of other executions
+// (batchWrite): the run, its job and the checkpoint are inserted together
+// or not at all (sqlStartChild). It returns false, having written nothing
+// of the child, when it cannot tell what to do alone: the id is taken (by
+// this parent's child at this position, which is adopted, or by another
+// run, which fails the step), or the start's options are refused; the
+// caller then starts the child in a transaction of its own
+// (startChildTx), which tells these apart.
+func (x *execution) startChild(name string, input []byte, so StartOpts, parentClose ParentClosePolicy, link *parentLink, key string) bool {
+	o, err := startDefaults(name, &so)
+	if err != nil || o.mayReplace() || o.ExecutionTimeout != 0 {
+		return false
+	}
+	// The child's root span goes under this one, in the run's trace, as
+	// startRun puts it.
+	_, span := x.stepSpan("child", key, 1)
+	defer span.End()
+	ctx, root := x.r.tracer.Start(trace.ContextWithSpan(x.ctx, span), "workflow "+name, trace.WithAttributes(
+		attribute.String("relay.workflow.name", name), attribute.String("relay.workflow.run_id", o.ID)))
+	defer root.End()
+	carrier := propagation.MapCarrier{}
+	traceContext.Inject(ctx, carrier)
+	traceJSON, _ := json.Marshal(carrier)
+	row, err := runJobRow(o, runJobMetadata(o.ID, carrier))
+	if err != nil {
+		return false
+	}
+	job, err := jobinsert.Begin(ctx, row)
+	if err != nil {
+		return false
+	}
+	var policy any
+	if parentClose != ParentCloseCancel {
+		policy = parentClose.stored()
+	}
+	var jobID int64
+	err = x.batchWriteOp(nil, &batchOp{
+		queue: func(b *pgx.Batch) {
+			b.Queue(sqlStartChild, o.ID, name, string(input), o.Queue, link.runID, link.position, string(traceJSON), job.Param(), key, policy)
+		},
+		read: func(br pgx.BatchResults) error {
+			jobID = 0
+			err := br.QueryRow().Scan(&jobID)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil // the id is taken: nothing of the child written
+			}
+			return err
+		},
+	})
+	if err != nil {
+		job.Done(0, err)
+		x.writeFailed(err)
+	}
+	job.Done(jobID, nil)
+	if jobID == 0 {
+		return false
+	}
+	x.hist[link.position] = &stepRow{position: link.position, key: key, kind: "child", state: stepWaiting, childID: o.ID}
+	link.wake, link.jobID, link.trace = job.Wake, jobID, string(traceJSON)
+	return true
+}
+
+// startChildTx starts the child in a transaction of the execution's own
+// (startRun): it adopts the run that holds the id when it is this
+// parent's child at this position, and fails the step (ErrIDInUse) when it
+// is another's.
+func (x *execution) startChildTx(name string, input []byte, so *StartOpts, parentClose ParentClosePolicy, link *parentLink, key string, pos int) {
+	id := so.ID
 	x.fenced(func(ctx context.Context, tx pgx.Tx) error {
 		// The child's root span goes under this one, in the run's trace;
 		// the writes keep the write's own context.
 		_, span := x.stepSpan("child", key, 1)
 		defer span.End()
 		ctx = trace.ContextWithSpan(ctx, span)
-		link.wake = nil // a retried transaction starts it again
-		_, _, err := startRun(ctx, tx, x.r.tracer, wf.name, input, so, link)
+		link.wake, link.jobID = nil, 0 // a retried transaction starts it again
+		_, _, err := startRun(ctx, tx, x.r.tracer, name, input, so, link)
 		if errors.Is(err, ErrIDInUse) {
 			// Another run holds the id: the step fails, on this execution
 			// and every replay, with an error the workflow can handle.
@@ -115,14 +219,6 @@ func Child[In, Out any](wctx Context, key string, wf *Workflow[In, Out], in In, 
 		_, err = x.upsert(ctx, tx, &stepRow{position: pos, key: key, kind: "child", state: stepWaiting, childID: id}, 0, nil, -1)
 		return err
 	})
-	if link.wake != nil {
-		// Committed: the child's queue is woken now (bounded: a wake-up
-		// lost to a slow server costs the workers' next poll, no more).
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(x.ctx), wakeTimeout)
-		link.wake(ctx, x.r.pool)
-		cancel()
-	}
-	return &ChildFuture[Out]{x: x, pos: pos, RunID: id}
 }
 
 // Get returns the child's output, suspending the parent until the child
@@ -157,6 +253,19 @@ func (f *ChildFuture[Out]) Get(wctx Context) (Out, error) {
 		return decode(h)
 	}
 	x.endDryRun()
+	if sink := x.executeChild(f.RunID, f.fresh); sink != nil && sink.done {
+		// Executed here to its end: its outcome is the one it recorded.
+		f.fresh = nil
+		s := &stepRow{position: f.pos, key: h.key, kind: "child", state: stepCompleted, childID: f.RunID}
+		if sink.state == StateCompleted {
+			s.output = string(sink.output)
+		} else {
+			s.state, s.errMsg = stepFailed, encodeChildError(&ChildError{RunID: f.RunID, State: sink.state, Message: sink.msg})
+		}
+		x.later(s)
+		return decode(s)
+	}
+	f.fresh = nil
 	var state, output, msg string
 	var final bool
 	err := x.r.pool.QueryRow(x.ctx, sqlChildOutcome, f.RunID).Scan(&state, &output, &msg, &final)
@@ -185,6 +294,39 @@ func (f *ChildFuture[Out]) Get(wctx Context) (Out, error) {
 	// run, which a replay reads again if this checkpoint never commits.
 	x.later(s)
 	return decode(s)
+}
+
+// executeChild executes child run id, inserted by this execution (fresh)
+// and still queued, in this execution's worker slot, which would otherwise
+// sit idle while the parent waits for it: the child's job is claimed, as
+// the queue's workers would claim it, by the core client executing this
+// run (eager.Inserter.Claim), and its first execution runs here, through
+// the client's worker path, to its end or its first suspension. It
+// returns the child's sink (done when the execution recorded the
+// child's end), or nil when the child was not executed here: claimed by
+// another worker already, held by a pause or a limit, on another queue
+// than the parent's, or a cancel of the parent is pending (which Get
+// handles first). The child is an ordinary run all the while: a crash
+// leaves its job to the rescuer, its outcome wakes the parent as always.
+func (x *execution) executeChild(id string, fresh *freshChild) *eagerSink {
+	if fresh == nil || x.cancelling || x.dryRun || x.hooks != nil || fresh.run.queue != x.job.Queue {
+		return nil
+	}
+	sink := &eagerSink{runID: id, run: &fresh.run}
+	ctx := context.WithValue(x.ctx, eagerKey{}, sink)
+	for _, ins := range x.r.eagerInserters() {
+		job, err := ins.Claim(ctx, fresh.jobID, RunKind, fresh.run.queue, x.job.JobRow)
+		if errors.Is(err, eager.ErrNotWorked) {
+			continue // another client of the registry's: not the one executing this run
+		}
+		if err != nil {
+			x.r.logger.Debug("relay: workflow child not executed in its parent's slot; it runs queued", "run_id", id, "parent_run_id", x.runID, "reason", err)
+			return nil
+		}
+		job.Execute(x.ctx) //nolint:errcheck // the outcome is the child's run's, in sink (or read by Get)
+		return sink
+	}
+	return nil
 }
 
 // encodeChildError is a child step's stored error (decoded by Get).

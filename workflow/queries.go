@@ -35,6 +35,31 @@ WITH run AS (
 SELECT id FROM job`
 }
 
+// sqlStartChild starts child run $1 of parent $5 at position $6, as
+// sqlStartRunAfter starts a run (its job $8, woken after the commit;
+// parent-close policy $10, NULL for the default), and records the
+// parent's checkpoint of it (key $9, waiting) in the same statement, only
+// if the run was inserted: the child and its place in the parent's
+// history are written together or not at all. It returns the job's id; no
+// row when the id is taken, and nothing is written (the caller then finds
+// out by whom, in a transaction of its own). The checkpoint is written as
+// sqlUpsertStep writes a child's.
+var sqlStartChild = `
+WITH run AS (
+    INSERT INTO relay_workflow_runs (id, workflow, input, queue, parent_id, parent_position, trace, job_id, tags, parent_close)
+    VALUES ($1, $2, $3::jsonb, $4, $5, $6, $7::jsonb, nextval(pg_get_serial_sequence('relay_jobs', 'id')), '{}'::text[], $10)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING job_id
+), job AS (` + jobinsert.SQLInto("run", "job_id", 8, jobinsert.NotifyAfter) + `
+), step AS (
+    INSERT INTO relay_workflow_steps (run_id, position, key, kind, state, attempts, child_id, attempt_log, started_at)
+    SELECT $5, $6, $9, 'child', 'waiting', 0, $1, '[]'::jsonb, now() FROM run
+    ON CONFLICT (run_id, position) DO UPDATE
+    SET state = excluded.state, output = NULL, error = NULL, error_info = NULL, wake_at = NULL,
+        child_id = excluded.child_id, finished_at = NULL
+)
+SELECT id FROM job`
+
 // sqlRunIdentity reads who holds run id $1: its workflow and its parent's
 // link (” and NULL for none).
 const sqlRunIdentity = `SELECT workflow, coalesce(parent_id, ''), parent_position FROM relay_workflow_runs WHERE id = $1`
@@ -142,6 +167,21 @@ UPDATE relay_workflow_runs
 SET state = $2, output = $3::jsonb, error = nullif($4, ''), finished_at = now(), retry_from = $5
 WHERE id = $1 AND state IN ('pending', 'running', 'compensating')
   AND NOT ($2 IN ('completed', 'compensated') AND cancel_requested)`
+
+// sqlFinishChildRun is sqlFinishRootRun for a child run, in a batch: it
+// also wakes the parent's job (relay_workflow_wake: never waiting for its
+// row), in the same statement, as sqlFinishRun and sqlWakeParent do in a
+// transaction. It returns a row when it recorded the outcome, none when a
+// requested cancel refused it.
+const sqlFinishChildRun = `
+WITH ended AS (
+    UPDATE relay_workflow_runs AS r
+    SET state = $2, output = $3::jsonb, error = nullif($4, ''), finished_at = now(), retry_from = $5
+    WHERE r.id = $1 AND r.state IN ('pending', 'running', 'compensating')
+      AND NOT ($2 IN ('completed', 'compensated') AND r.cancel_requested)
+    RETURNING coalesce((SELECT p.job_id FROM relay_workflow_runs AS p WHERE p.id = r.parent_id AND p.finished_at IS NULL), 0) AS parent_job
+)
+SELECT relay_workflow_wake(ARRAY[parent_job]) FROM ended`
 
 // sqlSetRunState moves a run to $2 (running → compensating).
 const sqlSetRunState = `UPDATE relay_workflow_runs SET state = $2 WHERE id = $1 AND state <> $2`

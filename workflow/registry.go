@@ -238,6 +238,18 @@ func (r *Registry) eagerFor(c *core.Client) (eagerInserter, bool) {
 	return ins, ok
 }
 
+// eagerInserters are the eager inserters of the clients made with the
+// registry's workers.
+func (r *Registry) eagerInserters() []eagerInserter {
+	r.eagerMu.Lock()
+	defer r.eagerMu.Unlock()
+	out := make([]eagerInserter, 0, len(r.eager))
+	for _, ins := range r.eager {
+		out = append(out, ins)
+	}
+	return out
+}
+
 // RetryDelay is the delay after a failed or crashed execution.
 func (w runWorker) RetryDelay(attempt int, err error) time.Duration {
 	return w.r.cfg.ExecutionRetry.RetryDelay(attempt, err)

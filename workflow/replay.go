@@ -505,9 +505,9 @@ func (x *execution) call() (out []byte, err error, u *unwind) {
 }
 
 // finish records the run's outcome, wakes its parent and the callers
-// waiting on Result, fenced by the run job's lease. A child's end, its
-// parent's wake-up and its job's success are one transaction
-// (core.CompleteTx).
+// waiting on Result, fenced by the run job's lease. A child's end and its
+// parent's wake-up are one transaction (with its job's success too,
+// core.CompleteTx, when it closes children of its own).
 func (x *execution) finish(state RunState, output []byte, msg string) error {
 	msg = boundError(msg) // a handler's 10 MB error is not stored whole
 	if msg == "" && state != StateCompleted {
@@ -542,11 +542,12 @@ func (x *execution) finish(state RunState, output []byte, msg string) error {
 	}
 	var err error
 	switch {
-	case x.run.parentID == "" && !closeChildren:
-		// A root run: its outcome commits in one round trip under the
-		// lease; the job's success is then recorded by the core, as any
-		// job's (a crash in between re-executes the run, which finds it
-		// finished and ends).
+	case !closeChildren:
+		// Its outcome (and a child's wake-up of its parent,
+		// sqlFinishChildRun) commits in one round trip under the lease,
+		// with the writes of other executions; the job's success is then
+		// recorded by the core, as any job's (a crash in between
+		// re-executes the run, which finds it finished and ends).
 		err = x.batchWrite(&outcome{state: state, output: out, msg: msg, retryFrom: from})
 	case x.run.parentID == "":
 		err = x.write(func(ctx context.Context, tx pgx.Tx) error {
@@ -589,11 +590,11 @@ func (x *execution) finish(state RunState, output []byte, msg string) error {
 	if err != nil {
 		return fmt.Errorf("workflow: run %s: record outcome %s: %w", x.runID, state, err)
 	}
-	if x.run.parentID == "" {
+	if x.run.parentID == "" || !closeChildren {
 		// Callers waiting here get the outcome as written, at once
-		// (waiter.deliver); other processes' are notified. A child's
-		// callers are woken in its outcome's transaction, which notifies
-		// anyway (its parent's wake-up).
+		// (waiter.deliver); other processes' are notified. A child
+		// closing its children wakes its callers in its outcome's
+		// transaction, which notifies anyway (its parent's wake-up).
 		if x.finWrote {
 			x.r.waiter.deliver(x.runID, &finished{workflow: x.run.workflow, state: state, output: output, msg: msg})
 		}

@@ -135,6 +135,10 @@ type parentLink struct {
 	runID    string
 	position int
 	wake     func(ctx context.Context, db any)
+	// jobID and trace are the child's job and root trace context, set by
+	// startRun when it inserted the child (zero when the child existed).
+	jobID int64
+	trace string
 }
 
 // startRun writes the run and its job in one statement (in the caller's
@@ -204,7 +208,7 @@ func startRun(ctx context.Context, db core.DB, tracer trace.Tracer, name string,
 			case own:
 				job.Wake(ctx, db)
 			case parent != nil:
-				parent.wake = job.Wake
+				parent.wake, parent.jobID, parent.trace = job.Wake, jobID, string(traceJSON)
 			}
 			return nil
 		}

@@ -197,9 +197,11 @@ func TestCancelWhileAChildJobEnds(t *testing.T) {
 		return 0, workflow.Sleep(wctx, "nap", time.Hour)
 	})
 	mid := workflow.MustRegister(b.reg, "mid", func(wctx workflow.Context, _ int) (int, error) {
-		return workflow.Child(wctx, "c", leaf, 0, nil).Get(wctx)
+		// On a queue of its own: the parent suspends while the child runs
+		// (a child on its parent's queue runs in the parent's slot).
+		return workflow.Child(wctx, "c", leaf, 0, &workflow.ChildOpts{Queue: "leaf"}).Get(wctx)
 	})
-	b.start()
+	b.start(core.DefaultQueue, "leaf")
 	for i := range 6 {
 		h, err := workflow.Start(ctx, b.pool, mid, 0, &workflow.StartOpts{ID: fmt.Sprintf("m%d", i)})
 		if err != nil {
@@ -283,9 +285,11 @@ func TestChildEndWhileParentJobEnds(t *testing.T) {
 		return 1, nil
 	})
 	mid := workflow.MustRegister(b.reg, "mid", func(wctx workflow.Context, _ int) (int, error) {
-		return workflow.Child(wctx, "c", leaf, 0, nil).Get(wctx)
+		// On a queue of its own: the parent suspends while the child runs
+		// (a child on its parent's queue runs in the parent's slot).
+		return workflow.Child(wctx, "c", leaf, 0, &workflow.ChildOpts{Queue: "leaf"}).Get(wctx)
 	})
-	b.start()
+	b.start(core.DefaultQueue, "leaf")
 	for i := range 6 {
 		h, err := workflow.Start(ctx, b.pool, mid, 0, &workflow.StartOpts{ID: fmt.Sprintf("m%d", i)})
 		if err != nil {

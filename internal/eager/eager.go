@@ -76,6 +76,17 @@ type Inserter[Args, Opts, Row any] interface {
 	// one a global limit applies to, is inserted queued (Job.Row nil).
 	// Ordering keys, unique jobs and a delay or future run-at are refused.
 	Insert(ctx context.Context, args Args, opts Opts, with *With) (Job[Row], error)
+	// Claim claims job id, already in the queue (queued, never attempted,
+	// of kind on queue), for the client, with the claim Insert makes, in
+	// one statement: a job that is not so (claimed by another worker
+	// meanwhile, say), or that a pause or a global limit holds, is not
+	// claimed (ErrUnavailable; nothing written). lend is the caller's own
+	// job, a handler of the client's running on queue, which waits for
+	// the claimed job: the claimed job runs in lend's worker slot instead
+	// of one of its own, so the queue runs no more jobs at once than
+	// before (lend's handler is blocked in Execute). A lend that is not
+	// in flight in this client, or on another queue, is ErrNotWorked.
+	Claim(ctx context.Context, id int64, kind, queue string, lend Row) (Job[Row], error)
 }
 
 // Attacher is implemented by a worker that wants the Inserter of every

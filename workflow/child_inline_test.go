@@ -1,0 +1,101 @@
+package workflow_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/workflow"
+)
+
+// A parent waiting for a child it just started executes the child in its
+// own worker slot: with one slot, the parent never suspends, each child
+// runs once (one attempt of its job, claimed by the parent's client), and
+// the children's outcomes (a failure included) reach the parent as they do
+// through the queue.
+func TestChildExecutedInItsParentsSlot(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	echo := workflow.MustRegister(b.reg, "echo", func(wctx workflow.Context, s string) (string, error) {
+		return workflow.Step(wctx, "say", func(ctx context.Context) (string, error) { return "said " + s, nil }, nil)
+	})
+	broken := workflow.MustRegister(b.reg, "broken", func(wctx workflow.Context, _ string) (string, error) {
+		return "", errors.New("report generator down")
+	})
+	parent := workflow.MustRegister(b.reg, "parent", func(wctx workflow.Context, _ int) ([]string, error) {
+		var out []string
+		for _, k := range []string{"a", "b"} {
+			s, err := workflow.Child(wctx, k, echo, k, nil).Get(wctx)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, s)
+		}
+		_, err := workflow.Child(wctx, "r", broken, "", nil).Get(wctx)
+		var ce *workflow.ChildError
+		if !errors.As(err, &ce) || ce.State != workflow.StateFailed || !strings.Contains(ce.Message, "generator down") {
+			return nil, errors.New("want ChildError, got " + errString(err))
+		}
+		return out, nil
+	})
+	// One slot: while the parent holds it, no fetch loop claims a child.
+	b.startWith(&core.Config{Queues: map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: 1}}})
+	h, err := workflow.Start(ctx, b.pool, parent, 0, &workflow.StartOpts{ID: "p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := result[[]string](t, b.pool, h.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out) != 2 || out[0] != "said a" || out[1] != "said b" {
+		t.Fatalf("out %v", out)
+	}
+	st := b.reg.Stats()
+	if st.Suspended != 0 || st.Executions != 4 {
+		t.Fatalf("stats %+v: want 4 executions (the parent's one and each child's), none suspended", st)
+	}
+	if n := b.count(`SELECT count(*) FROM relay_jobs j JOIN relay_workflow_runs r ON r.job_id = j.id
+		WHERE r.parent_id = 'p' AND j.attempt = 1 AND j.state IN ('succeeded', 'completed')`); n != 3 {
+		t.Fatalf("%d children's jobs ended after one attempt, want 3", n)
+	}
+	// The history is the one the queue would have written: a replay of the
+	// parent (Retry after a failure, say) returns the stored outcomes.
+	if n := b.count(`SELECT count(*) FROM relay_workflow_steps WHERE run_id = 'p' AND kind = 'child' AND state IN ('completed', 'failed')`); n != 3 {
+		t.Fatalf("%d child checkpoints settled, want 3", n)
+	}
+}
+
+// A child on another queue than its parent's is not executed in the
+// parent's slot: that queue's own workers and concurrency run it, and the
+// parent suspends meanwhile.
+func TestChildNotExecutedInTheParentsSlot(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	gate := make(chan struct{})
+	echo := workflow.MustRegister(b.reg, "echo", func(wctx workflow.Context, s string) (string, error) {
+		select { // outside a step: the run's end is the first write after it
+		case <-gate:
+		case <-wctx.Done():
+			return "", wctx.Err()
+		}
+		return s, nil
+	})
+	parent := workflow.MustRegister(b.reg, "parent", func(wctx workflow.Context, _ int) (string, error) {
+		return workflow.Child(wctx, "other", echo, "x", &workflow.ChildOpts{Queue: "other"}).Get(wctx)
+	})
+	b.start(core.DefaultQueue, "other")
+	h, err := workflow.Start(ctx, b.pool, parent, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.waitFor("the parent suspended", func() bool { return b.reg.Stats().Suspended == 1 })
+	close(gate)
+	if out, err := result[string](t, b.pool, h.ID); err != nil || out != "x" {
+		t.Fatalf("%q %v", out, err)
+	}
+}
