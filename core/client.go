@@ -271,6 +271,8 @@ type Client struct {
 	handOffNow chan struct{}
 	// proc is the client's entry in relay_processes (set by Start).
 	proc *liveness.Process
+	// peers is which queues other live processes serve (localwake.go).
+	peers peerView
 }
 
 // startLease arms r's local lease deadline: leaseBudget after sent, when
@@ -495,6 +497,15 @@ func (c *Client) Start(ctx context.Context) error {
 	}
 	c.background.Add(1)
 	go func() { defer c.background.Done(); c.proc.Keep(bgCtx, c.logger) }()
+	if len(c.queues) > 0 {
+		// Read once now, so that the first enqueues already wake this
+		// process's loops alone when no other process serves their queues.
+		if err := c.refreshPeers(ctx); err != nil {
+			c.logger.Debug("relay: could not read which queues other processes serve; enqueues notify them all", "error", err)
+		}
+		c.background.Add(1)
+		go func() { defer c.background.Done(); c.peersLoop(bgCtx) }()
+	}
 
 	c.completer = newCompleter(c)
 	go c.completer.run()

@@ -16,7 +16,10 @@ const maxEnqueueWakeCoalesce = time.Second
 //
 // Its wake-up of the queue's workers, sent after the commit, coalesces
 // over Config.EnqueueWakeCoalesce (see there) instead of the package-level
-// Enqueue's 1 ms.
+// Enqueue's 1 ms. A started client that serves the queue wakes its own
+// workers at once, in this process, and notifies the others only when its
+// view of relay_processes (read every PollInterval) says another live
+// process serves the queue too, or is not fresh.
 func (c *Client) Enqueue(ctx context.Context, args JobArgs, opts *EnqueueOpts) (EnqueueResult, error) {
 	return c.EnqueueTx(ctx, c.pool, args, opts)
 }
@@ -41,7 +44,7 @@ func (c *Client) EnqueueTx(ctx context.Context, db DB, args JobArgs, opts *Enque
 
 // EnqueueManyTx is EnqueueMany through db with the client's providers.
 func (c *Client) EnqueueManyTx(ctx context.Context, db DB, params []EnqueueParams) ([]EnqueueResult, error) {
-	return enqueueMany(ctx, db, params, c.cfg.TracerProvider, c.metrics.enqueued, c.wakeWindow())
+	return enqueueMany(ctx, db, params, c.cfg.TracerProvider, c.metrics.enqueued, c.wakeWindow(), c.wakeLocal)
 }
 
 // wakeWindow is the window over which the client's enqueues on a pool

@@ -127,13 +127,15 @@ func Enqueue(ctx context.Context, db DB, args JobArgs, opts *EnqueueOpts) (Enque
 // providers; a Client's Enqueue methods use the client's (see
 // docs/observability.md).
 func EnqueueMany(ctx context.Context, db DB, params []EnqueueParams) ([]EnqueueResult, error) {
-	return enqueueMany(ctx, db, params, nil, nil, jobinsert.DefaultWakeWindow)
+	return enqueueMany(ctx, db, params, nil, nil, jobinsert.DefaultWakeWindow, nil)
 }
 
 // enqueueMany is EnqueueMany tracing with tp and counting with ctr (nil:
 // the global providers'), coalescing its wake-up on a pool over wake (see
-// jobinsert.Wake).
-func enqueueMany(ctx context.Context, db DB, params []EnqueueParams, tp trace.TracerProvider, ctr metric.Int64Counter, wake time.Duration) ([]EnqueueResult, error) {
+// jobinsert.Wake). local, when not nil, is given the queues to wake after
+// an enqueue that is its own transaction committed, wakes what it can in
+// this process, and returns those still to notify (Client.wakeLocal).
+func enqueueMany(ctx context.Context, db DB, params []EnqueueParams, tp trace.TracerProvider, ctr metric.Int64Counter, wake time.Duration, local func([]string) []string) ([]EnqueueResult, error) {
 	if len(params) == 0 {
 		return nil, nil
 	}
@@ -184,7 +186,7 @@ func enqueueMany(ctx context.Context, db DB, params []EnqueueParams, tp trace.Tr
 	}
 	countEnqueued(ctx, ctr, rows, results)
 	if ownTx {
-		notifyQueues(ctx, db, ex, rows, results, wake)
+		notifyQueues(ctx, db, ex, rows, results, wake, local)
 	}
 	return results, nil
 }
@@ -196,8 +198,12 @@ func inTransaction(db DB) bool { return dbx.InTransaction(db) }
 
 // notifyQueues wakes the workers of the queues that got a job runnable now,
 // after the enqueue on db committed (see jobinsert.Wake).
-func notifyQueues(ctx context.Context, db DB, ex execer, rows []enqueueRow, results []EnqueueResult, window time.Duration) {
-	jobinsert.Wake(ctx, db, ex, jobinsert.QueuesToWake(rows, func(i int) bool { return !results[i].Duplicate }), window)
+func notifyQueues(ctx context.Context, db DB, ex execer, rows []enqueueRow, results []EnqueueResult, window time.Duration, local func([]string) []string) {
+	queues := jobinsert.QueuesToWake(rows, func(i int) bool { return !results[i].Duplicate })
+	if local != nil && len(queues) > 0 {
+		queues = local(queues)
+	}
+	jobinsert.Wake(ctx, db, ex, queues, window)
 }
 
 // countEnqueued adds the jobs written (not the duplicates) to ctr (nil:
