@@ -197,3 +197,91 @@ func TestRowRulesRefuseInfiniteTimestamps(t *testing.T) {
 		}
 	}
 }
+
+// The state-machine trigger tests the rules in its WHEN clause and calls
+// its function only for a write the function may refuse (migration
+// *_state_machine_when): every column relay_jobs_broken_rule reads must be
+// in that clause, on NEW and on OLD, or a rule over it would go unchecked
+// on update.
+func TestStateMachineWhenNamesEveryRuleColumn(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	var body, def string
+	if err := pool.QueryRow(ctx, `SELECT prosrc FROM pg_proc WHERE oid = 'relay_jobs_broken_rule(relay_jobs)'::regprocedure`).Scan(&body); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = 'relay_jobs'::regclass AND tgname = 'relay_jobs_state_machine'`).Scan(&def); err != nil {
+		t.Fatal(err)
+	}
+	cols := map[string]bool{}
+	for _, m := range regexp.MustCompile(`\bj\.(\w+)`).FindAllStringSubmatch(body, -1) {
+		cols[m[1]] = true
+	}
+	if len(cols) < 10 {
+		t.Fatalf("read %d columns from relay_jobs_broken_rule, want its every column: %s", len(cols), body)
+	}
+	for col := range cols {
+		for _, row := range []string{"new.", "old."} {
+			if !regexp.MustCompile(`\b` + row + col + `\b`).MatchString(def) {
+				t.Errorf("relay_jobs_broken_rule reads %s, but the WHEN clause of relay_jobs_state_machine never reads %s%s:\n%s", col, row, col, def)
+			}
+		}
+	}
+
+	// Each rule over a column no claim or outcome writes still refuses an
+	// update of that column, with 23514.
+	id := int64(0)
+	if err := pool.QueryRow(ctx, `INSERT INTO relay_jobs (kind) VALUES ('rules') RETURNING id`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ name, set string }{
+		{"empty kind", `kind = ''`},
+		{"negative priority", `priority = -1`},
+		{"no attempts", `max_attempts = 0`},
+		{"empty ordering key", `ordering_key = ''`},
+		{"unique key without states", `unique_key = 'u'`},
+		{"an empty tag", `tags = '{""}'`},
+		{"infinite run_at", `run_at = 'infinity'`},
+	} {
+		_, err := pool.Exec(ctx, `UPDATE relay_jobs SET `+c.set+` WHERE id = $1`, id)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "23514" {
+			t.Errorf("%s: got %v, want SQLSTATE 23514", c.name, err)
+		}
+	}
+
+	// A row written while the triggers were off may break rules. An update
+	// that breaks nothing new is taken (a claim of a job with an empty
+	// kind); one whose first broken rule changes is refused, as before the
+	// rules moved into the WHEN clause: fixing a negative attempt (a rule
+	// on the columns claims write) of a row whose tags break a later rule.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var legacy, both int64
+	if _, err := tx.Exec(ctx, `ALTER TABLE relay_jobs DISABLE TRIGGER USER`); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.QueryRow(ctx, `INSERT INTO relay_jobs (kind) VALUES ('') RETURNING id`).Scan(&legacy); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.QueryRow(ctx, `INSERT INTO relay_jobs (kind, attempt, tags) VALUES ('k', -1, '{""}') RETURNING id`).Scan(&both); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `ALTER TABLE relay_jobs ENABLE TRIGGER USER`); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE relay_jobs SET state = 'claimed', attempt = 1, lease_token = gen_random_uuid(), lease_expires_at = now() + interval '1 minute' WHERE id = $1`, legacy); err != nil {
+		t.Errorf("claim of a row that already broke a rule, breaking nothing new: %v", err)
+	}
+	_, err = pool.Exec(ctx, `UPDATE relay_jobs SET attempt = 0 WHERE id = $1`, both)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "23514" || !strings.Contains(pgErr.Message, "tags") {
+		t.Errorf("update whose first broken rule changes: got %v, want SQLSTATE 23514 naming the tags", err)
+	}
+}
