@@ -97,11 +97,11 @@ type Workflow[In, Out any] struct {
 // Name is the name the workflow was registered under.
 func (w *Workflow[In, Out]) Name() string { return w.name }
 
-// Close stops the registry's LISTEN connection for Handle.Result callers,
-// which otherwise closes 10 s after the last caller stopped waiting: call
-// it before closing the pool, or the connection's loss is logged as it
-// reconnects. Handle.Result polls afterwards. Executions are the
-// core.Client's, and stop with it.
+// Close stops the registry's LISTEN connection for Handle.Result, Results,
+// Update and UpdateResult callers, which otherwise closes 10 s after the
+// last caller stopped waiting: call it before closing the pool, or the
+// connection's loss is logged as it reconnects. They poll afterwards.
+// Executions are the core.Client's, and stop with it.
 func (r *Registry) Close() {
 	r.waiter.close()
 }
