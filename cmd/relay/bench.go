@@ -333,6 +333,7 @@ func watchVacuum(ctx context.Context, pool *pgxpool.Pool, began time.Time, durat
 		close(done)
 	}
 	lastCPU, _ := bench.PostgresCPU(ctx, pool)
+	lastWAL, _ := readWAL(ctx, pool)
 	for t := window; t <= duration; t += window {
 		if sleepUntil(ctx, began.Add(t)) != nil {
 			break
@@ -363,11 +364,32 @@ func watchVacuum(ctx context.Context, pool *pgxpool.Pool, began time.Time, durat
 			fmt.Printf("  +%s: stats: %v\n", t, err)
 			continue
 		}
-		fmt.Printf("  +%s: PostgreSQL CPU %.2f cores; claim index %d pages, a walk from its front %d buffers; relay_jobs dead rows %d, autovacuums %d\n",
-			t, pgShare, idxBytes/8192, front[0].Plan.Hit+front[0].Plan.Read, dead, autovacuums)
+		wal, err := readWAL(ctx, pool)
+		d := wal.minus(lastWAL)
+		lastWAL = wal
+		if err != nil {
+			d = walStats{}
+		}
+		fmt.Printf("  +%s: PostgreSQL CPU %.2f cores; claim index %d pages, a walk from its front %d buffers; relay_jobs dead rows %d, autovacuums %d; WAL %.1f MB (%d full-page images), %d checkpoints\n",
+			t, pgShare, idxBytes/8192, front[0].Plan.Hit+front[0].Plan.Read, dead, autovacuums, float64(d.bytes)/1e6, d.fpi, d.checkpoints)
 	}
 	<-done
 	return held
+}
+
+// walStats is what the server wrote to its WAL so far (pg_stat_wal) and
+// the checkpoints it began (pg_stat_bgwriter), cluster-wide.
+type walStats struct{ bytes, fpi, checkpoints int64 }
+
+func (a walStats) minus(b walStats) walStats {
+	return walStats{a.bytes - b.bytes, a.fpi - b.fpi, a.checkpoints - b.checkpoints}
+}
+
+func readWAL(ctx context.Context, pool *pgxpool.Pool) (walStats, error) {
+	var w walStats
+	err := pool.QueryRow(ctx, `SELECT w.wal_bytes::bigint, w.wal_fpi, b.checkpoints_timed + b.checkpoints_req
+		FROM pg_stat_wal AS w, pg_stat_bgwriter AS b`).Scan(&w.bytes, &w.fpi, &w.checkpoints)
+	return w, err
 }
 
 // printWindows prints the pickup latency of each window, labelled by the
