@@ -43,9 +43,19 @@ const sqlNotifyQueues = jobinsert.SQLNotifyQueues
 // sqlClaim leases up to $2 runnable jobs of queue $1 to worker $4 for $3
 // milliseconds, in one statement:
 //
-//   - The CTE walks relay_jobs_claim_idx (queue, key_waiting, priority,
-//     run_at, id) over queued rows only, so finished rows cost nothing, and
-//     stops at $2 rows.
+//   - It walks relay_jobs_claim_idx (queue, key_waiting, priority, run_at,
+//     id) over queued rows only, so finished rows cost nothing, and stops at
+//     $2 rows. Because priority comes before run_at there, run_at <= now()
+//     alone cannot end a walk: with fewer jobs due than asked for, it read
+//     on through every scheduled (not yet due) job of the queue. So prios
+//     takes the queue's priorities one index probe each (a loose index
+//     scan, in order, only as far as the claim needs), and for each the
+//     claim walks (queue, false, priority) from its front to run_at =
+//     now(): due jobs only, whatever is scheduled behind them
+//     (TestClaimBesideScheduledJobs). The nested loop over prios, in
+//     ascending priority, each in (run_at, id) order, keeps the claim
+//     order without a sort, and the outer LIMIT stops it (and its row
+//     locks) at $2 rows.
 //   - Only the head of each ordering key is in the range it reads (queue,
 //     false, ...): a job waiting for an earlier job of its key carries
 //     key_waiting, kept by the triggers of migration *_ordering_heads, so a
@@ -88,7 +98,10 @@ var (
 )
 
 // claimStatement is the claim statement: from the cursor (after: sqlClaimAfter)
-// or the front of the queue, committing as commit says.
+// or the front of the queue, committing as commit says. The commit mode is
+// the first CTE so that it stays within pg_stat_activity's first 1,024
+// characters of the statement, where operators (and
+// TestSynchronousClaimsWaitForTheStandby) look for it.
 //
 // sqlClaimAfter starts after the position ($6 priority, $7 run_at, $8 id)
 // in claim order: the last job of the previous claim, when that claim took
@@ -99,23 +112,41 @@ var (
 // urgent new job, a rescued one) are reached when the fetch loop drops the
 // cursor: on every notification and every poll.
 func claimStatement(after bool, commit string) string {
-	cursor := ""
+	cursor, first := "", ""
 	if after {
-		cursor = "\n      AND (priority, run_at, id) > ($6::smallint, $7::timestamptz, $8::bigint)"
+		cursor = "\n          AND (priority, run_at, id) > ($6::smallint, $7::timestamptz, $8::bigint)"
+		first = "\n       AND (priority, run_at, id) > ($6::smallint, $7::timestamptz, $8::bigint)"
 	}
 	return `
-WITH picked AS (
-    SELECT id
-    FROM relay_jobs AS c
-    WHERE state = 'queued' AND NOT key_waiting AND queue = $1 AND run_at <= now()` + cursor + `
-      AND NOT EXISTS (SELECT 1 FROM relay_queue_pauses WHERE queue = $1)
-      AND (ordering_key IS NULL OR c.id = (
-          SELECT min(e.id) FROM relay_jobs AS e
-          WHERE e.queue = c.queue AND e.ordering_key = c.ordering_key
-            AND e.state IN ('queued', 'claimed', 'dead')))
-    ORDER BY priority, run_at, id
+WITH RECURSIVE commit_mode AS (SELECT * FROM ` + commit + `),
+prios AS (
+    (SELECT priority FROM relay_jobs AS p
+     WHERE state = 'queued' AND NOT key_waiting AND queue = $1` + first + `
+     ORDER BY priority, run_at, id
+     LIMIT 1)
+    UNION ALL
+    SELECT (SELECT p.priority FROM relay_jobs AS p
+            WHERE p.state = 'queued' AND NOT p.key_waiting AND p.queue = $1 AND p.priority > prios.priority
+            ORDER BY p.priority
+            LIMIT 1)
+    FROM prios
+    WHERE prios.priority IS NOT NULL
+),
+picked AS (
+    SELECT c.id
+    FROM prios CROSS JOIN LATERAL (
+        SELECT id
+        FROM relay_jobs AS c
+        WHERE state = 'queued' AND NOT key_waiting AND queue = $1 AND priority = prios.priority AND run_at <= now()` + cursor + `
+          AND NOT EXISTS (SELECT 1 FROM relay_queue_pauses WHERE queue = $1)
+          AND (ordering_key IS NULL OR c.id = (
+              SELECT min(e.id) FROM relay_jobs AS e
+              WHERE e.queue = c.queue AND e.ordering_key = c.ordering_key
+                AND e.state IN ('queued', 'claimed', 'dead')))
+        ORDER BY run_at, id
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED) AS c
     LIMIT $2
-    FOR UPDATE SKIP LOCKED
 )
 UPDATE relay_jobs AS j
 SET state            = 'claimed',
@@ -124,7 +155,7 @@ SET state            = 'claimed',
     attempted_by     = $4,
     lease_token      = $5::uuid,
     lease_expires_at = now() + $3 * interval '1 millisecond'
-FROM picked, ` + commit + `
+FROM picked, commit_mode
 WHERE j.id = picked.id
 RETURNING j.id, j.kind, j.queue, j.priority, j.attempt, j.max_attempts, j.run_at,
           j.created_at, j.attempted_at, j.args, j.metadata, j.lease_token, coalesce(j.ordering_key, ''), j.tags`
