@@ -28,10 +28,22 @@ func TestOneTracePerRun(t *testing.T) {
 		ExecutionRetry: core.RetryPolicyFunc(func(int, error) time.Duration { return 0 })})
 	b := &bundle{t: t, pool: pool, reg: reg}
 	var fails atomic.Int32
+	// The child's first attempt waits until its parent has suspended for
+	// it, so that the parent has two executions to trace whatever the
+	// timing.
+	parentWaits := make(chan struct{})
 	fast := &workflow.StepOpts{Retry: core.RetryPolicyFunc(func(int, error) time.Duration { return 0 })}
 	email := workflow.MustRegister(reg, "email", func(wctx workflow.Context, _ int) (int, error) {
 		return workflow.Step(wctx, "send", func(ctx context.Context) (int, error) {
-			if fails.Add(1) <= 2 {
+			n := fails.Add(1)
+			if n == 1 {
+				select {
+				case <-parentWaits:
+				case <-ctx.Done():
+					return 0, ctx.Err()
+				}
+			}
+			if n <= 2 {
 				return 0, errors.New("smtp timeout")
 			}
 			return 1, nil
@@ -51,6 +63,12 @@ func TestOneTracePerRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	b.waitFor("the parent suspended for its child", func() bool {
+		return b.count(`SELECT count(*) FROM relay_workflow_runs AS r JOIN relay_jobs AS j ON j.id = r.job_id
+			WHERE r.id = $1 AND j.state = 'queued'
+			  AND EXISTS (SELECT 1 FROM relay_workflow_steps AS s WHERE s.run_id = r.id AND s.key = 'email' AND s.state = 'waiting')`, h.ID) == 1
+	})
+	close(parentWaits)
 	if _, err := result[int](t, pool, h.ID); err != nil {
 		t.Fatal(err)
 	}
