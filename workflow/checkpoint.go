@@ -184,11 +184,13 @@ func (x *execution) batchWriteOp(fin *outcome, op *batchOp, extra ...*stepWrite)
 	finAt := -1
 	if fin != nil {
 		finAt = b.Len()
-		q := sqlFinishRootRun
-		if x.run.parentID != "" {
-			q = sqlFinishChildRun // and wakes the parent
+		if x.run.parentID == "" {
+			b.Queue(sqlFinishRootRun, x.runID, string(fin.state), fin.output, fin.msg, fin.retryFrom)
+		} else {
+			// And wakes the parent, unless it waits for this in its slot.
+			job, token := x.lender()
+			b.Queue(sqlFinishChildRun, x.runID, string(fin.state), fin.output, fin.msg, fin.retryFrom, job, token)
 		}
-		b.Queue(q, x.runID, string(fin.state), fin.output, fin.msg, fin.retryFrom)
 	}
 	// Last, as in writeTx: rows are locked in one order everywhere (the
 	// run's row, then its job's), which Cancel and Signal follow too, so

@@ -312,7 +312,7 @@ func (x *execution) executeChild(id string, fresh *freshChild) *eagerSink {
 	if fresh == nil || x.cancelling || x.dryRun || x.hooks != nil || fresh.run.queue != x.job.Queue {
 		return nil
 	}
-	sink := &eagerSink{runID: id, run: &fresh.run}
+	sink := &eagerSink{runID: id, run: &fresh.run, lendJob: x.job.ID, lendToken: x.job.LeaseToken.String()}
 	ctx := context.WithValue(x.ctx, eagerKey{}, sink)
 	for _, ins := range x.r.eagerInserters() {
 		job, err := ins.Claim(ctx, fresh.jobID, RunKind, fresh.run.queue, x.job.JobRow)
@@ -327,6 +327,16 @@ func (x *execution) executeChild(id string, fresh *freshChild) *eagerSink {
 		return sink
 	}
 	return nil
+}
+
+// lender is the parent's job and lease token when this execution runs in
+// the slot of the parent's execution waiting for it (executeChild): 0 and
+// nil otherwise.
+func (x *execution) lender() (int64, any) {
+	if s, ok := x.ctx.Value(eagerKey{}).(*eagerSink); ok && s.runID == x.runID && s.lendJob != 0 {
+		return s.lendJob, s.lendToken
+	}
+	return 0, nil
 }
 
 // encodeChildError is a child step's stored error (decoded by Get).

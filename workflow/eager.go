@@ -118,6 +118,11 @@ type eagerSink struct {
 	// caller's) starts from it instead of reading it back (loadOrEager).
 	run    *runInfo
 	loaded bool
+	// lendJob and lendToken are the job and lease token of the parent's
+	// execution in whose slot a child runs (executeChild), 0 and "" for
+	// an eager start.
+	lendJob   int64
+	lendToken string
 	done   bool
 	state  RunState
 	output []byte

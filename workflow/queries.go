@@ -173,6 +173,15 @@ WHERE id = $1 AND state IN ('pending', 'running', 'compensating')
 // row), in the same statement, as sqlFinishRun and sqlWakeParent do in a
 // transaction. It returns a row when it recorded the outcome, none when a
 // requested cancel refused it.
+//
+// A child executed in its parent's worker slot (executeChild) names the
+// parent's job $6 and the lease token $7 of the execution waiting for it:
+// while that execution still holds the parent's job under that lease, the
+// wake-up is skipped, as that execution reads the outcome itself. The job
+// row is locked FOR SHARE for the check, so the lease cannot be lost (the
+// rescuer's requeue, a cancel) between the check and this commit: an
+// execution of the parent that begins after either sees the outcome
+// committed. $6 0 is no such parent.
 const sqlFinishChildRun = `
 WITH ended AS (
     UPDATE relay_workflow_runs AS r
@@ -180,8 +189,13 @@ WITH ended AS (
     WHERE r.id = $1 AND r.state IN ('pending', 'running', 'compensating')
       AND NOT ($2 IN ('completed', 'compensated') AND r.cancel_requested)
     RETURNING coalesce((SELECT p.job_id FROM relay_workflow_runs AS p WHERE p.id = r.parent_id AND p.finished_at IS NULL), 0) AS parent_job
+), waiting AS (
+    SELECT j.id FROM relay_jobs AS j
+    WHERE j.id = $6 AND j.id = (SELECT parent_job FROM ended)
+      AND j.state = 'claimed' AND j.lease_token = $7::uuid
+    FOR SHARE
 )
-SELECT relay_workflow_wake(ARRAY[parent_job]) FROM ended`
+SELECT (SELECT relay_workflow_wake(ARRAY[ended.parent_job]) WHERE NOT EXISTS (SELECT 1 FROM waiting)) FROM ended`
 
 // sqlSetRunState moves a run to $2 (running → compensating).
 const sqlSetRunState = `UPDATE relay_workflow_runs SET state = $2 WHERE id = $1 AND state <> $2`
