@@ -123,10 +123,10 @@ type eagerSink struct {
 	// an eager start.
 	lendJob   int64
 	lendToken string
-	done   bool
-	state  RunState
-	output []byte
-	msg    string
+	done      bool
+	state     RunState
+	output    []byte
+	msg       string
 }
 
 // eagerFinished hands a run's recorded outcome to the eager caller
