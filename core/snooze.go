@@ -35,7 +35,11 @@ func Snooze(d time.Duration) error {
 // uncounting it. A job woken (by Wake) during the attempt has run_at later
 // than its claim (attempted_at): it is then due at once, so a wake that
 // arrives while the handler decides to snooze is not lost. RETURNING says
-// whether the job is due now.
+// whether the job is due now, by clock_timestamp(), not now(): a waker
+// whose transaction held the row when this statement began set a run_at
+// later than this statement's now(), and sent no notification (it saw the
+// job claimed), so "not due" by now() would leave the woken job to the
+// next poll.
 const sqlSnooze = `
 UPDATE relay_jobs
 SET state            = 'queued',
@@ -46,7 +50,7 @@ SET state            = 'queued',
     lease_token      = NULL,
     lease_expires_at = NULL
 WHERE id = $1 AND lease_token = $2
-RETURNING run_at <= now()`
+RETURNING run_at <= clock_timestamp()`
 
 // snooze records a snoozed attempt. It reports whether the job is runnable
 // now (woken meanwhile, or a zero delay) and whether it was recorded.
