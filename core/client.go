@@ -239,17 +239,20 @@ type Client struct {
 	workers  map[string]*registration
 	queues   map[string]*queue
 
-	inflight   sync.Map // job id → *running
-	completer  *completer
-	stats      counters
-	metrics    *metrics
-	tracer     trace.Tracer
-	lifecycle  sync.Mutex
-	started    bool
-	stopped    bool
-	loopCancel context.CancelFunc      // stops claiming and maintenance
-	workCancel context.CancelCauseFunc // cancels running handlers (hard stop)
-	workCtx    context.Context         // the handlers' parent (set by Start)
+	inflight  sync.Map // job id → *running
+	completer *completer
+	stats     counters
+	metrics   *metrics
+	tracer    trace.Tracer
+	// attemptSpan is the options of every attempt's span, made once: a
+	// variadic call would allocate them per job.
+	attemptSpan []trace.SpanStartOption
+	lifecycle   sync.Mutex
+	started     bool
+	stopped     bool
+	loopCancel  context.CancelFunc      // stops claiming and maintenance
+	workCancel  context.CancelCauseFunc // cancels running handlers (hard stop)
+	workCtx     context.Context         // the handlers' parent (set by Start)
 	// live is true from Start until Stop begins: an eager insert takes a
 	// slot only then.
 	live       atomic.Bool
@@ -275,43 +278,6 @@ type Client struct {
 	peers peerView
 }
 
-// startLease arms r's local lease deadline: leaseBudget after sent, when
-// the claim was sent.
-func (c *Client) startLease(r *running, sent time.Time) {
-	r.deadline.Store(int64(sent.Sub(c.epoch) + c.leaseBudget))
-	r.leaseTimer = time.AfterFunc(time.Until(sent.Add(c.leaseBudget)), func() {
-		c.loseLease(r, "not renewed in time (local lease deadline)")
-	})
-}
-
-// renewLease moves r's local lease deadline to leaseBudget after sent, when
-// a renewal that succeeded was sent.
-func (c *Client) renewLease(r *running, sent time.Time) {
-	if r.lost.Load() || r.done.Load() {
-		return
-	}
-	r.deadline.Store(int64(sent.Sub(c.epoch) + c.leaseBudget))
-	r.leaseTimer.Reset(time.Until(sent.Add(c.leaseBudget)))
-	if r.done.Load() {
-		// The handler returned while the renewal was on its way (a
-		// heartbeat collects the jobs in flight, then renews them): its
-		// timer must not fire for a job that is over.
-		r.leaseTimer.Stop()
-	}
-}
-
-// endLease disarms r's local lease deadline once its handler returned (or
-// will never run): no renewal re-arms it, and it loses no lease.
-func (c *Client) endLease(r *running) {
-	r.done.Store(true)
-	r.leaseTimer.Stop()
-}
-
-// leasePassed says whether r's local lease deadline has passed.
-func (c *Client) leasePassed(r *running) bool {
-	return time.Since(c.epoch) >= time.Duration(r.deadline.Load())
-}
-
 // leaseMarginDivisor sets the share of a lease (one part in this many)
 // kept between the local lease deadline and the lease's expiry in the
 // database: a handler cancelled at the local deadline has this long to
@@ -319,14 +285,18 @@ func (c *Client) leasePassed(r *running) bool {
 const leaseMarginDivisor = 5
 
 type running struct {
-	row    *JobRow
+	row *JobRow
+	// attrs is the job's metric attributes (metrics.with), looked up once.
+	attrs  metric.MeasurementOption
 	ctx    context.Context // the handler's context, made at claim time
 	cancel context.CancelCauseFunc
-	// leaseTimer fires at the local lease deadline; each renewal resets it.
-	leaseTimer *time.Timer
+	// group watches the local lease deadline, with those of the other jobs
+	// of its claim, and slot is r's place in it (see leaseGroup).
+	group *leaseGroup
+	slot  int
 	// deadline is the local lease deadline, as time since the client's
-	// epoch (monotonic): checked again when the handler starts, since the
-	// timer fires asynchronously.
+	// epoch (monotonic): each renewal moves it; checked again when the
+	// handler starts, since the group's timer fires asynchronously.
 	deadline atomic.Int64
 	// lost: the lease was found lost (or passed its local deadline) and the
 	// handler cancelled; counted once.
@@ -409,12 +379,13 @@ func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	}
 	for name, qc := range cf.Queues { // validated above
 		max := cmp.Or(qc.MaxWorkers, 10)
-		c.queues[name] = &queue{client: c, name: name, max: max, prefetch: qc.Prefetch, wake: make(chan struct{}, 1)}
+		c.queues[name] = &queue{client: c, name: name, spanName: "process " + name, max: max, prefetch: qc.Prefetch, wake: make(chan struct{}, 1)}
 	}
 	if len(c.queues) > 0 && cf.Workers == nil {
 		return nil, errors.New("core: new client: Queues are set but Workers is nil")
 	}
 	c.tracer = tracer(c.cfg.TracerProvider)
+	c.attemptSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
 	m, err := newMetrics(c)
 	if err != nil {
 		return nil, fmt.Errorf("core: new client: metrics: %w", err)

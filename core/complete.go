@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
@@ -257,9 +258,26 @@ func (p *completer) write(ctx context.Context, kind outcomeKind, os []outcome) (
 	if err != nil {
 		return nil, err
 	}
+	return scanFenced(rows, len(os))
+}
+
+// scanFenced reads the result of a fenced batch write (see fencedWrite):
+// each id whose attempt still holds its lease, to whether it was written.
+// A result in the binary format (the default, extended protocol) is read
+// from the wire, one map entry per row; else with Scan.
+func scanFenced(rows pgx.Rows, n int) (map[int64]bool, error) {
 	defer rows.Close()
-	written := make(map[int64]bool, len(os))
+	written := make(map[int64]bool, n)
+	fds := rows.FieldDescriptions()
+	wire := len(fds) == 2 && fds[0].DataTypeOID == pgtype.Int8OID && fds[0].Format == pgtype.BinaryFormatCode &&
+		fds[1].DataTypeOID == pgtype.BoolOID && fds[1].Format == pgtype.BinaryFormatCode
 	for rows.Next() {
+		if vals := rows.RawValues(); wire && len(vals) == 2 && len(vals[1]) == 1 {
+			if id, ok := int8Wire(vals[0]); ok {
+				written[id] = vals[1][0] != 0
+				continue
+			}
+		}
 		var id int64
 		var w bool
 		if err := rows.Scan(&id, &w); err != nil {
@@ -277,14 +295,14 @@ func (p *completer) recorded(o outcome) string {
 	switch o.kind {
 	case outcomeSuccess:
 		c.stats.succeeded.Add(1)
-		c.metrics.succeeded.Add(context.Background(), 1, c.metrics.with(r))
+		c.metrics.succeeded.Add(context.Background(), 1, c.metrics.of(r))
 		if r.OrderingKey != "" {
 			return r.Queue // the key's next job may run now
 		}
 	case outcomeFailure:
 		if o.state == StateDead {
 			c.stats.dead.Add(1)
-			c.metrics.dead.Add(context.Background(), 1, c.metrics.with(r))
+			c.metrics.dead.Add(context.Background(), 1, c.metrics.of(r))
 			o.log.Warn("relay: job failed and is dead", "error", o.msg)
 			if r.OrderingKey != "" {
 				return r.Queue
@@ -292,7 +310,7 @@ func (p *completer) recorded(o outcome) string {
 			return ""
 		}
 		c.stats.retried.Add(1)
-		c.metrics.retried.Add(context.Background(), 1, c.metrics.with(r))
+		c.metrics.retried.Add(context.Background(), 1, c.metrics.of(r))
 		o.log.Warn("relay: job failed; will retry", "error", o.msg, "retry_in", o.delay)
 		if o.delay <= 0 {
 			return r.Queue
@@ -312,7 +330,7 @@ func (p *completer) lost(o outcome) {
 	}
 	if !o.lost {
 		c.stats.leaseLost.Add(1)
-		c.metrics.leaseLost.Add(context.Background(), 1, c.metrics.with(r))
+		c.metrics.leaseLost.Add(context.Background(), 1, c.metrics.of(r))
 	}
 	what := "success"
 	if o.kind == outcomeFailure {

@@ -42,13 +42,24 @@ func (r *claimedRow) dest() []any {
 // scanClaimed reads a claim statement's rows. A row the client cannot run
 // comes back marked undecodable (it fails alone); only a failure of the
 // result set itself is an error.
+//
+// Rows are read from their wire format by claimDecoder when the result
+// came in the formats it reads (the default, extended protocol), else
+// with Scan (the simple protocol a transaction-pooling PgBouncer may
+// need); a row it cannot read goes to Scan as well.
 func scanClaimed(rows pgx.Rows, clientID string) ([]*JobRow, error) {
 	defer rows.Close()
 	var out []*JobRow
+	fds := rows.FieldDescriptions()
+	fast := claimedWireFormat(fds)
+	d := claimDecoder{fds: fds}
 	for rows.Next() {
 		var raw claimedRow
-		if err := rows.Scan(raw.dest()...); err != nil {
-			return nil, fmt.Errorf("claim: scan: %w", err)
+		if !fast || !d.decode(rows.RawValues(), &raw) {
+			raw = claimedRow{}
+			if err := rows.Scan(raw.dest()...); err != nil {
+				return nil, fmt.Errorf("claim: scan: %w", err)
+			}
 		}
 		r, err := raw.job(clientID)
 		if err != nil {

@@ -147,10 +147,10 @@ func (c *Client) adopt(ctx context.Context, cl *claimedJob, jr *JobRow, sent tim
 	// client's work context, a cancel or a lost lease.
 	hctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(c.workCtx, func() { cancel(context.Cause(c.workCtx)) })
-	r := &running{row: jr, ctx: hctx, cancel: func(cause error) { stop(); cancel(cause) }}
+	r := &running{row: jr, ctx: hctx, cancel: func(cause error) { stop(); cancel(cause) }, attrs: c.metrics.with(jr)}
 	jr.run = r
 	c.startLease(r, sent)
-	c.metrics.pickup.Record(ctx, jr.AttemptedAt.Sub(jr.CreatedAt).Seconds(), c.metrics.with(jr))
+	c.metrics.pickup.Record(ctx, jr.AttemptedAt.Sub(jr.CreatedAt).Seconds(), r.attrs)
 	c.inflight.Store(jr.ID, r)
 	cl.row, cl.r = jr, r
 }

@@ -2,6 +2,8 @@ package core
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"testing"
 	"time"
 )
@@ -19,9 +21,10 @@ func TestRenewalAfterTheHandlerReturnedArmsNothing(t *testing.T) {
 	r := &running{row: &JobRow{ID: 1, Kind: "k"}, ctx: ctx, cancel: cancel}
 	sent := time.Now()
 	c.startLease(r, sent)
-	c.endLease(r)            // the handler returned
-	c.renewLease(r, sent)    // the heartbeat's answer, sent before that
-	if r.leaseTimer.Stop() { // true: the timer was armed again
+	c.endLease(r)         // the handler returned
+	c.renewLease(r, sent) // the heartbeat's answer, sent before that
+	g := r.group
+	if g.live != 0 || g.timer.Stop() { // true: the timer was armed again
 		t.Fatal("a renewal re-armed the local lease deadline of a job whose handler returned")
 	}
 	c.loseLease(r, "not renewed in time (local lease deadline)")
@@ -35,7 +38,51 @@ func TestRenewalAfterTheHandlerReturnedArmsNothing(t *testing.T) {
 	r2 := &running{row: &JobRow{ID: 2, Kind: "k"}, ctx: ctx2, cancel: cancel2}
 	c.startLease(r2, sent)
 	c.renewLease(r2, sent)
-	if !r2.leaseTimer.Stop() {
+	if r2.group.live != 1 || !r2.group.timer.Stop() {
 		t.Fatal("a running job's renewal did not arm its local lease deadline")
+	}
+}
+
+// One timer watches the local lease deadlines of a claim's jobs: when it
+// fires, a job whose deadline passed loses its lease, a renewed one and one
+// whose handler returned do not, and the timer waits again for the
+// earliest deadline left; once every job ended it is stopped.
+func TestLeaseGroupLosesOnlyPassedDeadlines(t *testing.T) {
+	t.Parallel()
+	c := &Client{leaseBudget: time.Hour, epoch: time.Now().Add(-3 * time.Hour), logger: slog.New(slog.DiscardHandler)}
+	m, err := newMetrics(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.metrics = m
+	sent := time.Now().Add(-2 * time.Hour) // every deadline has passed
+	g := c.newLeaseGroup(sent, 3)
+	defer g.timer.Stop()
+	var runs []*running
+	for i := range 3 {
+		ctx, cancel := context.WithCancelCause(context.Background())
+		defer cancel(nil)
+		r := &running{row: &JobRow{ID: int64(i + 1), Kind: "k"}, ctx: ctx, cancel: cancel}
+		g.add(r, sent)
+		runs = append(runs, r)
+	}
+	g.seal()
+	stale, renewed, ended := runs[0], runs[1], runs[2]
+	c.renewLease(renewed, time.Now())
+	c.endLease(ended)
+	g.check()
+	if !stale.lost.Load() || !errors.Is(context.Cause(stale.ctx), ErrLeaseLost) {
+		t.Fatalf("a job past its local lease deadline kept its lease: lost %v, cause %v", stale.lost.Load(), context.Cause(stale.ctx))
+	}
+	if renewed.lost.Load() || ended.lost.Load() || c.stats.leaseLost.Load() != 1 {
+		t.Fatalf("renewed lost %v, ended lost %v, counted %d: want only the stale job lost", renewed.lost.Load(), ended.lost.Load(), c.stats.leaseLost.Load())
+	}
+	if g.live != 1 || g.runs[renewed.slot] != renewed {
+		t.Fatalf("the group watches %d jobs after the check, want the renewed one", g.live)
+	}
+	c.endLease(stale) // its handler returns after the cancel: nothing changes
+	c.endLease(renewed)
+	if g.live != 0 || g.timer.Stop() {
+		t.Fatal("the group's timer still runs after every job ended")
 	}
 }

@@ -56,17 +56,9 @@ func (c *Client) heartbeat(ctx context.Context) {
 		c.logger.Warn("relay: heartbeat failed", "jobs", len(runs), "error", err)
 		return
 	}
-	held := make(map[int64]bool, len(runs))
-	for res.Next() {
-		var id int64
-		var renewed bool
-		if err := res.Scan(&id, &renewed); err == nil {
-			held[id] = renewed
-		}
-	}
-	res.Close()
-	if res.Err() != nil {
-		c.logger.Warn("relay: heartbeat failed", "jobs", len(runs), "error", res.Err())
+	held, err := scanFenced(res, len(runs))
+	if err != nil {
+		c.logger.Warn("relay: heartbeat failed", "jobs", len(runs), "error", err)
 		return
 	}
 	skipped := 0

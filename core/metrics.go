@@ -117,6 +117,15 @@ func (m *metrics) with(row *JobRow) metric.MeasurementOption {
 	return opt
 }
 
+// of returns the attributes of a claimed job's measurements: those its
+// attempt looked up at claim time, else with's.
+func (m *metrics) of(row *JobRow) metric.MeasurementOption {
+	if r := row.run; r != nil && r.attrs != nil {
+		return r.attrs
+	}
+	return m.with(row)
+}
+
 type queueDepth struct {
 	queue  string
 	depth  int64

@@ -21,7 +21,9 @@ import (
 type queue struct {
 	client *Client
 	name   string
-	max    int
+	// spanName names its attempts' spans ("process " + name), made once.
+	spanName string
+	max      int
 	// prefetch jobs may be claimed beyond max; they wait, in claim order,
 	// for a running job to hand its slot over.
 	prefetch int
@@ -144,20 +146,23 @@ func (q *queue) run(ctx, workCtx context.Context) {
 					}
 				}
 			}
+			// One timer watches the local lease deadlines of the claim's
+			// jobs (lease.go).
+			leases := c.newLeaseGroup(sent, len(rows))
 			for _, row := range rows {
 				q.active.Add(1)
 				c.jobs.Add(1)
 				// The context is made now so that a cancel or a lost lease
 				// reaches a prefetched job too; heartbeats cover it from here.
 				ctx, cancel := context.WithCancelCause(workCtx)
-				r := &running{row: row, ctx: ctx, cancel: cancel}
+				r := &running{row: row, ctx: ctx, cancel: cancel, attrs: c.metrics.with(row)}
 				row.run = r
-				c.startLease(r, sent)
+				leases.add(r, sent)
 				pickup := row.AttemptedAt.Sub(row.RunAt)
 				if row.CreatedAt.After(row.RunAt) {
 					pickup = row.AttemptedAt.Sub(row.CreatedAt)
 				}
-				c.metrics.pickup.Record(ctx, pickup.Seconds(), c.metrics.with(row))
+				c.metrics.pickup.Record(ctx, pickup.Seconds(), r.attrs)
 				c.inflight.Store(row.ID, r)
 				q.mu.Lock()
 				if q.closed {
@@ -185,6 +190,7 @@ func (q *queue) run(ctx, workCtx context.Context) {
 					q.mu.Unlock()
 				}
 			}
+			leases.seal()
 			if len(rows) < limit {
 				break
 			}
@@ -250,7 +256,33 @@ func (q *queue) claim(ctx context.Context, limit int, after *claimCursor) ([]*Jo
 // then the prefetched jobs waiting for that slot, oldest first (the handover
 // costs no scheduling), then parks until the fetch loop hands it another
 // job or the queue closes.
+//
+// Its whole life runs above a frame of parkPad bytes. The GC halves a
+// goroutine's stack when less than a quarter of it is in use; a parked
+// executor uses almost none, so every GC would shrink it and its next job
+// would grow it again, copying the stack each time (about a quarter of a
+// no-op worker's CPU in a profile). With the padding in use, stacks up to
+// 4×parkPad keep their size. The padding is zeroed once, here, not at
+// every park (zeroing 8 KB per job was 5% of a no-op worker's CPU). The
+// price: an executor holds at least a 16 KB stack (32 MB for 2,000
+// workers), and its handlers run parkPad deeper. Figures in
+// docs/benchmarks.md ("Worker-side waste found by profiling").
 func (q *queue) execute(r *running) {
+	var pad [parkPad]byte
+	q.executeLoop(r)
+	padSink(pad[:])
+}
+
+// parkPad is the stack an executor keeps in use while parked (see execute).
+const parkPad = 8 << 10
+
+//go:noinline
+func padSink([]byte) {}
+
+// executeLoop is execute's loop, above its padding.
+//
+//go:noinline
+func (q *queue) executeLoop(r *running) {
 	inbox := make(chan *running, 1)
 	for {
 		q.executeOne(r)
@@ -262,35 +294,12 @@ func (q *queue) execute(r *running) {
 			return
 		default:
 			var ok bool
-			if r, ok = park(inbox); !ok {
+			if r, ok = <-inbox; !ok {
 				return
 			}
 		}
 	}
 }
-
-// parkPad is the stack an executor keeps in use while parked.
-const parkPad = 8 << 10
-
-// park waits for the executor's next job inside a frame of parkPad bytes.
-// The GC halves a goroutine's stack when less than a quarter of it is in
-// use; a parked executor uses almost none, so every GC would shrink it and
-// its next job would grow it again, copying the stack each time (about a
-// quarter of a no-op worker's CPU in a profile). With the padding in use,
-// stacks up to 4×parkPad keep their size. The price: a parked executor holds
-// at least a 16 KB stack (32 MB for 2,000 workers). relay bench --jobs
-// 300000 --workers 2000: worker CPU 22 → 12 µs per job, 28k → 35–37k jobs/s.
-//
-//go:noinline
-func park(inbox chan *running) (*running, bool) {
-	var pad [parkPad]byte
-	r, ok := <-inbox
-	padSink(pad[:])
-	return r, ok
-}
-
-//go:noinline
-func padSink([]byte) {}
 
 // handOver gives the finished job's slot to the oldest waiting job, or frees
 // it and parks the executor's inbox on the idle list.
@@ -375,8 +384,11 @@ func (q *queue) executeOne(r *running) error {
 	}()
 
 	// The attempt's span; the handler's spans nest under it.
-	spanCtx, span := c.startAttemptSpan(ctx, row)
-	attrs := c.metrics.with(row)
+	spanCtx, span := c.startAttemptSpan(ctx, row, q.spanName)
+	attrs := r.attrs
+	if attrs == nil {
+		attrs = c.metrics.with(row)
+	}
 	c.metrics.started.Add(ctx, 1, attrs)
 	began := time.Now()
 	reg := c.workers[row.Kind]

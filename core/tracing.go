@@ -66,9 +66,13 @@ func withTraceMetadata(meta json.RawMessage, tc map[string]string) (json.RawMess
 	return jobinsert.WithTraceMetadata(meta, tc)
 }
 
-// startAttemptSpan starts the consumer span of one attempt, from the trace
-// context stored with the job.
-func (c *Client) startAttemptSpan(ctx context.Context, row *JobRow) (context.Context, trace.Span) {
+// startAttemptSpan starts the consumer span of one attempt, named name
+// ("process " + its queue; made for it when empty), from the trace context
+// stored with the job.
+func (c *Client) startAttemptSpan(ctx context.Context, row *JobRow, name string) (context.Context, trace.Span) {
+	if name == "" {
+		name = "process " + row.Queue
+	}
 	// Cheap when nothing traces: no metadata parse unless a trace context
 	// was stored, attributes only on a recording span.
 	if bytes.Contains(row.Metadata, []byte(MetaTraceParent)) {
@@ -84,7 +88,7 @@ func (c *Client) startAttemptSpan(ctx context.Context, row *JobRow) (context.Con
 			parent := trace.SpanContextFromContext(traceContext.Extract(context.Background(), stored))
 			if parent.IsValid() {
 				if c.cfg.TraceMode == TraceLink {
-					ctx, span := c.tracer.Start(ctx, "process "+row.Queue, trace.WithSpanKind(trace.SpanKindConsumer),
+					ctx, span := c.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindConsumer),
 						trace.WithLinks(trace.Link{SpanContext: parent}), trace.WithNewRoot())
 					return ctx, withAttemptAttributes(span, row)
 				}
@@ -92,7 +96,7 @@ func (c *Client) startAttemptSpan(ctx context.Context, row *JobRow) (context.Con
 			}
 		}
 	}
-	ctx, span := c.tracer.Start(ctx, "process "+row.Queue, trace.WithSpanKind(trace.SpanKindConsumer))
+	ctx, span := c.tracer.Start(ctx, name, c.attemptSpan...)
 	return ctx, withAttemptAttributes(span, row)
 }
 
