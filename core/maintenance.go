@@ -14,7 +14,7 @@ import (
 // heartbeatLoop renews the leases of every running job of this client in one
 // statement per tick. A job whose lease is gone (rescued after a stall, or
 // cancelled) has its handler's context cancelled with ErrLeaseLost; so has
-// one whose lease was not renewed in time (see running.leaseTimer), whatever
+// one whose lease was not renewed in time (see leaseGroup), whatever
 // the reason: the database unreachable, or its row locked by another
 // transaction.
 func (c *Client) heartbeatLoop(ctx context.Context) {
