@@ -174,8 +174,8 @@ func int2Wire(v []byte) (int16, bool) {
 }
 
 // The range of timestamptz pgx reads into a time.Time, in microseconds
-// since 2000-01-01 (pgtype's minDateTime, -4713-11-24, and endTimestamp,
-// 294277-01-01, exclusive); beyond it Scan reports the error.
+// since 2000-01-01: from -4713-11-24 to 294277-01-01, exclusive (pgx's
+// own bounds); beyond it Scan reports the error.
 const (
 	wireMinMicros = -211_813_488_000_000_000
 	wireEndMicros = 9_223_371_331_200_000_000
