@@ -71,12 +71,12 @@ func (x *execution) enter(primitive string) error {
 	return nil
 }
 
-// goroutineID is the calling goroutine's id, read from the header of its
-// stack trace ("goroutine 18 [running]:"): Go has no other way to name a
-// goroutine. It formats one frame header, which is small next to what a
-// primitive costs (a checkpoint's round trip, or a replay's decode);
-// BenchmarkGoroutineID measures it.
-func goroutineID() uint64 {
+// goroutineIDFromStack is the calling goroutine's id, read from the
+// header of its stack trace ("goroutine 18 [running]:"): the portable way
+// to name a goroutine, for architectures without getg. runtime.Stack walks
+// and formats every frame of the stack to write that header, so its cost
+// grows with the stack's depth (BenchmarkGoroutineID).
+func goroutineIDFromStack() uint64 {
 	var buf [64]byte
 	b := buf[:runtime.Stack(buf[:], false)]
 	const prefix = "goroutine "
