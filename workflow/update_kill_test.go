@@ -184,7 +184,7 @@ func TestUpdateSurvivesAWorkerKill(t *testing.T) {
 	// The handler has written its effect and waits on the gate.
 	testdb.WaitFor(t, "the first worker's handler to wait on the gate", func() bool {
 		return testdb.Count(t, pool, `SELECT count(*) FROM update_kill_entered WHERE pid = $1`, first.Process.Pid) == 1 &&
-			testdb.Count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%update_kill_gate%'`) == 1
+			testdb.Count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%update_kill_gate%'`) == 1
 	})
 	if err := first.Process.Kill(); err != nil {
 		t.Fatal(err)
