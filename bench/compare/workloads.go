@@ -44,7 +44,7 @@ func (c *comparison) add(workload, metric string, lower bool, vals map[string][]
 			others = append(others, name)
 		}
 	}
-	slices.Sort(others) // dbos before floor, every time
+	slices.Sort(others) // the same order in every run
 	names = append(names, others...)
 	for _, name := range names {
 		c.rows = append(c.rows, summaryRow{workload: workload, metric: metric, lowerIsBetter: lower,
