@@ -66,7 +66,17 @@ func TestUpdate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	add := func(req any) (int, error) { return workflow.Update[int](ctx, b.pool, b.reg, h.ID, "add", req) }
+	// Each update is sent once the run has suspended on its wait, so that
+	// the next execution replays the earlier handlers (an update sent
+	// while the execution still runs is handled by it, without a replay).
+	add := func(req any) (int, error) {
+		b.waitFor("the run to suspend on its update wait", func() bool {
+			return b.count(`SELECT count(*) FROM relay_workflow_runs r JOIN relay_jobs j ON j.id = r.job_id
+				WHERE r.id = $1 AND j.state = 'queued'
+				  AND EXISTS (SELECT 1 FROM relay_workflow_steps s WHERE s.run_id = r.id AND s.kind = 'update' AND s.state = 'waiting')`, h.ID) == 1
+		})
+		return workflow.Update[int](ctx, b.pool, b.reg, h.ID, "add", req)
+	}
 	if n, err := add(addItem{SKU: "a", Qty: 1}); err != nil || n != 1 {
 		t.Fatalf("first add: %d, %v", n, err)
 	}
@@ -121,7 +131,7 @@ func TestUpdate(t *testing.T) {
 	if _, err := workflow.UpdateResult[int](ctx, b.pool, b.reg, lost); !errors.Is(err, workflow.ErrUpdateNotHandled) {
 		t.Errorf("update no HandleUpdate asked for: %v", err)
 	}
-	if _, err := add(addItem{SKU: "d", Qty: 1}); !errors.Is(err, workflow.ErrRunFinished) {
+	if _, err := workflow.Update[int](ctx, b.pool, b.reg, h.ID, "add", addItem{SKU: "d", Qty: 1}); !errors.Is(err, workflow.ErrRunFinished) {
 		t.Errorf("update of a finished run: %v", err)
 	}
 	if _, err := workflow.Update[int](ctx, b.pool, b.reg, "nope", "add", addItem{SKU: "d", Qty: 1}); !errors.Is(err, workflow.ErrRunNotFound) {
