@@ -263,6 +263,15 @@ func (f *ChildFuture[Out]) Get(wctx Context) (Out, error) {
 			s.state, s.errMsg = stepFailed, encodeChildError(&ChildError{RunID: f.RunID, State: sink.state, Message: sink.msg})
 		}
 		x.later(s)
+		if s.state != stepCompleted {
+			// This execution wrote nothing while the child ran, so a
+			// Cancel of this run (which asked the child too: the likely
+			// reason it did not complete) is seen only by a write: the
+			// checkpoint commits now, reading the flag, so that the run
+			// ends cancelled and not failed by the child's error, as it
+			// does when it suspends for a child on its queue.
+			x.flush()
+		}
 		return decode(s)
 	}
 	f.fresh = nil

@@ -144,7 +144,11 @@ func eagerFinished(ctx context.Context, runID string, state RunState, output []b
 // execution's clock. It saves a round trip per eager run.
 func (x *execution) loadOrEager(ctx context.Context) error {
 	s, ok := ctx.Value(eagerKey{}).(*eagerSink)
-	if !ok || s.runID != x.runID || s.run == nil || s.loaded || x.job.Attempt != 1 {
+	if !ok || s.runID != x.runID || s.run == nil || s.loaded || x.job.Attempt != 1 || s.lendJob != 0 {
+		// A child executed in its parent's slot (executeChild) is loaded
+		// as a queued one is: it was committed, and could be asked to
+		// cancel (its parent's Cancel) or sent an update, before this
+		// claim; an eager start inserts and claims in one statement.
 		return x.load(ctx)
 	}
 	s.loaded = true

@@ -1,0 +1,108 @@
+package workflow_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/workflow"
+)
+
+// A cancel committed after a parent started its child, but before the
+// child's first execution, is the child's too (Cancel asks the run's
+// unfinished children): when the parent then executes the child in its
+// own slot, the child starts no step, as a child executed from its queue
+// would not (it reads cancel_requested when its execution begins). The
+// parent's function waits outside any step between the child's start and
+// Get, so the parent writes nothing that would see the cancel first.
+func TestInlineChildSeesACancelCommittedBeforeItRan(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	var charged atomic.Int32
+	gate := make(chan struct{})
+	kid := workflow.MustRegister(b.reg, "kid", func(wctx workflow.Context, _ int) (int, error) {
+		return workflow.Step(wctx, "charge", func(ctx context.Context) (int, error) { charged.Add(1); return 1, nil }, nil)
+	})
+	parent := workflow.MustRegister(b.reg, "parent", func(wctx workflow.Context, _ int) (int, error) {
+		f := workflow.Child(wctx, "c", kid, 0, nil)
+		select {
+		case <-gate:
+		case <-wctx.Done():
+			return 0, wctx.Err()
+		}
+		return f.Get(wctx)
+	})
+	// One slot: while the parent holds it no fetch loop claims the child.
+	b.startWith(&core.Config{Queues: map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: 1}, "other": {MaxWorkers: 1}}})
+	h, err := workflow.Start(ctx, b.pool, parent, 0, &workflow.StartOpts{ID: "p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.waitFor("the child started", func() bool {
+		return b.count(`SELECT count(*) FROM relay_workflow_runs WHERE id = 'p/c'`) == 1
+	})
+	if err := workflow.Cancel(ctx, b.pool, h.ID); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.count(`SELECT count(*) FROM relay_workflow_runs WHERE id = 'p/c' AND cancel_requested`); n != 1 {
+		t.Fatalf("the child was not asked to cancel with its parent")
+	}
+	close(gate)
+	_, perr := result[int](t, b.pool, h.ID)
+	_, cerr := result[int](t, b.pool, "p/c")
+	if n := charged.Load(); n != 0 {
+		t.Errorf("the child's step ran %d times after the cancel had committed, want 0", n)
+	}
+	if !errors.Is(cerr, workflow.ErrRunCancelled) {
+		t.Errorf("child: want cancelled, got %v", cerr)
+	}
+	if !errors.Is(perr, workflow.ErrRunCancelled) {
+		t.Errorf("parent: want cancelled (a Cancel that returned nil is never lost), got %v", perr)
+	}
+}
+
+// The parent's lease lost while its child runs in the parent's slot (the
+// rescuer moved the parent's job on): the child, fenced by its own job's
+// lease, records its StepTx once; the parent's rescued execution collects
+// the child's outcome (the child's end wakes it, as the execution that
+// lent its slot no longer holds the parent's job), and the run completes.
+func TestInlineChildWhenTheParentsLeaseIsLost(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	createPayments(t, b)
+	var runs atomic.Int32
+	kid := workflow.MustRegister(b.reg, "kid", func(wctx workflow.Context, amount int) (int, error) {
+		return workflow.StepTx(wctx, "charge", func(ctx context.Context, tx pgx.Tx) (int, error) {
+			if runs.Add(1) == 1 {
+				b.rescueNow("p") // the parent's lease moves on while its child runs in its slot
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO payments VALUES ($1, $2)`, wctx.RunID(), amount)
+			return amount, err
+		}, nil)
+	})
+	parent := workflow.MustRegister(b.reg, "parent", func(wctx workflow.Context, amount int) (int, error) {
+		return workflow.Child(wctx, "c", kid, amount, nil).Get(wctx)
+	})
+	b.startWith(&core.Config{RescueInterval: 50 * time.Millisecond,
+		Queues: map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: 2}}})
+	h, err := workflow.Start(ctx, b.pool, parent, 7, &workflow.StartOpts{ID: "p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := result[int](t, b.pool, h.ID); err != nil || out != 7 {
+		t.Fatalf("parent: %d %v", out, err)
+	}
+	if n := b.count(`SELECT count(*) FROM payments`); n != 1 {
+		t.Fatalf("%d payments, want exactly 1", n)
+	}
+	if n := b.count(`SELECT count(*) FROM relay_workflow_runs WHERE id = 'p/c' AND state = 'completed'`); n != 1 {
+		t.Fatal("the child did not complete")
+	}
+}
