@@ -89,13 +89,53 @@ const sqlNotifyQueues = jobinsert.SQLNotifyQueues
 //
 // sqlClaimSync and sqlClaimAfterSync commit synchronously
 // (Config.SynchronousClaims); sqlClaimAfter and sqlClaimAfterSync claim
-// from the cursor (see claimStatement).
+// from the cursor, in one walk (see walkClaimStatement and claimStatement).
 var (
 	sqlClaim          = claimStatement(false, asyncCommit)
 	sqlClaimSync      = claimStatement(false, sessionCommit)
-	sqlClaimAfter     = claimStatement(true, asyncCommit)
-	sqlClaimAfterSync = claimStatement(true, sessionCommit)
+	sqlClaimAfter     = walkClaimStatement(true, asyncCommit)
+	sqlClaimAfterSync = walkClaimStatement(true, sessionCommit)
 )
+
+// walkClaimStatement is the claim as one walk of the claim index in
+// (priority, run_at, id) order, from the cursor (after) or the front: the
+// cursor's claims (a drain taking full batches, the claim floor) use it.
+// It costs PostgreSQL less per claim than claimStatement's walk over
+// priorities (docs/benchmarks.md, "Cost as the work grows"), and
+// a drain's claims fill up on due jobs before they reach scheduled ones;
+// only a claim that finds fewer due jobs than it asks for walks on through
+// the scheduled jobs behind them, once per such claim.
+func walkClaimStatement(after bool, commit string) string {
+	cursor := ""
+	if after {
+		cursor = "\n      AND (priority, run_at, id) > ($6::smallint, $7::timestamptz, $8::bigint)"
+	}
+	return `
+WITH picked AS (
+    SELECT id
+    FROM relay_jobs AS c
+    WHERE state = 'queued' AND NOT key_waiting AND queue = $1 AND run_at <= now()` + cursor + `
+      AND NOT EXISTS (SELECT 1 FROM relay_queue_pauses WHERE queue = $1)
+      AND (ordering_key IS NULL OR c.id = (
+          SELECT min(e.id) FROM relay_jobs AS e
+          WHERE e.queue = c.queue AND e.ordering_key = c.ordering_key
+            AND e.state IN ('queued', 'claimed', 'dead')))
+    ORDER BY priority, run_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE relay_jobs AS j
+SET state            = 'claimed',
+    attempt          = j.attempt + 1,
+    attempted_at     = now(),
+    attempted_by     = $4,
+    lease_token      = $5::uuid,
+    lease_expires_at = now() + $3 * interval '1 millisecond'
+FROM picked, ` + commit + `
+WHERE j.id = picked.id
+RETURNING j.id, j.kind, j.queue, j.priority, j.attempt, j.max_attempts, j.run_at,
+          j.created_at, j.attempted_at, j.args, j.metadata, j.lease_token, coalesce(j.ordering_key, ''), j.tags`
+}
 
 // claimStatement is the claim statement: from the cursor (after: sqlClaimAfter)
 // or the front of the queue, committing as commit says. The commit mode is
