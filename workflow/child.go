@@ -314,11 +314,14 @@ func (f *ChildFuture[Out]) Get(wctx Context) (Out, error) {
 // returns the child's sink (done when the execution recorded the
 // child's end), or nil when the child was not executed here: claimed by
 // another worker already, held by a pause or a limit, on another queue
-// than the parent's, or a cancel of the parent is pending (which Get
-// handles first). The child is an ordinary run all the while: a crash
+// than the parent's, the parent has an execution timeout, or a cancel of
+// the parent is pending (which Get handles first). The child is an ordinary run all the while: a crash
 // leaves its job to the rescuer, its outcome wakes the parent as always.
 func (x *execution) executeChild(id string, fresh *freshChild) *eagerSink {
-	if fresh == nil || x.cancelling || x.dryRun || x.hooks != nil || fresh.run.queue != x.job.Queue {
+	if fresh == nil || x.cancelling || x.dryRun || x.hooks != nil || fresh.run.queue != x.job.Queue || x.run.deadline != nil {
+		// A run with an execution timeout waits for its child suspended,
+		// woken at its deadline (suspend), not blocked in Get for as long
+		// as the child's execution takes.
 		return nil
 	}
 	sink := &eagerSink{runID: id, run: &fresh.run, lendJob: x.job.ID, lendToken: x.job.LeaseToken.String()}

@@ -3,6 +3,7 @@ package workflow_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -104,5 +105,43 @@ func TestInlineChildWhenTheParentsLeaseIsLost(t *testing.T) {
 	}
 	if n := b.count(`SELECT count(*) FROM relay_workflow_runs WHERE id = 'p/c' AND state = 'completed'`); n != 1 {
 		t.Fatal("the child did not complete")
+	}
+}
+
+// A parent's execution timeout bounds it while it waits for a child on its
+// own queue, as for one on another queue: the parent ends at its deadline
+// (failed, ErrRunTimedOut) while the child's step still runs, instead of
+// waiting in Get, its slot lent to the child, until the child's end.
+func TestParentsExecutionTimeoutWhileItsChildRuns(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	release := make(chan struct{})
+	kid := workflow.MustRegister(b.reg, "kid", func(wctx workflow.Context, _ int) (int, error) {
+		return workflow.Step(wctx, "slow", func(ctx context.Context) (int, error) {
+			select { // a step far longer than the parent's timeout
+			case <-release:
+			case <-time.After(2 * time.Minute):
+			}
+			return 1, nil
+		}, nil)
+	})
+	parent := workflow.MustRegister(b.reg, "parent", func(wctx workflow.Context, _ int) (int, error) {
+		return workflow.Child(wctx, "c", kid, 0, nil).Get(wctx)
+	})
+	b.start()
+	t.Cleanup(func() { close(release) }) // before the client's Stop
+	h, err := workflow.Start(ctx, b.pool, parent, 0, &workflow.StartOpts{ID: "p", ExecutionTimeout: 1500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	_, err = workflow.Result[int](rctx, b.pool, h.ID)
+	if !errors.Is(err, workflow.ErrRunFailed) || !strings.Contains(err.Error(), workflow.ErrRunTimedOut.Error()) {
+		t.Fatalf("parent: want failed by its execution timeout while its child runs, got %v", err)
+	}
+	if n := b.count(`SELECT count(*) FROM relay_workflow_runs WHERE id = 'p/c' AND cancel_requested`); n != 1 {
+		t.Fatal("the parent's end did not ask its child to cancel")
 	}
 }
