@@ -145,3 +145,84 @@ func TestParentsExecutionTimeoutWhileItsChildRuns(t *testing.T) {
 		t.Fatal("the parent's end did not ask its child to cancel")
 	}
 }
+
+// A child executed in its parent's slot that waits for a child of its own
+// lends that slot on (three generations in one worker slot): each run
+// executes once, none suspends, and the outcome climbs back up.
+func TestGrandchildExecutedInTheSameSlot(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	leaf := workflow.MustRegister(b.reg, "leaf", func(wctx workflow.Context, n int) (int, error) {
+		return workflow.Step(wctx, "add", func(ctx context.Context) (int, error) { return n + 1, nil }, nil)
+	})
+	mid := workflow.MustRegister(b.reg, "mid", func(wctx workflow.Context, n int) (int, error) {
+		v, err := workflow.Child(wctx, "leaf", leaf, n, nil).Get(wctx)
+		return v * 10, err
+	})
+	top := workflow.MustRegister(b.reg, "top", func(wctx workflow.Context, n int) (int, error) {
+		return workflow.Child(wctx, "mid", mid, n, nil).Get(wctx)
+	})
+	b.startWith(&core.Config{Queues: map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: 1}}})
+	h, err := workflow.Start(ctx, b.pool, top, 4, &workflow.StartOpts{ID: "g"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := result[int](t, b.pool, h.ID); err != nil || out != 50 {
+		t.Fatalf("%d %v", out, err)
+	}
+	if st := b.reg.Stats(); st.Suspended != 0 || st.Executions != 3 {
+		t.Fatalf("stats %+v: want 3 executions, none suspended", st)
+	}
+	b.waitFor("every job succeeded after one attempt", func() bool {
+		return b.count(`SELECT count(*) FROM relay_jobs j JOIN relay_workflow_runs r ON r.job_id = j.id
+			WHERE r.id LIKE 'g%' AND j.state = 'succeeded' AND j.attempt = 1`) == 3
+	})
+}
+
+// A queue paused between a child's start and its parent's Get holds the
+// child: the parent does not execute it in its slot (the pause refuses
+// that claim as it refuses a fetch loop's), it suspends, and the child
+// runs, waking its parent, once the queue is resumed.
+func TestPausedQueueHoldsAnInlineChild(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	var ran atomic.Int32
+	gate := make(chan struct{})
+	kid := workflow.MustRegister(b.reg, "kid", func(wctx workflow.Context, _ int) (int, error) {
+		return workflow.Step(wctx, "work", func(ctx context.Context) (int, error) { ran.Add(1); return 3, nil }, nil)
+	})
+	parent := workflow.MustRegister(b.reg, "parent", func(wctx workflow.Context, _ int) (int, error) {
+		f := workflow.Child(wctx, "c", kid, 0, nil)
+		select {
+		case <-gate:
+		case <-wctx.Done():
+			return 0, wctx.Err()
+		}
+		return f.Get(wctx)
+	})
+	// One slot: while the parent holds it no fetch loop claims the child.
+	b.startWith(&core.Config{Queues: map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: 1}}})
+	h, err := workflow.Start(ctx, b.pool, parent, 0, &workflow.StartOpts{ID: "p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.waitFor("the child started", func() bool {
+		return b.count(`SELECT count(*) FROM relay_workflow_runs WHERE id = 'p/c'`) == 1
+	})
+	if _, err := core.PauseQueue(ctx, b.pool, core.DefaultQueue, "test"); err != nil {
+		t.Fatal(err)
+	}
+	close(gate)
+	b.waitFor("the parent suspended", func() bool { return b.reg.Stats().Suspended >= 1 })
+	if n := ran.Load(); n != 0 {
+		t.Fatalf("the child ran %d times on a paused queue", n)
+	}
+	if _, err := core.ResumeQueue(ctx, b.pool, core.DefaultQueue); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := result[int](t, b.pool, h.ID); err != nil || out != 3 {
+		t.Fatalf("%d %v", out, err)
+	}
+}
