@@ -46,15 +46,18 @@ type outcome struct {
 // Cancel or long transaction). Those, and whole batches the database could
 // not take, are written again after a pause; an outcome is dropped only
 // when its lease is gone (the fence refused it) or Stop's deadline passes.
-// An outcome waiting here is covered by nothing: if its lease expires
-// first, the job is rescued and runs again (at-least-once, the window
-// slightly widened).
+// An outcome waiting here, or being written, keeps its lease: the
+// heartbeat renews it (see leased) until it is written or its lease is
+// lost, so a slow or stalled write does not let the job be rescued and run
+// again while its outcome is in memory.
 type completer struct {
 	c       *Client
 	ctx     context.Context // cancelled when Stop gives up on what is pending
 	cancel  context.CancelFunc
 	mu      sync.Mutex
 	pending []outcome
+	// writing is the batch flush is writing (nil between batches).
+	writing []outcome
 	// urgent: pending holds an outcome that makes a job runnable (see
 	// completeGather).
 	urgent  bool
@@ -127,6 +130,7 @@ func (p *completer) run() {
 				p.pending = nil
 				p.urgent = false
 			}
+			p.writing = batch
 			closing := p.closing
 			p.mu.Unlock()
 			if len(batch) == 0 {
@@ -144,6 +148,7 @@ func (p *completer) run() {
 				// job runnable, or Stop is waiting. Written at once, it made
 				// every other batch a small one under a steady load.
 				p.mu.Lock()
+				p.writing = nil
 				next, urgent := len(p.pending), p.urgent || p.closing
 				p.mu.Unlock()
 				if next >= completeGatherMin || urgent {
@@ -155,6 +160,7 @@ func (p *completer) run() {
 			// or another transaction holds their rows.
 			p.mu.Lock()
 			p.pending = append(again, p.pending...)
+			p.writing = nil
 			p.mu.Unlock()
 			failures++
 			wait := min(time.Duration(failures)*20*time.Millisecond, time.Second)
@@ -169,6 +175,26 @@ func (p *completer) run() {
 			}
 		}
 	}
+}
+
+// leased appends to runs the attempts whose outcome is pending or being
+// written and whose lease this client may still renew: not lost while the
+// handler ran, and renewed within its local lease budget (see
+// Client.heartbeat). An attempt whose outcome was written meanwhile may be
+// among them; its renewal then finds no lease, which says nothing: the
+// write's own fence tells whether the lease held.
+func (p *completer) leased(runs []*running) []*running {
+	c := p.c
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, os := range [2][]outcome{p.writing, p.pending} {
+		for _, o := range os {
+			if r := o.row.run; r != nil && !o.lost && !r.lost.Load() && !c.leasePassed(r) {
+				runs = append(runs, r)
+			}
+		}
+	}
+	return runs
 }
 
 // gather waits, up to p.quiet (completeGather once an urgent outcome is

@@ -121,6 +121,18 @@ func (c *Client) renewLease(r *running, sent time.Time) {
 	r.deadline.Store(int64(sent.Sub(c.epoch) + c.leaseBudget))
 }
 
+// renewOutcomeLease moves the local lease deadline of r, whose handler
+// returned and whose outcome waits in the completer, to leaseBudget after
+// sent, when a renewal that succeeded was sent. Nothing watches that
+// deadline: the heartbeat reads it to renew only leases that still hold
+// (completer.leased).
+func (c *Client) renewOutcomeLease(r *running, sent time.Time) {
+	if r.lost.Load() {
+		return
+	}
+	r.deadline.Store(int64(sent.Sub(c.epoch) + c.leaseBudget))
+}
+
 // endLease disarms r's local lease deadline once its handler returned (or
 // will never run): no renewal re-arms it, and it loses no lease.
 func (c *Client) endLease(r *running) {

@@ -86,3 +86,48 @@ func TestLeaseGroupLosesOnlyPassedDeadlines(t *testing.T) {
 		t.Fatal("the group's timer still runs after every job ended")
 	}
 }
+
+// The heartbeat renews a finished attempt whose outcome waits in the
+// completer (pending or being written) only while it may hold its lease:
+// not one whose handler lost it, nor one whose local lease deadline has
+// passed (its renewals failed meanwhile: its lease may have expired in the
+// database), whose outcome the fence alone then decides.
+func TestOutcomesLeasedOnlyWithinTheirDeadline(t *testing.T) {
+	t.Parallel()
+	c := &Client{leaseBudget: time.Hour, epoch: time.Now()}
+	p := newCompleter(c)
+	defer p.cancel()
+	sent := time.Now()
+	mk := func(id int64) outcome {
+		ctx, cancel := context.WithCancelCause(context.Background())
+		t.Cleanup(func() { cancel(nil) })
+		r := &running{row: &JobRow{ID: id, Kind: "k"}, ctx: ctx, cancel: cancel}
+		r.row.run = r
+		c.startLease(r, sent)
+		c.endLease(r) // the handler returned
+		return outcome{row: r.row, kind: outcomeSuccess, lost: r.lost.Load()}
+	}
+	fresh, writing, passed, lost := mk(1), mk(2), mk(3), mk(4)
+	passed.row.run.deadline.Store(int64(time.Since(c.epoch) - time.Second))
+	lost.lost = true
+	p.pending = []outcome{fresh, passed, lost, {row: &JobRow{ID: 5}}} // 5: no attempt of this client
+	p.writing = []outcome{writing}
+	var ids []int64
+	for _, r := range p.leased(nil) {
+		ids = append(ids, r.row.ID)
+	}
+	if len(ids) != 2 || ids[0] != 2 || ids[1] != 1 {
+		t.Fatalf("leased %v, want [2 1] (the one being written, then the fresh pending one)", ids)
+	}
+	// A renewal moves the deadline of a finished attempt; one lost stays lost.
+	c.renewOutcomeLease(passed.row.run, time.Now())
+	if c.leasePassed(passed.row.run) {
+		t.Fatal("a renewed outcome's lease is still past its deadline")
+	}
+	lost.row.run.lost.Store(true)
+	before := lost.row.run.deadline.Load()
+	c.renewOutcomeLease(lost.row.run, time.Now().Add(time.Minute))
+	if lost.row.run.deadline.Load() != before {
+		t.Fatal("a lost attempt's deadline moved")
+	}
+}

@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/testkit/testdb"
@@ -233,5 +237,108 @@ func TestConcurrentRescuers(t *testing.T) {
 	}
 	if k := count(t, pool, "SELECT count(*) FROM relay_jobs WHERE jsonb_array_length(history) <> 1"); k != 0 {
 		t.Fatalf("%d jobs rescued other than once", k)
+	}
+}
+
+// stallTracer holds, until open is called or the statement's context ends,
+// the first write of a success that a client's completer sends (a
+// connection stalled by a partition or a pooler, say), and says when it
+// holds it.
+type stallTracer struct {
+	once    sync.Once
+	held    chan struct{} // closed when the write is held
+	release chan struct{}
+	opened  sync.Once
+}
+
+func newStallTracer() *stallTracer {
+	return &stallTracer{held: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (s *stallTracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if !strings.Contains(conn.Config().RuntimeParams["application_name"], "relay-completer") ||
+		!strings.Contains(d.SQL, "state = 'succeeded'") {
+		return ctx
+	}
+	first := false
+	s.once.Do(func() { first = true })
+	if first {
+		close(s.held)
+		select {
+		case <-s.release:
+		case <-ctx.Done():
+		}
+	}
+	return ctx
+}
+
+func (s *stallTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (s *stallTracer) open() { s.opened.Do(func() { close(s.release) }) }
+
+// An attempt whose handler returned keeps its lease while its outcome
+// waits to be written: here the completer's write of a success is held
+// (its connection stalled) for over three lease lengths. The heartbeats
+// renew the lease meanwhile, nothing rescues the job or runs it again,
+// and once the write goes through the success is recorded on the first
+// attempt.
+func TestPendingOutcomeKeepsItsLease(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	stall := newStallTracer()
+	cfg := pool.Config()
+	cfg.ConnConfig.Tracer = stall // the client's own pools copy it
+	traced, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(traced.Close)
+	ws, started, release, _ := blocking(true)
+	const lease = 2 * time.Second
+	c := startClient(t, traced, &core.Config{Workers: ws, LeaseDuration: lease, RescueInterval: 20 * time.Millisecond})
+	t.Cleanup(stall.open) // before the client stops (cleanups run last first)
+	res, err := core.Enqueue(ctx, pool, blockArgs{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	var token string
+	var first time.Time
+	if err := pool.QueryRow(ctx, `SELECT lease_token::text, lease_expires_at FROM relay_jobs WHERE id = $1`, res.ID).Scan(&token, &first); err != nil {
+		t.Fatal(err)
+	}
+	release <- nil
+	select {
+	case <-stall.held:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the completer did not write the success")
+	}
+	waitFor(t, "the lease renewed 3 lease lengths over while the success waits", func() bool {
+		var state string
+		var attempt int
+		var tok *string
+		var exp *time.Time
+		if err := pool.QueryRow(ctx, `SELECT state, attempt, lease_token::text, lease_expires_at FROM relay_jobs WHERE id = $1`, res.ID).
+			Scan(&state, &attempt, &tok, &exp); err != nil {
+			t.Fatal(err)
+		}
+		if state != string(core.StateClaimed) || attempt != 1 || tok == nil || *tok != token {
+			t.Fatalf("the job was rescued while its success waited to be written: state %s, attempt %d", state, attempt)
+		}
+		return exp.Sub(first) > 3*lease
+	})
+	stall.open()
+	j := waitState(t, pool, res.ID, core.StateSucceeded)
+	if j.Attempt != 1 || len(j.History) != 0 {
+		t.Fatalf("the job ran again: attempt %d, history %d entries", j.Attempt, len(j.History))
+	}
+	select {
+	case <-started:
+		t.Fatal("the handler ran a second time")
+	default:
+	}
+	if s := c.Stats(); s.LeaseLost != 0 || s.Succeeded != 1 {
+		t.Fatalf("LeaseLost = %d, Succeeded = %d; want 0, 1", s.LeaseLost, s.Succeeded)
 	}
 }

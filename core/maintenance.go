@@ -12,7 +12,8 @@ import (
 )
 
 // heartbeatLoop renews the leases of every running job of this client in one
-// statement per tick. A job whose lease is gone (rescued after a stall, or
+// statement per tick, and those of the attempts whose outcome waits in the
+// completer. A job whose lease is gone (rescued after a stall, or
 // cancelled) has its handler's context cancelled with ErrLeaseLost; so has
 // one whose lease was not renewed in time (see leaseGroup), whatever
 // the reason: the database unreachable, or its row locked by another
@@ -30,6 +31,15 @@ func (c *Client) heartbeatLoop(ctx context.Context) {
 	}
 }
 
+// heartbeat renews, in one statement, the leases of the running jobs
+// (those in flight, not lost, not completed in their handler's
+// transaction) and of the attempts whose outcome the completer has yet to
+// write (completer.leased). A finished attempt is renewed only while its
+// local lease deadline has not passed, the deadline a running job's
+// handler would be cancelled at: a renewal is sent only for a lease that
+// still holds by this client's clock, never for one that may have expired.
+// A finished attempt found without its lease is left to the completer,
+// whose fence counts it.
 func (c *Client) heartbeat(ctx context.Context) {
 	var runs []*running
 	c.inflight.Range(func(_, v any) bool {
@@ -38,6 +48,12 @@ func (c *Client) heartbeat(ctx context.Context) {
 		}
 		return true
 	})
+	// A job whose handler returned between the two looks is in both: its
+	// id goes twice, and is renewed once.
+	nRunning := len(runs)
+	if c.completer != nil {
+		runs = c.completer.leased(runs)
+	}
 	if len(runs) == 0 {
 		return
 	}
@@ -62,7 +78,12 @@ func (c *Client) heartbeat(ctx context.Context) {
 		return
 	}
 	skipped := 0
-	for _, r := range runs {
+	for _, r := range runs[nRunning:] {
+		if held[r.row.ID] {
+			c.renewOutcomeLease(r, sent)
+		}
+	}
+	for _, r := range runs[:nRunning] {
 		renewed, ok := held[r.row.ID]
 		switch {
 		case renewed:
