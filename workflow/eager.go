@@ -141,15 +141,24 @@ func eagerFinished(ctx context.Context, runID string, state RunState, output []b
 // caller's own first execution of its run: the run is then as the caller
 // inserted it in the claim's transaction, with an empty history, and the
 // claim's time (the database's now() of that transaction) stands for the
-// execution's clock. It saves a round trip per eager run.
+// execution's clock. It saves a round trip per eager run. A child's first
+// execution in its parent's slot reads its run but not its history.
 func (x *execution) loadOrEager(ctx context.Context) error {
 	s, ok := ctx.Value(eagerKey{}).(*eagerSink)
-	if !ok || s.runID != x.runID || s.run == nil || s.loaded || x.job.Attempt != 1 || s.lendJob != 0 {
-		// A child executed in its parent's slot (executeChild) is loaded
-		// as a queued one is: it was committed, and could be asked to
-		// cancel (its parent's Cancel) or sent an update, before this
-		// claim; an eager start inserts and claims in one statement.
-		return x.load(ctx)
+	if !ok || s.runID != x.runID || s.run == nil || s.loaded || x.job.Attempt != 1 {
+		return x.load(ctx, true)
+	}
+	if s.lendJob != 0 {
+		// A child executed in its parent's slot (executeChild) reads its
+		// run as a queued one does: it was committed, and could be asked
+		// to cancel (its parent's Cancel) or sent an update, before this
+		// claim; an eager start inserts and claims in one statement. Not
+		// its history, which is empty: the parent's execution inserted the
+		// run, and this claim took its job before any attempt
+		// (sqlClaimKnown), while only an execution holding that job's
+		// lease writes a step of it.
+		s.loaded = true
+		return x.load(ctx, false)
 	}
 	s.loaded = true
 	x.run = *s.run

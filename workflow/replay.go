@@ -249,12 +249,15 @@ func (x *execution) next(kind, key string) (int, *stepRow) {
 	return pos, h
 }
 
-// load reads the run and its whole history: two statements in one round
-// trip, the history in one query however many steps it holds.
-func (x *execution) load(ctx context.Context) error {
+// load reads the run and, when history, its whole history: two statements
+// in one round trip, the history in one query however many steps it
+// holds. Without history the execution starts from an empty one.
+func (x *execution) load(ctx context.Context, history bool) error {
 	b := &pgx.Batch{}
 	b.Queue(sqlLoadRun, x.runID)
-	b.Queue(sqlLoadSteps, x.runID)
+	if history {
+		b.Queue(sqlLoadSteps, x.runID)
+	}
 	br := x.r.pool.SendBatch(ctx, b)
 	defer br.Close()
 	i := &x.run
@@ -265,12 +268,15 @@ func (x *execution) load(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("workflow: load run %s: %w", x.runID, err)
 	}
+	x.hist = map[int]*stepRow{}
+	if !history {
+		return nil
+	}
 	rows, err := br.Query()
 	if err != nil {
 		return fmt.Errorf("workflow: load steps of run %s: %w", x.runID, err)
 	}
 	defer rows.Close()
-	x.hist = map[int]*stepRow{}
 	for rows.Next() {
 		s := &stepRow{}
 		if err := rows.Scan(&s.position, &s.key, &s.kind, &s.state, &s.output, &s.errMsg, &s.attempts, &s.wakeAt, &s.childID, &s.errInfo, &s.startedAt); err != nil {
