@@ -10,7 +10,7 @@ import (
 
 // Every connection a client opens names itself in pg_stat_activity, after
 // the user's own application_name: its bookkeeping pool (worker), its
-// completer and its listener.
+// heartbeat, its completer and its listener.
 func TestConnectionsNameThemselves(t *testing.T) {
 	t.Parallel()
 	pool := openPool(t, testdb.URL(t)+"&application_name=billing")
@@ -27,7 +27,7 @@ func TestConnectionsNameThemselves(t *testing.T) {
 	}
 	<-done
 	waitState(t, pool, res.ID, core.StateSucceeded)
-	for _, role := range []string{"worker", "completer", "listener"} {
+	for _, role := range []string{"worker", "heartbeat", "completer", "listener"} {
 		name := "billing relay-" + role + " " + c.ID()
 		waitFor(t, name+" in pg_stat_activity", func() bool {
 			return count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1`, name) > 0

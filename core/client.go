@@ -212,12 +212,15 @@ type Stats struct {
 //
 // A client that runs workers keeps its own bookkeeping (claims, heartbeats,
 // the recording of outcomes) off the pool it is given: it opens small
-// pools of its own with the same connection settings, of one connection
-// plus one per queue, 16 at the most (application_name "relay-worker"; a
-// client of more queues shares those between their claims), and one for the
-// recording of outcomes ("relay-completer"), so that handlers holding every
-// connection of the caller's pool (a transaction each, as CompleteTx asks)
-// cannot starve a heartbeat. Their connections wait at most a tenth of
+// pools of its own with the same connection settings: one for claims,
+// snoozes and the rest of its bookkeeping, of one connection plus one per
+// queue, 16 at the most (application_name "relay-worker"; a client of
+// more queues shares those between their claims), one of one connection
+// for the heartbeat ("relay-heartbeat"), which nothing else uses, and one
+// of one connection for the recording of outcomes ("relay-completer"): so
+// that neither handlers holding every connection of the caller's pool (a
+// transaction each, as CompleteTx asks) nor claims waiting on a lock can
+// starve a heartbeat. Their connections wait at most a tenth of
 // LeaseDuration (10ms at the least) for a lock, where the server accepts
 // lock_timeout as a startup parameter (PgBouncer does not).
 //
@@ -228,7 +231,11 @@ type Stats struct {
 // docs/deploy.md.
 type Client struct {
 	pool *pgxpool.Pool // the caller's: enqueues, rescues, cleanup
-	own  *pgxpool.Pool // the client's bookkeeping: claims, heartbeats (nil before Start)
+	own  *pgxpool.Pool // the client's bookkeeping: claims, snoozes (nil before Start)
+	// beats is the heartbeat's pool, of one connection (nil before Start):
+	// lease renewals only, so that no claim waiting on a lock holds the
+	// connection a renewal needs.
+	beats *pgxpool.Pool
 	// outcomes is the completer's pool, of one connection (nil before
 	// Start): the recording of outcomes.
 	outcomes *pgxpool.Pool
@@ -440,13 +447,12 @@ func (c *Client) Start(ctx context.Context) error {
 	c.bgCancel, c.loopCancel, c.workCancel, c.workCtx = bgCancel, loopCancel, workCancel, workCtx
 
 	c.hardCtx, c.hardCancel = context.WithCancel(context.Background())
-	c.own, c.outcomes = c.pool, c.pool
+	c.own, c.beats, c.outcomes = c.pool, c.pool, c.pool
 	// undo takes back what Start began when it fails before any loop runs:
 	// the client stays unstarted, and may start again.
 	undo := func(err error) error {
 		if c.own != c.pool {
-			c.own.Close()
-			c.outcomes.Close()
+			c.closeOwnPools()
 		}
 		bgCancel()
 		loopCancel()
@@ -459,7 +465,7 @@ func (c *Client) Start(ctx context.Context) error {
 	if len(c.queues) > 0 {
 		var err error
 		if listen, err = c.newOwnPools(ctx); err != nil {
-			c.own, c.outcomes = c.pool, c.pool // it closed what it opened
+			c.own, c.beats, c.outcomes = c.pool, c.pool, c.pool // it closed what it opened
 			return undo(err)
 		}
 	}
@@ -601,10 +607,9 @@ func (c *Client) Stop(ctx context.Context) error {
 	c.workCancel(ErrShutdown)
 	if c.own != c.pool {
 		if waitGroup(ctx, &c.background) && loopsDone {
-			c.own.Close() // every user of the pool has returned: Close does not wait
-			c.outcomes.Close()
+			c.closeOwnPools() // every user of the pools has returned: Close does not wait
 		} else {
-			go func() { c.background.Wait(); c.loops.Wait(); c.own.Close(); c.outcomes.Close() }()
+			go func() { c.background.Wait(); c.loops.Wait(); c.closeOwnPools() }()
 		}
 	}
 	if err.Interrupted > 0 || err.Unrecorded > 0 {
@@ -750,9 +755,10 @@ func (c *Client) dbCtx() (context.Context, context.CancelFunc) {
 const maxClaimConns = 16
 
 // newOwnPools opens the client's bookkeeping pools (see Client) on the
-// caller's pool's settings: one of a connection for the heartbeat and one
-// per queue's claim (at most maxClaimConns), and the completer's of one
-// connection for the recording of outcomes. Their connections refuse to wait more than a short
+// caller's pool's settings: one of a connection for snoozes and the rest
+// and one per queue's claim (at most maxClaimConns), the heartbeat's of one
+// connection, and the completer's of one connection for the recording of
+// outcomes. Their connections refuse to wait more than a short
 // while for a row lock (they use SKIP LOCKED; this is the backstop) where
 // the server accepts lock_timeout as a startup parameter, and name
 // themselves (appname.For). It probes the connections first (checkPooling) and
@@ -780,12 +786,29 @@ func (c *Client) newOwnPools(ctx context.Context) (listen bool, err error) {
 	out := cfg.Copy()
 	out.MaxConns = 1
 	out.ConnConfig.RuntimeParams["application_name"] = appname.For(user, "completer", c.cfg.ID)
+	// The heartbeat's connection is opened now and kept: one opened only
+	// when a renewal is due could be refused then (max_connections).
+	beats := cfg.Copy()
+	beats.MaxConns, beats.MinConns = 1, 1
+	beats.ConnConfig.RuntimeParams["application_name"] = appname.For(user, "heartbeat", c.cfg.ID)
 	if c.own, err = pgxpool.NewWithConfig(context.Background(), cfg); err != nil {
 		return false, fmt.Errorf("core: start: open the client's bookkeeping pool: %w", err)
 	}
+	if c.beats, err = pgxpool.NewWithConfig(context.Background(), beats); err != nil {
+		c.own.Close()
+		return false, fmt.Errorf("core: start: open the client's heartbeat pool: %w", err)
+	}
 	if c.outcomes, err = pgxpool.NewWithConfig(context.Background(), out); err != nil {
 		c.own.Close()
+		c.beats.Close()
 		return false, fmt.Errorf("core: start: open the client's completer pool: %w", err)
 	}
 	return listen, nil
+}
+
+// closeOwnPools closes the pools newOwnPools opened.
+func (c *Client) closeOwnPools() {
+	c.own.Close()
+	c.beats.Close()
+	c.outcomes.Close()
 }

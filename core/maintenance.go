@@ -67,7 +67,7 @@ func (c *Client) heartbeat(ctx context.Context) {
 	sent := time.Now()
 	qctx, cancel := context.WithTimeout(ctx, c.leaseBudget/2)
 	defer cancel()
-	res, err := c.own.Query(qctx, sqlHeartbeat, ids, tokens, c.cfg.LeaseDuration.Milliseconds())
+	res, err := c.beats.Query(qctx, sqlHeartbeat, ids, tokens, c.cfg.LeaseDuration.Milliseconds())
 	if err != nil {
 		c.logger.Warn("relay: heartbeat failed", "jobs", len(runs), "error", err)
 		return

@@ -3,7 +3,7 @@
 package appname
 
 // For is the application_name a connection Relay opens for one of its own
-// roles (worker, listener, completer, scheduler, dispatcher, serve) gives
+// roles (worker, heartbeat, listener, completer, scheduler, dispatcher, serve) gives
 // itself: "relay-<role>", after the user's own application_name when set
 // (so "billing relay-worker"), then id when given, cut to the 63 bytes
 // PostgreSQL keeps.
