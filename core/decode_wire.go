@@ -9,27 +9,30 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-// The claim's columns (sqlClaim's RETURNING, the order of claimedRow.dest)
-// as claimDecoder reads them: each column's type, and whether its value
-// must come in the binary format (text and jsonb may come in either).
+// The claim's columns as claimDecoder reads them, in the order of
+// claimedRow.dest: each column's expression in the claim statements'
+// RETURNING list (claimReturning is built from them), its type, and
+// whether its value must come in the binary format (text and jsonb may
+// come in either).
 var claimedColumns = [...]struct {
+	expr   string
 	oid    uint32
 	binary bool
 }{
-	{pgtype.Int8OID, true},        // id
-	{pgtype.TextOID, false},       // kind
-	{pgtype.TextOID, false},       // queue
-	{pgtype.Int2OID, true},        // priority
-	{pgtype.Int4OID, true},        // attempt
-	{pgtype.Int4OID, true},        // max_attempts
-	{pgtype.TimestamptzOID, true}, // run_at
-	{pgtype.TimestamptzOID, true}, // created_at
-	{pgtype.TimestamptzOID, true}, // attempted_at
-	{pgtype.JSONBOID, false},      // args
-	{pgtype.JSONBOID, false},      // metadata
-	{pgtype.UUIDOID, true},        // lease_token
-	{pgtype.TextOID, false},       // ordering key
-	{pgtype.TextArrayOID, true},   // tags
+	{"j.id", pgtype.Int8OID, true},
+	{"j.kind", pgtype.TextOID, false},
+	{"j.queue", pgtype.TextOID, false},
+	{"j.priority", pgtype.Int2OID, true},
+	{"j.attempt", pgtype.Int4OID, true},
+	{"j.max_attempts", pgtype.Int4OID, true},
+	{"j.run_at", pgtype.TimestamptzOID, true},
+	{"j.created_at", pgtype.TimestamptzOID, true},
+	{"j.attempted_at", pgtype.TimestamptzOID, true},
+	{"j.args", pgtype.JSONBOID, false},
+	{"j.metadata", pgtype.JSONBOID, false},
+	{"j.lease_token", pgtype.UUIDOID, true},
+	{"coalesce(j.ordering_key, '')", pgtype.TextOID, false},
+	{"j.tags", pgtype.TextArrayOID, true},
 }
 
 // claimedWireFormat says whether a claim's result came in the types and

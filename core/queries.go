@@ -1,6 +1,9 @@
 package core
 
 import (
+	"strconv"
+	"strings"
+
 	"github.com/relayq/relay/internal/eager"
 	"github.com/relayq/relay/internal/jobinsert"
 )
@@ -124,17 +127,8 @@ WITH picked AS (
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 )
-UPDATE relay_jobs AS j
-SET state            = 'claimed',
-    attempt          = j.attempt + 1,
-    attempted_at     = now(),
-    attempted_by     = $4,
-    lease_token      = $5::uuid,
-    lease_expires_at = now() + $3 * interval '1 millisecond'
-FROM picked, ` + commit + `
-WHERE j.id = picked.id
-RETURNING j.id, j.kind, j.queue, j.priority, j.attempt, j.max_attempts, j.run_at,
-          j.created_at, j.attempted_at, j.args, j.metadata, j.lease_token, coalesce(j.ordering_key, ''), j.tags`
+` + claimUpdate(4, 5, 3, `FROM picked, `+commit+`
+WHERE j.id = picked.id`)
 }
 
 // claimStatement is the claim statement: from the cursor (after: sqlClaimAfter)
@@ -188,18 +182,45 @@ picked AS (
         FOR UPDATE SKIP LOCKED) AS c
     LIMIT $2
 )
-UPDATE relay_jobs AS j
+` + claimUpdate(4, 5, 3, `FROM picked, commit_mode
+WHERE j.id = picked.id`)
+}
+
+// claimUpdate is the UPDATE every claim statement ends with: it claims
+// the rows rows (its FROM and WHERE clauses) select for worker $by, with
+// lease token $token for $ms milliseconds (the numbers of the statement's
+// parameters), counting the attempt, and returns claimReturning. The claim
+// statements share this one text, so that none can set another lease or
+// return other columns than claimDecoder reads.
+func claimUpdate(by, token, ms int, rows string) string {
+	return `UPDATE relay_jobs AS j
 SET state            = 'claimed',
     attempt          = j.attempt + 1,
     attempted_at     = now(),
-    attempted_by     = $4,
-    lease_token      = $5::uuid,
-    lease_expires_at = now() + $3 * interval '1 millisecond'
-FROM picked, commit_mode
-WHERE j.id = picked.id
-RETURNING j.id, j.kind, j.queue, j.priority, j.attempt, j.max_attempts, j.run_at,
-          j.created_at, j.attempted_at, j.args, j.metadata, j.lease_token, coalesce(j.ordering_key, ''), j.tags`
+    attempted_by     = $` + strconv.Itoa(by) + `,
+    lease_token      = $` + strconv.Itoa(token) + `::uuid,
+    lease_expires_at = now() + $` + strconv.Itoa(ms) + ` * interval '1 millisecond'
+` + rows + `
+` + claimReturning
 }
+
+// claimReturning is the claim statements' RETURNING list: claimedColumns'
+// expressions, in their order, seven to a line.
+var claimReturning = func() string {
+	var b strings.Builder
+	b.WriteString("RETURNING ")
+	for i, col := range claimedColumns {
+		switch {
+		case i == 0:
+		case i%7 == 0:
+			b.WriteString(",\n          ")
+		default:
+			b.WriteString(", ")
+		}
+		b.WriteString(col.expr)
+	}
+	return b.String()
+}()
 
 // asyncCommit, in a claim statement, makes its transaction commit
 // asynchronously; sessionCommit, in the synchronous twins of those
@@ -544,7 +565,7 @@ GROUP BY 1`
 // under each independently, which can only claim fewer, never more.
 // Candidates not claimed stay locked until the commit, which other
 // claimers skip.
-const sqlClaimLimited = `
+var sqlClaimLimited = `
 WITH candidates AS (
     SELECT id, kind, priority, run_at, tags
     FROM relay_jobs AS c
@@ -578,17 +599,8 @@ WITH candidates AS (
     ORDER BY r.priority, r.run_at, r.id
     LIMIT $2
 )
-UPDATE relay_jobs AS j
-SET state            = 'claimed',
-    attempt          = j.attempt + 1,
-    attempted_at     = now(),
-    attempted_by     = $4,
-    lease_token      = $5::uuid,
-    lease_expires_at = now() + $3 * interval '1 millisecond'
-FROM picked
-WHERE j.id = picked.id
-RETURNING j.id, j.kind, j.queue, j.priority, j.attempt, j.max_attempts, j.run_at,
-          j.created_at, j.attempted_at, j.args, j.metadata, j.lease_token, coalesce(j.ordering_key, ''), j.tags`
+` + claimUpdate(4, 5, 3, `FROM picked
+WHERE j.id = picked.id`)
 
 // sqlAdvanceWindow records claims against a rate limit: window start $3,
 // claims in it $4.
@@ -621,44 +633,24 @@ const sqlListLimits = `SELECT scope, name, max_running, rate, per_us FROM relay_
 // The job's kind ($4) and queue ($5) are checked too: a statement of the
 // caller's (eager.With) or a trigger that inserted another job would have moved
 // the sequence eager.InsertedJobID reads, and that job is not this claim's.
-var sqlClaimInserted = `
-UPDATE relay_jobs AS j
-SET state            = 'claimed',
-    attempt          = j.attempt + 1,
-    attempted_at     = now(),
-    attempted_by     = $1,
-    lease_token      = $2::uuid,
-    lease_expires_at = now() + $3 * interval '1 millisecond'
-WHERE j.id = ` + eager.InsertedJobID + ` AND j.state = 'queued'
+var sqlClaimInserted = "\n" + claimUpdate(1, 2, 3, `WHERE j.id = `+eager.InsertedJobID+` AND j.state = 'queued'
   AND j.kind = $4 AND j.queue = $5 AND j.attempt = 0
   AND NOT EXISTS (SELECT 1 FROM relay_queue_pauses AS p WHERE p.queue = j.queue)
   AND NOT EXISTS (SELECT 1 FROM relay_limits AS l
                   WHERE (l.scope = 'queue' AND l.name = j.queue) OR (l.scope = 'kind' AND l.name = j.kind)
-                     OR (l.scope = 'tag' AND l.name = ANY (j.tags)))
-RETURNING j.id, j.kind, j.queue, j.priority, j.attempt, j.max_attempts, j.run_at,
-          j.created_at, j.attempted_at, j.args, j.metadata, j.lease_token, coalesce(j.ordering_key, ''), j.tags`
+                     OR (l.scope = 'tag' AND l.name = ANY (j.tags)))`)
 
 // sqlClaimKnown is sqlClaimInserted for job $6, already queued (an
 // eager caller claiming the job it waits for, eagerInserter.Claim): the
 // same claim, the same refusals (paused queue, global limits), and only a
 // runnable job never attempted, without an ordering key (whose order the
 // fetch loop's claims keep).
-var sqlClaimKnown = `
-UPDATE relay_jobs AS j
-SET state            = 'claimed',
-    attempt          = j.attempt + 1,
-    attempted_at     = now(),
-    attempted_by     = $1,
-    lease_token      = $2::uuid,
-    lease_expires_at = now() + $3 * interval '1 millisecond'
-WHERE j.id = $6 AND j.state = 'queued' AND j.run_at <= now()
+var sqlClaimKnown = "\n" + claimUpdate(1, 2, 3, `WHERE j.id = $6 AND j.state = 'queued' AND j.run_at <= now()
   AND j.kind = $4 AND j.queue = $5 AND j.attempt = 0 AND j.ordering_key IS NULL
   AND NOT EXISTS (SELECT 1 FROM relay_queue_pauses AS p WHERE p.queue = j.queue)
   AND NOT EXISTS (SELECT 1 FROM relay_limits AS l
                   WHERE (l.scope = 'queue' AND l.name = j.queue) OR (l.scope = 'kind' AND l.name = j.kind)
-                     OR (l.scope = 'tag' AND l.name = ANY (j.tags)))
-RETURNING j.id, j.kind, j.queue, j.priority, j.attempt, j.max_attempts, j.run_at,
-          j.created_at, j.attempted_at, j.args, j.metadata, j.lease_token, coalesce(j.ordering_key, ''), j.tags`
+                     OR (l.scope = 'tag' AND l.name = ANY (j.tags)))`)
 
 // The claim floor (core/claimfloor.go, issue 17 item 3). These statements
 // only read; the claims they bound are sqlClaimAfter's.
