@@ -146,11 +146,14 @@ type outcome struct {
 }
 
 // batchWrite is write without a function of the caller's, in one round
-// trip: the lease check (fence.Check), the bookkeeping, the deferred
-// checkpoints and, given fin, the run's outcome are one pipelined batch,
-// which PostgreSQL runs as one implicit transaction: all of it commits
-// under the lease, or none of it. It is sent with the batches of other
-// executions writing at the same moment (grouper).
+// trip: the bookkeeping, the deferred checkpoints, given fin the run's
+// outcome, and the lease check are one pipelined batch, which PostgreSQL
+// runs as one implicit transaction: all of it commits under the lease, or
+// none of it. When the batch ends in a checkpoint, the lease check and the
+// cancel read are that checkpoint's statement (sqlUpsertStepFenced);
+// otherwise the batch ends in a statement of its own (fence.Check). It is
+// sent with the batches of other executions writing at the same moment
+// (grouper).
 func (x *execution) batchWrite(fin *outcome, extra ...*stepWrite) error {
 	return x.batchWriteOp(fin, nil, extra...)
 }
@@ -168,21 +171,38 @@ func (x *execution) batchWriteOp(fin *outcome, op *batchOp, extra ...*stepWrite)
 	x.endDryRun()
 	ctx, cancelWrite := context.WithTimeout(context.WithoutCancel(x.ctx), writeTimeout)
 	defer cancelWrite()
+	var steps [][]any
+	for _, s := range x.pending {
+		steps = append(steps, (&stepWrite{row: s, attempts: 1, delay: -1}).args(x.runID))
+	}
+	for _, w := range extra {
+		steps = append(steps, w.args(x.runID))
+	}
+	// folded: the last checkpoint carries the lease check and the cancel
+	// read. Not with op, whose statement (a child's start) comes after
+	// the checkpoints.
+	folded := op == nil && len(steps) > 0
 	b := &pgx.Batch{}
 	// The cancel flag matters to an execution that goes on; the outcome's
 	// batch reads it only as part of the first write's touch.
 	readCancel := fin == nil || !x.touched
-	x.queueBookkeeping(b, readCancel)
-	for _, w := range extra {
-		b.Queue(sqlUpsertStep, w.args(x.runID)...)
+	cancelAt := -1
+	switch {
+	case !x.touched:
+		cancelAt = b.Len()
+		b.Queue(sqlTouchRun, x.runID)
+	case readCancel && !folded:
+		cancelAt = b.Len()
+		b.Queue(sqlCancelRequested, x.runID)
 	}
-	opAt := -1
-	if op != nil {
-		opAt = b.Len()
-		op.queue(b)
+	if len(x.dueWaits) > 0 {
+		b.Queue(sqlCompleteWaits, x.runID, x.dueWaits)
+	}
+	if x.setState != "" {
+		b.Queue(sqlSetRunState, x.runID, string(x.setState))
 	}
 	finAt := -1
-	if fin != nil {
+	queueFin := func() {
 		finAt = b.Len()
 		if x.run.parentID == "" {
 			b.Queue(sqlFinishRootRun, x.runID, string(fin.state), fin.output, fin.msg, fin.retryFrom)
@@ -192,11 +212,34 @@ func (x *execution) batchWriteOp(fin *outcome, op *batchOp, extra ...*stepWrite)
 			b.Queue(sqlFinishChildRun, x.runID, string(fin.state), fin.output, fin.msg, fin.retryFrom, job, token)
 		}
 	}
-	// Last, as in writeTx: rows are locked in one order everywhere (the
-	// run's row, then its job's), which Cancel and Signal follow too, so
-	// no two writers deadlock.
-	sql, args := fence.Check(x.job.ID, x.job.LeaseToken)
-	b.Queue(sql, args...)
+	if fin != nil && folded {
+		// Before the last checkpoint, which locks the job's row: rows are
+		// locked in one order everywhere (the run's row, then its job's),
+		// which Cancel and Signal follow too, so no two writers deadlock.
+		queueFin()
+	}
+	fencedAt := -1
+	for i, args := range steps {
+		if folded && i == len(steps)-1 {
+			fencedAt = b.Len()
+			b.Queue(sqlUpsertStepFenced, append(args, x.job.ID, x.job.LeaseToken.String())...)
+			continue
+		}
+		b.Queue(sqlUpsertStep, args...)
+	}
+	opAt := -1
+	if op != nil {
+		opAt = b.Len()
+		op.queue(b)
+	}
+	if fin != nil && !folded {
+		queueFin()
+	}
+	if !folded {
+		// Last, for the same lock order.
+		sql, args := fence.Check(x.job.ID, x.job.LeaseToken)
+		b.Queue(sql, args...)
+	}
 	cancel, refused, finWrote := false, false, false
 	err := x.r.group.do(ctx, x.r.pool, member{
 		job: x.job.ID,
@@ -207,28 +250,34 @@ func (x *execution) batchWriteOp(fin *outcome, op *batchOp, extra ...*stepWrite)
 		},
 		read: func(br pgx.BatchResults) error {
 			var err error
-			cancel, refused, finWrote = false, false, false
-			first := 0
-			if readCancel {
-				err = br.QueryRow().Scan(&cancel)
-				first = 1
-			}
-			for i := first; i < b.Len(); i++ {
-				if i == opAt {
-					if e := op.read(br); err == nil {
-						err = e
-					}
-					continue
-				}
-				ct, e := br.Exec()
+			keep := func(e error) {
 				if err == nil {
 					err = e
 				}
-				if i == finAt && e == nil && ct.RowsAffected() == 0 && cancelRefuses(fin.state) {
-					refused = true // a cancel is requested (sqlFinishRootRun)
-				}
-				if i == finAt {
-					finWrote = e == nil && ct.RowsAffected() == 1
+			}
+			cancel, refused, finWrote = false, false, false
+			for i := range b.Len() {
+				switch i {
+				case cancelAt:
+					var c bool
+					keep(br.QueryRow().Scan(&c))
+					cancel = cancel || c
+				case opAt:
+					keep(op.read(br))
+				case fencedAt:
+					var wakeAt *time.Time
+					var c bool
+					keep(br.QueryRow().Scan(&wakeAt, &c))
+					cancel = cancel || (readCancel && c)
+				default:
+					ct, e := br.Exec()
+					keep(e)
+					if i == finAt {
+						if e == nil && ct.RowsAffected() == 0 && cancelRefuses(fin.state) {
+							refused = true // a cancel is requested (sqlFinishRootRun)
+						}
+						finWrote = e == nil && ct.RowsAffected() == 1
+					}
 				}
 			}
 			return err

@@ -136,6 +136,41 @@ SET state       = excluded.state,
         ELSE relay_workflow_steps.attempt_log || excluded.attempt_log END
 RETURNING wake_at`
 
+// sqlUpsertStepFenced is sqlUpsertStep as the last statement of a
+// checkpoint batch (batchWrite), with the batch's lease check and cancel
+// read folded in: the row is written only while job $15 holds lease token
+// $16, whose row the statement locks FOR SHARE (as fence.Check: when no row
+// is locked, relay_hold_lease raises RLY02 and the batch's implicit
+// transaction rolls back), and it returns the run's cancel flag beside
+// wake_at. It locks no run row, so a batch that locks its run's row (the
+// touch, the outcome) still does so before the job's. Its parameters are
+// cast, as an INSERT … SELECT's are not typed by the columns they fill.
+const sqlUpsertStepFenced = `
+INSERT INTO relay_workflow_steps (run_id, position, key, kind, state, output, error, attempts, wake_at, child_id, finished_at, attempt_log, error_info, started_at)
+SELECT $1::text, $2::int, $3::text, $4::text, $5::text, $6::jsonb, nullif($7::text, ''), $8::int,
+       coalesce($9::timestamptz, now() + $10::bigint * interval '1 microsecond'),
+       nullif($11::text, ''),
+       CASE WHEN $5::text IN ('completed', 'failed') THEN now() END,
+       CASE WHEN $12::jsonb IS NULL THEN '[]'::jsonb ELSE jsonb_build_array($12::jsonb) END,
+       nullif($13::text, '')::jsonb, coalesce($14::timestamptz, now())
+FROM (SELECT count(*) AS n FROM (
+    SELECT 1 FROM relay_jobs WHERE id = $15 AND lease_token = $16::uuid FOR SHARE) AS l) AS held
+WHERE CASE WHEN held.n > 0 THEN true ELSE relay_hold_lease($15, $16::uuid) IS NOT NULL END
+ON CONFLICT (run_id, position) DO UPDATE
+SET state       = excluded.state,
+    output      = excluded.output,
+    error       = excluded.error,
+    error_info  = excluded.error_info,
+    attempts    = relay_workflow_steps.attempts + excluded.attempts,
+    wake_at     = excluded.wake_at,
+    child_id    = coalesce(excluded.child_id, relay_workflow_steps.child_id),
+    finished_at = excluded.finished_at,
+    attempt_log = CASE
+        WHEN excluded.attempt_log = '[]' THEN relay_workflow_steps.attempt_log
+        WHEN jsonb_array_length(relay_workflow_steps.attempt_log) >= 20 THEN (relay_workflow_steps.attempt_log - 0) || excluded.attempt_log
+        ELSE relay_workflow_steps.attempt_log || excluded.attempt_log END
+RETURNING wake_at, (SELECT cancel_requested FROM relay_workflow_runs WHERE id = $1)`
+
 // sqlCompleteWaits marks due sleeps completed (positions $2), lazily, in
 // the next transaction the execution writes anyway.
 const sqlCompleteWaits = `
