@@ -262,6 +262,14 @@ func (f *ChildFuture[Out]) Get(wctx Context) (Out, error) {
 		} else {
 			s.state, s.errMsg = stepFailed, encodeChildError(&ChildError{RunID: f.RunID, State: sink.state, Message: sink.msg})
 		}
+		if sink.resumed {
+			// Written by the child's end, under this execution's lease
+			// (sqlFinishChildRun): if that lease was lost, this
+			// execution's next write is refused anyway.
+			s.attempts = 1
+			x.hist[f.pos] = s
+			return decode(s)
+		}
 		x.later(s)
 		if s.state != stepCompleted {
 			// This execution wrote nothing while the child ran, so a

@@ -3,6 +3,7 @@ package workflow_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -102,5 +103,48 @@ func TestChildNotExecutedInTheParentsSlot(t *testing.T) {
 	close(gate)
 	if out, err := result[string](t, b.pool, h.ID); err != nil || out != "x" {
 		t.Fatalf("%q %v", out, err)
+	}
+}
+
+// A child that completes in its parent's slot records the parent's
+// checkpoint of it with its own end: when Get returns, before the parent
+// writes anything, the parent's step is already committed completed with
+// the child's output (one attempt), and the parent's replay returns it.
+func TestInlineChildsEndWritesItsParentsCheckpoint(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	echo := workflow.MustRegister(b.reg, "echo", func(wctx workflow.Context, s string) (string, error) {
+		return workflow.Step(wctx, "say", func(ctx context.Context) (string, error) { return "said " + s, nil }, nil)
+	})
+	seen := make(chan string, 4)
+	parent := workflow.MustRegister(b.reg, "parent", func(wctx workflow.Context, _ int) (string, error) {
+		out, err := workflow.Child(wctx, "a", echo, "a", nil).Get(wctx)
+		if err != nil {
+			return "", err
+		}
+		// Read outside any write of the parent's: what is committed now.
+		var state, output string
+		var attempts int
+		if err := b.pool.QueryRow(ctx, `SELECT state, coalesce(output::text, ''), attempts FROM relay_workflow_steps
+			WHERE run_id = 'p' AND key = 'a' AND kind = 'child'`).Scan(&state, &output, &attempts); err != nil {
+			return "", err
+		}
+		seen <- state + " " + output + " " + strconv.Itoa(attempts)
+		return out, nil
+	})
+	b.startWith(&core.Config{Queues: map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: 1}}})
+	h, err := workflow.Start(ctx, b.pool, parent, 0, &workflow.StartOpts{ID: "p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := result[string](t, b.pool, h.ID); err != nil || out != "said a" {
+		t.Fatalf("%q %v", out, err)
+	}
+	if got := <-seen; got != `completed "said a" 1` {
+		t.Fatalf("the parent's checkpoint of its child when Get returned: %q, want completed with the child's output, 1 attempt", got)
+	}
+	if st := b.reg.Stats(); st.Suspended != 0 || st.Executions != 2 {
+		t.Fatalf("stats %+v: want 2 executions (the parent's and its child's in its slot), none suspended", st)
 	}
 }

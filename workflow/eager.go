@@ -123,17 +123,22 @@ type eagerSink struct {
 	// an eager start.
 	lendJob   int64
 	lendToken string
-	done      bool
-	state     RunState
-	output    []byte
-	msg       string
+	// resumed: the child's end also wrote the parent's checkpoint of it
+	// (sqlFinishChildRun), which the parent's execution then does not.
+	resumed bool
+	done    bool
+	state   RunState
+	output  []byte
+	msg     string
 }
 
 // eagerFinished hands a run's recorded outcome to the eager caller
-// executing it, if any.
-func eagerFinished(ctx context.Context, runID string, state RunState, output []byte, msg string) {
+// executing it, if any; resumed says that the outcome's statement wrote the
+// checkpoint of the parent's execution waiting for it (a child in its
+// parent's slot).
+func eagerFinished(ctx context.Context, runID string, state RunState, output []byte, msg string, resumed bool) {
 	if s, ok := ctx.Value(eagerKey{}).(*eagerSink); ok && s.runID == runID {
-		s.done, s.state, s.output, s.msg = true, state, output, msg
+		s.done, s.state, s.output, s.msg, s.resumed = true, state, output, msg, resumed
 	}
 }
 

@@ -217,18 +217,34 @@ WHERE id = $1 AND state IN ('pending', 'running', 'compensating')
 // rescuer's requeue, a cancel) between the check and this commit: an
 // execution of the parent that begins after either sees the outcome
 // committed. $6 0 is no such parent.
+//
+// The same statement writes that execution's checkpoint of a completed
+// child (the parent's step at the child's position, waiting until now) as
+// sqlUpsertStep would have at the parent's next write, under the parent's
+// lease (the same row lock; no row, no write): the parent resumes from it
+// without writing it. A child that did not complete is left to the
+// parent's own write, which reads the parent's cancel flag.
 const sqlFinishChildRun = `
 WITH ended AS (
     UPDATE relay_workflow_runs AS r
     SET state = $2, output = $3::jsonb, error = nullif($4, ''), finished_at = now(), retry_from = $5
     WHERE r.id = $1 AND r.state IN ('pending', 'running', 'compensating')
       AND NOT ($2 IN ('completed', 'compensated') AND r.cancel_requested)
-    RETURNING coalesce((SELECT p.job_id FROM relay_workflow_runs AS p WHERE p.id = r.parent_id AND p.finished_at IS NULL), 0) AS parent_job
+    RETURNING r.parent_id, r.parent_position,
+              coalesce((SELECT p.job_id FROM relay_workflow_runs AS p WHERE p.id = r.parent_id AND p.finished_at IS NULL), 0) AS parent_job
 ), waiting AS (
     SELECT j.id FROM relay_jobs AS j
     WHERE j.id = $6 AND j.id = (SELECT parent_job FROM ended)
       AND j.state = 'claimed' AND j.lease_token = $7::uuid
     FOR SHARE
+), resumed AS (
+    UPDATE relay_workflow_steps AS s
+    SET state = 'completed', output = $3::jsonb, error = NULL, error_info = NULL,
+        attempts = s.attempts + 1, wake_at = NULL, finished_at = now()
+    FROM ended
+    WHERE $2 = 'completed' AND EXISTS (SELECT 1 FROM waiting)
+      AND s.run_id = ended.parent_id AND s.position = ended.parent_position
+      AND s.state = 'waiting' AND s.child_id = $1
 )
 SELECT (SELECT relay_workflow_wake(ARRAY[ended.parent_job]) WHERE NOT EXISTS (SELECT 1 FROM waiting)) FROM ended`
 

@@ -608,7 +608,12 @@ func (x *execution) finish(state RunState, output []byte, msg string) error {
 	}
 	x.r.stats.finished.Add(1)
 	x.logOutcome(state, msg)
-	eagerFinished(x.ctx, x.runID, state, output, msg)
+	// sqlFinishChildRun wrote the checkpoint of a completed child for the
+	// parent's execution that waits for it in this slot (or that
+	// execution lost its lease, and records nothing more).
+	lendJob, _ := x.lender()
+	resumed := !closeChildren && x.run.parentID != "" && lendJob != 0 && state == StateCompleted
+	eagerFinished(x.ctx, x.runID, state, output, msg, resumed)
 	return nil
 }
 
