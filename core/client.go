@@ -246,7 +246,10 @@ type Client struct {
 	workers  map[string]*registration
 	queues   map[string]*queue
 
-	inflight  sync.Map // job id → *running
+	inflight sync.Map // job id → *running
+	// snoozing holds the attempts whose snooze is being written (*running
+	// → struct{}): their handlers returned, and the heartbeat renews them.
+	snoozing  sync.Map
 	completer *completer
 	stats     counters
 	metrics   *metrics

@@ -122,10 +122,10 @@ func (c *Client) renewLease(r *running, sent time.Time) {
 }
 
 // renewOutcomeLease moves the local lease deadline of r, whose handler
-// returned and whose outcome waits in the completer, to leaseBudget after
-// sent, when a renewal that succeeded was sent. Nothing watches that
-// deadline: the heartbeat reads it to renew only leases that still hold
-// (completer.leased).
+// returned and whose outcome waits to be written (in the completer, or a
+// snooze), to leaseBudget after sent, when a renewal that succeeded was
+// sent. Nothing watches that deadline: the heartbeat reads it to renew
+// only leases that still hold (Client.heartbeat).
 func (c *Client) renewOutcomeLease(r *running, sent time.Time) {
 	if r.lost.Load() {
 		return

@@ -241,23 +241,23 @@ func TestConcurrentRescuers(t *testing.T) {
 }
 
 // stallTracer holds, until open is called or the statement's context ends,
-// the first write of a success that a client's completer sends (a
-// connection stalled by a partition or a pooler, say), and says when it
-// holds it.
+// the first statement containing sql that a client's connection whose
+// application_name contains app sends (a connection stalled by a
+// partition or a pooler, say), and says when it holds it.
 type stallTracer struct {
-	once    sync.Once
-	held    chan struct{} // closed when the write is held
-	release chan struct{}
-	opened  sync.Once
+	app, sql string
+	once     sync.Once
+	held     chan struct{} // closed when the statement is held
+	release  chan struct{}
+	opened   sync.Once
 }
 
-func newStallTracer() *stallTracer {
-	return &stallTracer{held: make(chan struct{}), release: make(chan struct{})}
+func newStallTracer(app, sql string) *stallTracer {
+	return &stallTracer{app: app, sql: sql, held: make(chan struct{}), release: make(chan struct{})}
 }
 
 func (s *stallTracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if !strings.Contains(conn.Config().RuntimeParams["application_name"], "relay-completer") ||
-		!strings.Contains(d.SQL, "state = 'succeeded'") {
+	if !strings.Contains(conn.Config().RuntimeParams["application_name"], s.app) || !strings.Contains(d.SQL, s.sql) {
 		return ctx
 	}
 	first := false
@@ -286,7 +286,7 @@ func TestPendingOutcomeKeepsItsLease(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
 	ctx := context.Background()
-	stall := newStallTracer()
+	stall := newStallTracer("relay-completer", "state = 'succeeded'")
 	cfg := pool.Config()
 	cfg.ConnConfig.Tracer = stall // the client's own pools copy it
 	traced, err := pgxpool.NewWithConfig(ctx, cfg)
@@ -314,20 +314,7 @@ func TestPendingOutcomeKeepsItsLease(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the completer did not write the success")
 	}
-	waitFor(t, "the lease renewed 3 lease lengths over while the success waits", func() bool {
-		var state string
-		var attempt int
-		var tok *string
-		var exp *time.Time
-		if err := pool.QueryRow(ctx, `SELECT state, attempt, lease_token::text, lease_expires_at FROM relay_jobs WHERE id = $1`, res.ID).
-			Scan(&state, &attempt, &tok, &exp); err != nil {
-			t.Fatal(err)
-		}
-		if state != string(core.StateClaimed) || attempt != 1 || tok == nil || *tok != token {
-			t.Fatalf("the job was rescued while its success waited to be written: state %s, attempt %d", state, attempt)
-		}
-		return exp.Sub(first) > 3*lease
-	})
+	waitRenewedWhileHeld(t, pool, res.ID, token, first.Add(3*lease))
 	stall.open()
 	j := waitState(t, pool, res.ID, core.StateSucceeded)
 	if j.Attempt != 1 || len(j.History) != 0 {
@@ -340,5 +327,72 @@ func TestPendingOutcomeKeepsItsLease(t *testing.T) {
 	}
 	if s := c.Stats(); s.LeaseLost != 0 || s.Succeeded != 1 {
 		t.Fatalf("LeaseLost = %d, Succeeded = %d; want 0, 1", s.LeaseLost, s.Succeeded)
+	}
+}
+
+// waitRenewedWhileHeld waits until the lease of job id's first attempt,
+// token, runs past until, and fails at once if the attempt lost it.
+func waitRenewedWhileHeld(t *testing.T, pool *pgxpool.Pool, id int64, token string, until time.Time) {
+	t.Helper()
+	waitFor(t, "the lease renewed past "+until.Format(time.RFC3339Nano)+" while the outcome waits", func() bool {
+		var state string
+		var attempt int
+		var tok *string
+		var exp *time.Time
+		if err := pool.QueryRow(context.Background(), `SELECT state, attempt, lease_token::text, lease_expires_at FROM relay_jobs WHERE id = $1`, id).
+			Scan(&state, &attempt, &tok, &exp); err != nil {
+			t.Fatal(err)
+		}
+		if state != string(core.StateClaimed) || attempt != 1 || tok == nil || *tok != token {
+			t.Fatalf("the job was rescued while its outcome waited to be written: state %s, attempt %d", state, attempt)
+		}
+		return exp.After(until)
+	})
+}
+
+// The same for a snooze, which its executor writes itself: held (its
+// connection stalled) for over three lease lengths, the attempt keeps its
+// lease, and once the write goes through the job is queued for later with
+// the attempt uncounted and nothing in its history.
+func TestPendingSnoozeKeepsItsLease(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	stall := newStallTracer("relay-worker", "greatest(attempt - 1, 0)")
+	cfg := pool.Config()
+	cfg.ConnConfig.Tracer = stall
+	traced, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(traced.Close)
+	ws, started, release, _ := blocking(true)
+	const lease = 2 * time.Second
+	c := startClient(t, traced, &core.Config{Workers: ws, LeaseDuration: lease, RescueInterval: 20 * time.Millisecond})
+	t.Cleanup(stall.open)
+	res, err := core.Enqueue(ctx, pool, blockArgs{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	var token string
+	var first time.Time
+	if err := pool.QueryRow(ctx, `SELECT lease_token::text, lease_expires_at FROM relay_jobs WHERE id = $1`, res.ID).Scan(&token, &first); err != nil {
+		t.Fatal(err)
+	}
+	release <- core.Snooze(time.Hour)
+	select {
+	case <-stall.held:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the executor did not write the snooze")
+	}
+	waitRenewedWhileHeld(t, pool, res.ID, token, first.Add(3*lease))
+	stall.open()
+	waitFor(t, "the snooze written", func() bool {
+		return count(t, pool, `SELECT count(*) FROM relay_jobs WHERE id = $1 AND state = 'queued' AND attempt = 0
+			AND run_at > now() + interval '50 minutes' AND history = '[]'::jsonb`, res.ID) == 1
+	})
+	if s := c.Stats(); s.LeaseLost != 0 {
+		t.Fatalf("LeaseLost = %d, want 0", s.LeaseLost)
 	}
 }

@@ -34,7 +34,7 @@ func (c *Client) heartbeatLoop(ctx context.Context) {
 // heartbeat renews, in one statement, the leases of the running jobs
 // (those in flight, not lost, not completed in their handler's
 // transaction) and of the attempts whose outcome the completer has yet to
-// write (completer.leased). A finished attempt is renewed only while its
+// write (completer.leased) or whose snooze is being written. A finished attempt is renewed only while its
 // local lease deadline has not passed, the deadline a running job's
 // handler would be cancelled at: a renewal is sent only for a lease that
 // still holds by this client's clock, never for one that may have expired.
@@ -54,6 +54,12 @@ func (c *Client) heartbeat(ctx context.Context) {
 	if c.completer != nil {
 		runs = c.completer.leased(runs)
 	}
+	c.snoozing.Range(func(k, _ any) bool {
+		if r := k.(*running); !r.lost.Load() && !c.leasePassed(r) {
+			runs = append(runs, r)
+		}
+		return true
+	})
 	if len(runs) == 0 {
 		return
 	}

@@ -82,7 +82,13 @@ func isSnooze(err error) bool {
 func (q *queue) snoozed(row *JobRow, span trace.Span, err error) {
 	var sz *snoozeError
 	errors.As(err, &sz)
-	due, _ := q.client.snooze(row, sz.delay)
+	c := q.client
+	// Its lease is renewed while the write waits (Client.heartbeat).
+	if r := row.run; r != nil {
+		c.snoozing.Store(r, struct{}{})
+		defer c.snoozing.Delete(r)
+	}
+	due, _ := c.snooze(row, sz.delay)
 	if span.IsRecording() {
 		span.AddEvent("snoozed", trace.WithAttributes(attribute.String("relay.job.snooze", sz.delay.String())))
 	}
