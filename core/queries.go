@@ -59,6 +59,18 @@ const sqlNotifyQueues = jobinsert.SQLNotifyQueues
 //     ascending priority, each in (run_at, id) order, keeps the claim
 //     order without a sort, and the outer LIMIT stops it (and its row
 //     locks) at $2 rows.
+//   - The UPDATE finds the picked rows by a primary-key probe each, as
+//     long as the plan thinks picked holds about one row. A prepared claim
+//     keeps the plan made for the table as it was when it was prepared
+//     (until an ANALYZE), and the generic plan counts a LIMIT $2 as 10% of
+//     its input: over the 101 rows PostgreSQL supposes of any recursive
+//     CTE, picked would be 10 rows, and against a young, small table a
+//     hash join over a sequential scan is the cheaper plan for 10. Kept
+//     while the table grew, every claim then read the whole table.
+//     prios's LIMIT $2 + 65536 is never reached (a smallint has 65,536
+//     values, and $2 >= 1); it makes the estimate of the priorities 10%
+//     of 101, and so picked's one row, as in walkClaimStatement
+//     (TestPreparedClaimProbesThePrimaryKey).
 //   - Only the head of each ordering key is in the range it reads (queue,
 //     false, ...): a job waiting for an earlier job of its key carries
 //     key_waiting, kept by the triggers of migration *_ordering_heads, so a
@@ -168,7 +180,7 @@ prios AS (
 ),
 picked AS (
     SELECT c.id
-    FROM prios CROSS JOIN LATERAL (
+    FROM (SELECT priority FROM prios LIMIT $2 + 65536) AS prios CROSS JOIN LATERAL (
         SELECT id
         FROM relay_jobs AS c
         WHERE state = 'queued' AND NOT key_waiting AND queue = $1 AND priority = prios.priority AND run_at <= now()` + cursor + `

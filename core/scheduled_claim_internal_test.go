@@ -79,7 +79,7 @@ func TestClaimBesideScheduledJobs(t *testing.T) {
 		if _, err := tx.Exec(ctx, sqlClaim, DefaultQueue, 4, 30000, "order", [16]byte(uuid.New())); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, `SELECT priority || '@' || (run_at <= now() - interval '1 s')::text FROM relay_jobs
+		rows, err := tx.Query(ctx, `SELECT priority || '@' || kind FROM relay_jobs
 			WHERE state = 'claimed' AND attempted_by = 'order' ORDER BY priority, run_at, id`)
 		if err != nil {
 			return err
@@ -90,7 +90,10 @@ func TestClaimBesideScheduledJobs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "0@true 0@true 0@true 9@false"; strings.Join(got, " ") != want {
+	// Labelled by kind, not by run_at against the clock: on a loaded
+	// machine the priority-9 jobs, due since their insert, can be more
+	// than a second old by now.
+	if want := "0@due 0@due 0@due 9@due"; strings.Join(got, " ") != want {
 		t.Fatalf("a claim of 4 took %v, want %s (the three due jobs of priority 0, then one of priority 9)", got, want)
 	}
 }
