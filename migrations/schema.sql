@@ -543,6 +543,7 @@ BEGIN
         END IF;
     ELSIF OLD.state IS DISTINCT FROM NEW.state AND (OLD.state, NEW.state) NOT IN (
         ('pending',      'running'),      -- first execution
+        ('pending',      'completed'),    -- completed in its first write
         ('pending',      'failed'),       -- could not start (executions crashed)
         ('pending',      'cancelled'),    -- cancelled before it ran
         ('pending',      'terminated'),   -- terminated before it ran

@@ -186,8 +186,16 @@ func (x *execution) batchWriteOp(fin *outcome, op *batchOp, extra ...*stepWrite)
 	// The cancel flag matters to an execution that goes on; the outcome's
 	// batch reads it only as part of the first write's touch.
 	readCancel := fin == nil || !x.touched
+	// finTouches: a child's first write is its outcome, which then marks
+	// the run started itself (sqlFinishChildRun), in the same update of
+	// its row: no touch, and no cancel read, which the execution no
+	// longer acts on (the outcome refuses a completion a cancel wins
+	// over). Not with a state change (compensating comes from running).
+	finTouches := fin != nil && !x.touched && x.run.parentID != "" && x.setState == "" &&
+		(fin.state == StateCompleted || fin.state == StateFailed)
 	cancelAt := -1
 	switch {
+	case finTouches:
 	case !x.touched:
 		cancelAt = b.Len()
 		b.Queue(sqlTouchRun, x.runID)
@@ -209,7 +217,11 @@ func (x *execution) batchWriteOp(fin *outcome, op *batchOp, extra ...*stepWrite)
 		} else {
 			// And wakes the parent, unless it waits for this in its slot.
 			job, token := x.lender()
-			b.Queue(sqlFinishChildRun, x.runID, string(fin.state), fin.output, fin.msg, fin.retryFrom, job, token)
+			touch := 0
+			if finTouches {
+				touch = 1
+			}
+			b.Queue(sqlFinishChildRun, x.runID, string(fin.state), fin.output, fin.msg, fin.retryFrom, job, token, touch)
 		}
 	}
 	if fin != nil && folded {
@@ -292,6 +304,11 @@ func (x *execution) batchWriteOp(fin *outcome, op *batchOp, extra ...*stepWrite)
 		return err
 	}
 	x.touched, x.dueWaits, x.setState, x.pending = true, nil, "", nil
+	if finTouches && !finWrote {
+		// The outcome, refused (a cancel won), did not mark the run
+		// started: the execution's next write does.
+		x.touched = false
+	}
 	for _, w := range extra {
 		w.row.attempts += w.attempts
 		x.hist[w.row.position] = w.row

@@ -147,4 +147,10 @@ func TestInlineChildsEndWritesItsParentsCheckpoint(t *testing.T) {
 	if st := b.reg.Stats(); st.Suspended != 0 || st.Executions != 2 {
 		t.Fatalf("stats %+v: want 2 executions (the parent's and its child's in its slot), none suspended", st)
 	}
+	// The child's one write was its outcome, which marked it started and
+	// counted its execution (no touch before it).
+	if n := b.count(`SELECT count(*) FROM relay_workflow_runs WHERE id = 'p/a' AND state = 'completed'
+		AND started_at IS NOT NULL AND started_at <= finished_at AND executions = 1`); n != 1 {
+		t.Fatal("the child is not completed, started and counted once")
+	}
 }

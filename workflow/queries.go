@@ -218,6 +218,10 @@ WHERE id = $1 AND state IN ('pending', 'running', 'compensating')
 // execution of the parent that begins after either sees the outcome
 // committed. $6 0 is no such parent.
 //
+// $8 is 1 when the outcome is its execution's first write (sqlTouchRun's
+// work, done here: the run marked started and its execution counted, in
+// the same update of its row), 0 otherwise.
+//
 // The same statement writes that execution's checkpoint of a completed
 // child (the parent's step at the child's position, waiting until now) as
 // sqlUpsertStep would have at the parent's next write, under the parent's
@@ -227,7 +231,8 @@ WHERE id = $1 AND state IN ('pending', 'running', 'compensating')
 const sqlFinishChildRun = `
 WITH ended AS (
     UPDATE relay_workflow_runs AS r
-    SET state = $2, output = $3::jsonb, error = nullif($4, ''), finished_at = now(), retry_from = $5
+    SET state = $2, output = $3::jsonb, error = nullif($4, ''), finished_at = now(), retry_from = $5,
+        started_at = coalesce(r.started_at, now()), executions = r.executions + $8
     WHERE r.id = $1 AND r.state IN ('pending', 'running', 'compensating')
       AND NOT ($2 IN ('completed', 'compensated') AND r.cancel_requested)
     RETURNING r.parent_id, r.parent_position,

@@ -36,7 +36,7 @@ func (s RunState) Final() bool {
 // transitions mirrors the trigger relay_workflow_runs_check and the table
 // of docs/workflow.md; TestRunStateMachine holds the three together.
 var transitions = map[RunState][]RunState{
-	StatePending:      {StateRunning, StateFailed, StateCancelled, StateTerminated},
+	StatePending:      {StateRunning, StateCompleted, StateFailed, StateCancelled, StateTerminated},
 	StateRunning:      {StateCompleted, StateFailed, StateCompensating, StateCancelled, StateTerminated},
 	StateCompensating: {StateCompensated, StateCancelled, StateFailed, StateTerminated},
 	StateFailed:       {StatePending},
