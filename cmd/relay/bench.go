@@ -58,6 +58,7 @@ func runBench(ctx context.Context, args []string) error {
 	wfEager := fs.Bool("eager", false, "--workflow: run each latency measurement a second time with eager start (workflow.RunNow: the run executed in the caller's goroutine)")
 	sleepers := fs.Int("sleepers", 0, "workflow runs that each sleep to a wake time spread over --wake-within, then run a step: how late they wake (its own measurement; the job flags do not apply)")
 	wakeWithin := fs.Duration("wake-within", time.Minute, "--sleepers: the wake times are spread evenly over this long")
+	schema := fs.String("schema", "", "run in this schema (created and migrated if absent) and keep it and its jobs: the table is not emptied first, so a fill made by one run stays beside the next runs")
 	history := fs.Int("history", 0, "one workflow run of this many steps in one execution, then a Sleep(0) whose wake-up replays them (its own measurement)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -90,7 +91,7 @@ func runBench(ctx context.Context, args []string) error {
 		os.Setenv(bench.EnvTrace, "1") // the worker processes inherit it
 		defer bench.InstallTracing()()
 	}
-	db, err := openProofDB(ctx, *dbURL, false)
+	db, err := openProofDBIn(ctx, *dbURL, false, "", *schema)
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
@@ -130,8 +131,8 @@ func runBench(ctx context.Context, args []string) error {
 	var res bench.Result
 	// What the measured jobs run beside: filled first, then vacuumed and
 	// analyzed, and kept by the run.
-	keep := *fill > 0 || *scheduled > 0 || *backlog > 0
-	if keep {
+	keep := *fill > 0 || *scheduled > 0 || *backlog > 0 || *schema != ""
+	if keep && *schema == "" {
 		if err := sys.Reset(ctx, pool); err != nil {
 			return err
 		}

@@ -349,8 +349,14 @@ func openProofDB(ctx context.Context, url string, keep bool) (db *proofDB, err e
 // (throwaway clusters, "sync" or "async" replication, one multi-host URL)
 // when replication is set.
 func openProofDBWith(ctx context.Context, url string, keep bool, replication string) (*proofDB, error) {
+	return openProofDBIn(ctx, url, keep, replication, "")
+}
+
+// openProofDBIn is openProofDBWith in the schema named, when one is: created
+// if absent, migrated, and kept.
+func openProofDBIn(ctx context.Context, url string, keep bool, replication, schema string) (*proofDB, error) {
 	db := &proofDB{}
-	if err := db.open(ctx, url, keep, replication); err != nil {
+	if err := db.open(ctx, url, keep, replication, schema); err != nil {
 		db.Close()
 		return nil, err
 	}
@@ -358,7 +364,7 @@ func openProofDBWith(ctx context.Context, url string, keep bool, replication str
 }
 
 // open is openProofDBWith on db, whose closers undo what it did.
-func (db *proofDB) open(ctx context.Context, url string, keep bool, replication string) (err error) {
+func (db *proofDB) open(ctx context.Context, url string, keep bool, replication, schema string) (err error) {
 	if url != "" {
 		// A URL given is refused as relay migrate and serve refuse it:
 		// another database's scheme named (the URL never echoed, it may
@@ -382,7 +388,14 @@ func (db *proofDB) open(ctx context.Context, url string, keep bool, replication 
 		db.closers = append(db.closers, func() { db.Cluster.Stop() }) //nolint:errcheck
 		url = db.Cluster.URL
 	}
-	schemaURL, drop, err := freshSchema(ctx, url)
+	var schemaURL string
+	var drop func()
+	if schema != "" {
+		schemaURL, err = namedSchema(ctx, url, schema)
+		keep = true
+	} else {
+		schemaURL, drop, err = freshSchema(ctx, url)
+	}
 	if err != nil {
 		return err
 	}
@@ -436,6 +449,27 @@ func freshSchema(ctx context.Context, dbURL string) (string, func(), error) {
 		}
 	}
 	return u.String(), drop, nil
+}
+
+// namedSchema creates the schema named in the database if it is absent and
+// returns a URL whose connections use it.
+func namedSchema(ctx context.Context, dbURL, schema string) (string, error) {
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		return "", fmt.Errorf("prove: connect: %w", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()); err != nil {
+		return "", fmt.Errorf("prove: create schema: %w", err)
+	}
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		return "", fmt.Errorf("prove: --database-url must be a URL: %w", err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String(), nil
 }
 
 // enqueueProofJobs enqueues the proof's jobs. With --partition they arrive
