@@ -76,13 +76,14 @@ SELECT workflow, state, input::text, queue, coalesce(parent_id, ''), trace::text
 FROM relay_workflow_runs
 WHERE id = $1`
 
-// sqlLoadSteps reads a run's whole history in one statement, whatever its
-// length: a replay costs one query however many steps it passes.
+// sqlLoadSteps reads a run's history from position $2 on in one
+// statement, whatever its length: a replay costs one query however many
+// steps it passes.
 const sqlLoadSteps = `
 SELECT position, key, kind, state, coalesce(output::text, ''), coalesce(error, ''), attempts,
        wake_at, coalesce(child_id, ''), coalesce(error_info::text, ''), started_at
 FROM relay_workflow_steps
-WHERE run_id = $1
+WHERE run_id = $1 AND position >= $2
 ORDER BY position`
 
 // sqlJobLastError reads why the previous attempt of job $1 ended.

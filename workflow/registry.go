@@ -41,7 +41,9 @@ type Registry struct {
 	tracer trace.Tracer
 	byName map[string]*definition
 	stats  stats
-	waiter waiter
+	// histories keeps the histories of runs this registry suspended.
+	histories histCache
+	waiter    waiter
 	// announcer wakes Result callers after a run's end commits, and
 	// UpdateResult callers after an update's answer commits.
 	announcer announcer
@@ -74,10 +76,14 @@ type Stats struct {
 	LateCheckpointsRefused int64
 	Suspended              int64 // executions that ended suspended
 	Finished               int64 // runs this registry finished
+	// HistoryRead counts the history steps executions read from the
+	// database. A run executed again by the registry that suspended it
+	// rereads only the steps that may have changed since.
+	HistoryRead int64
 }
 
 type stats struct {
-	executions, replayed, checkpoints, refused, suspended, finished atomic.Int64
+	executions, replayed, checkpoints, refused, suspended, finished, historyRead atomic.Int64
 }
 
 // definition is one registered workflow with its types erased.
@@ -182,6 +188,7 @@ func (r *Registry) Stats() Stats {
 	return Stats{
 		Executions: s.executions.Load(), Replayed: s.replayed.Load(), Checkpoint: s.checkpoints.Load(),
 		LateCheckpointsRefused: s.refused.Load(), Suspended: s.suspended.Load(), Finished: s.finished.Load(),
+		HistoryRead: s.historyRead.Load(),
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -109,6 +110,9 @@ type execution struct {
 	// moment, as near as a deadline needs (dbNow).
 	began time.Time
 	hist  map[int]*stepRow
+	// keep is the part of the history as loaded that the registry keeps
+	// if the execution suspends (see histCache).
+	keep  []stepRow
 	pos   int
 	keys  map[string]int
 	comps []compensation
@@ -249,14 +253,23 @@ func (x *execution) next(kind, key string) (int, *stepRow) {
 	return pos, h
 }
 
-// load reads the run and, when history, its whole history: two statements
-// in one round trip, the history in one query however many steps it
-// holds. Without history the execution starts from an empty one.
+// load reads the run and, when history, its history: two statements in
+// one round trip, the history in one query however many steps it holds.
+// Without history the execution starts from an empty one. Of a run this
+// registry suspended, it reads only the steps it does not keep (see
+// histCache), unless the run is no longer the one they were kept for.
 func (x *execution) load(ctx context.Context, history bool) error {
+	var kept *keptHistory
+	from := 0
+	if history {
+		if kept = x.r.histories.take(x.runID); kept != nil {
+			from = len(kept.steps)
+		}
+	}
 	b := &pgx.Batch{}
 	b.Queue(sqlLoadRun, x.runID)
 	if history {
-		b.Queue(sqlLoadSteps, x.runID)
+		b.Queue(sqlLoadSteps, x.runID, from)
 	}
 	br := x.r.pool.SendBatch(ctx, b)
 	defer br.Close()
@@ -272,21 +285,51 @@ func (x *execution) load(ctx context.Context, history bool) error {
 	if !history {
 		return nil
 	}
-	rows, err := br.Query()
+	if kept != nil && !kept.fits(&x.run) {
+		// Its history changed: read all of it.
+		kept = nil
+		if err := br.Close(); err != nil {
+			return fmt.Errorf("workflow: load steps of run %s: %w", x.runID, err)
+		}
+		if err := x.loadSteps(x.r.pool.Query(ctx, sqlLoadSteps, x.runID, 0)); err != nil {
+			return err
+		}
+	} else if err := x.loadSteps(br.Query()); err != nil {
+		return err
+	}
+	var known []stepRow
+	if kept != nil {
+		known = kept.steps
+		steps := slices.Clone(known) // the execution's own, which it may change
+		for i := range steps {
+			x.hist[i] = &steps[i]
+		}
+	}
+	if len(x.hist) >= histCacheMinSteps {
+		x.keep = unchangingPrefix(known, x.hist)
+	}
+	return nil
+}
+
+// loadSteps adds the steps of rows (sqlLoadSteps) to x.hist.
+func (x *execution) loadSteps(rows pgx.Rows, err error) error {
 	if err != nil {
 		return fmt.Errorf("workflow: load steps of run %s: %w", x.runID, err)
 	}
 	defer rows.Close()
+	n := 0
 	for rows.Next() {
 		s := &stepRow{}
 		if err := rows.Scan(&s.position, &s.key, &s.kind, &s.state, &s.output, &s.errMsg, &s.attempts, &s.wakeAt, &s.childID, &s.errInfo, &s.startedAt); err != nil {
 			return fmt.Errorf("workflow: load steps of run %s: %w", x.runID, err)
 		}
 		x.hist[s.position] = s
+		n++
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("workflow: load steps of run %s: %w", x.runID, err)
 	}
+	x.r.stats.historyRead.Add(int64(n))
 	return nil
 }
 
@@ -332,6 +375,13 @@ func (r *Registry) execute(ctx context.Context, job *core.Job[runArgs]) error {
 		endSpan(span, nil, attribute.String("relay.workflow.outcome", "finished"))
 	case errors.Is(err, errSuspended):
 		endSpan(span, nil, attribute.String("relay.workflow.outcome", "suspended"))
+		if x.keep != nil {
+			executions := x.run.executions
+			if x.touched {
+				executions++
+			}
+			r.histories.put(x.runID, &keptHistory{jobID: x.run.jobID, generation: x.run.generation, executions: executions, steps: x.keep})
+		}
 	default:
 		endSpan(span, err, attribute.String("relay.workflow.outcome", "failed"))
 	}

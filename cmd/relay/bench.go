@@ -60,6 +60,7 @@ func runBench(ctx context.Context, args []string) error {
 	wakeWithin := fs.Duration("wake-within", time.Minute, "--sleepers: the wake times are spread evenly over this long")
 	schema := fs.String("schema", "", "run in this schema (created and migrated if absent) and keep it and its jobs: the table is not emptied first, so a fill made by one run stays beside the next runs")
 	history := fs.Int("history", 0, "one workflow run of this many steps in one execution, then a Sleep(0) whose wake-up replays them (its own measurement)")
+	wakes := fs.Int("wakes", 1, "--history: this many Sleep(0)s, each followed by a step, after the steps: every wake-up replays the history")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -74,7 +75,7 @@ func runBench(ctx context.Context, args []string) error {
 		defer db.Close()
 		fmt.Printf("bench: %s\n", bench.Machine(ctx, db.Pool))
 		if *history > 0 {
-			return runBenchHistory(ctx, db.URL, *history)
+			return runBenchHistory(ctx, db.URL, *history, max(*wakes, 1))
 		}
 		return runBenchSleepers(ctx, db.URL, *sleepers, *wakeWithin, *workers)
 	}

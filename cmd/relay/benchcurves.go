@@ -170,17 +170,20 @@ func runBenchSleepers(ctx context.Context, url string, n int, within time.Durati
 	return nil
 }
 
-// runBenchHistory is `relay bench --history N`: one workflow run of N
-// no-op steps in one execution, then a Sleep(0) whose wake-up replays the
-// whole history before a last step. It reports the steps' rate and
-// PostgreSQL's CPU per step, and how long the replaying execution took.
-func runBenchHistory(ctx context.Context, url string, n int) error {
+// runBenchHistory is `relay bench --history N --wakes W`: one workflow
+// run of N no-op steps in one execution, then W times a Sleep(0) and a
+// step: each wake-up replays the whole history. It reports the steps' rate
+// and PostgreSQL's CPU per step, how long the first wake-up took (until
+// its step ran) and the mean of the later ones, and PostgreSQL's CPU per
+// wake-up.
+func runBenchHistory(ctx context.Context, url string, n, wakes int) error {
 	e, err := openCurveEngine(ctx, url, 4)
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
 	defer e.close()
-	var first, loopDone, end atomic.Int64
+	var first, loopDone atomic.Int64
+	woke := make([]atomic.Int64, wakes)
 	noop := func(context.Context) (int, error) { return 0, nil }
 	wf := workflow.MustRegister(e.reg, "bench.history", func(wctx workflow.Context, n int) (int, error) {
 		for i := range n {
@@ -195,10 +198,19 @@ func runBenchHistory(ctx context.Context, url string, n int) error {
 		if _, err := workflow.Step(wctx, "done", func(context.Context) (int, error) { loopDone.Store(time.Now().UnixNano()); return 0, nil }, nil); err != nil {
 			return 0, err
 		}
-		if err := workflow.Sleep(wctx, "z", 0); err != nil {
-			return 0, err
+		for w := range wakes {
+			key := "z"
+			if w > 0 {
+				key = fmt.Sprintf("z%d", w)
+			}
+			if err := workflow.Sleep(wctx, key, 0); err != nil {
+				return 0, err
+			}
+			if _, err := workflow.Step(wctx, fmt.Sprintf("end%d", w), func(context.Context) (int, error) { woke[w].Store(time.Now().UnixNano()); return 0, nil }, nil); err != nil {
+				return 0, err
+			}
 		}
-		return workflow.Step(wctx, "end", func(context.Context) (int, error) { end.Store(time.Now().UnixNano()); return 0, nil }, nil)
+		return 0, nil
 	})
 	if err := e.start(ctx, 4); err != nil {
 		return fmt.Errorf("bench: %w", err)
@@ -219,6 +231,7 @@ func runBenchHistory(ctx context.Context, url string, n int) error {
 		}
 	}
 	cpuLoop, _ = bench.PostgresCPU(ctx, e.pool)
+	read0 := e.reg.Stats().HistoryRead
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	if _, err := h.Result(rctx, e.pool); err != nil {
@@ -226,9 +239,14 @@ func runBenchHistory(ctx context.Context, url string, n int) error {
 	}
 	cpuEnd, _ := bench.PostgresCPU(ctx, e.pool)
 	steps := time.Duration(loopDone.Load() - first.Load())
-	replay := time.Duration(end.Load() - loopDone.Load())
-	fmt.Printf("bench: mode=history steps=%d steps_per_s=%.0f step_mean_ms=%.3f pg_cpu_ms_per_1k_steps=%.2f replay_ms=%.1f replay_pg_cpu_ms=%.1f\n",
-		n, float64(n)/steps.Seconds(), ms(steps)/float64(n), ms((cpuLoop-cpu0)*1000/time.Duration(n)), ms(replay), ms(cpuEnd-cpuLoop))
+	replay := time.Duration(woke[0].Load() - loopDone.Load())
+	var later time.Duration
+	if wakes > 1 {
+		later = time.Duration(woke[wakes-1].Load()-woke[0].Load()) / time.Duration(wakes-1)
+	}
+	fmt.Printf("bench: mode=history steps=%d wakes=%d steps_per_s=%.0f step_mean_ms=%.3f pg_cpu_ms_per_1k_steps=%.2f replay_ms=%.1f later_replay_ms=%.1f pg_cpu_ms_per_wake=%.1f history_rows_read_per_wake=%d\n",
+		n, wakes, float64(n)/steps.Seconds(), ms(steps)/float64(n), ms((cpuLoop-cpu0)*1000/time.Duration(n)), ms(replay), ms(later),
+		ms((cpuEnd-cpuLoop)/time.Duration(wakes)), (e.reg.Stats().HistoryRead-read0)/int64(wakes))
 	return nil
 }
 
