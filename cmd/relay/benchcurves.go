@@ -216,6 +216,7 @@ func runBenchHistory(ctx context.Context, url string, n, wakes int) error {
 		return fmt.Errorf("bench: %w", err)
 	}
 	cpu0, _ := bench.PostgresCPU(ctx, e.pool)
+	read0 := e.reg.Stats().HistoryRead // the first execution reads none
 	h, err := workflow.Start(ctx, e.pool, wf, n, &workflow.StartOpts{Queue: benchWFQueue})
 	if err != nil {
 		return fmt.Errorf("bench: start: %w", err)
@@ -231,7 +232,6 @@ func runBenchHistory(ctx context.Context, url string, n, wakes int) error {
 		}
 	}
 	cpuLoop, _ = bench.PostgresCPU(ctx, e.pool)
-	read0 := e.reg.Stats().HistoryRead
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	if _, err := h.Result(rctx, e.pool); err != nil {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/relayq/relay/testkit/testdb"
 )
@@ -201,7 +204,11 @@ func TestBenchCurves(t *testing.T) {
 		args []string
 		want *regexp.Regexp
 	}{
-		{[]string{"--history", "30"}, regexp.MustCompile(`(?m)^bench: mode=history steps=30 steps_per_s=[1-9]`)},
+		{[]string{"--history", "30"}, regexp.MustCompile(`(?m)^bench: mode=history steps=30 wakes=1 steps_per_s=[1-9]`)},
+		// The wake-ups after the first read only the steps the registry
+		// does not keep: a mean under 100 steps read per wake-up, where
+		// rereading the 100 would be over 100.
+		{[]string{"--history", "100", "--wakes", "3"}, regexp.MustCompile(`(?m)^bench: mode=history steps=100 wakes=3 steps_per_s=[1-9].* history_rows_read_per_wake=[0-9]{1,2}$`)},
 		{[]string{"--sleepers", "40", "--wake-within", "1s", "--workers", "10"}, regexp.MustCompile(`(?m)^bench: mode=sleepers runs=40 within=1s workers=10 late_p50_ms=`)},
 	} {
 		out, err := exec.Command(bin, append([]string{"bench", "--database-url", url}, c.args...)...).CombinedOutput()
@@ -211,6 +218,35 @@ func TestBenchCurves(t *testing.T) {
 		if !c.want.Match(out) {
 			t.Errorf("relay bench %v: no summary line matching %s in\n%s", c.args, c.want, out)
 		}
+	}
+}
+
+// relay bench --schema keeps its schema and its jobs: a second run in it
+// drains its own jobs beside the first run's, which are still there.
+func TestBenchSchemaKeepsItsJobs(t *testing.T) {
+	t.Parallel()
+	bin := buildRelay(t)
+	url := testdb.URL(t)
+	for range 2 {
+		out, err := exec.Command(bin, "bench", "--database-url", url, "--schema", "bench_kept", "--jobs", "50", "--workers", "5").CombinedOutput()
+		if err != nil {
+			t.Fatalf("relay bench --schema: %v\n%s", err, out)
+		}
+		if !regexp.MustCompile(`(?m)^bench: mode=burndown system=relay jobs=50 `).Match(out) {
+			t.Fatalf("relay bench --schema: no summary line in\n%s", out)
+		}
+	}
+	conn, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var n int
+	if err := conn.QueryRow(context.Background(), `SELECT count(*) FROM bench_kept.relay_jobs WHERE state = 'succeeded'`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 100 {
+		t.Fatalf("%d jobs succeeded in the kept schema, want both runs' 100", n)
 	}
 }
 
