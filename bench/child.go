@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/pprof"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -121,6 +122,7 @@ func RunChild(ctx context.Context, args []string, systems []System) error {
 	windows := map[int64]*Histogram{}
 	var histMu sync.Mutex
 	var completed atomic.Int64
+	keyedStarts := map[int64]int64{} // job id → its handler's first start, µs since the Unix epoch
 	hooks := Hooks{
 		Started: func(stamp int64) {
 			if stamp == 0 {
@@ -146,6 +148,14 @@ func RunChild(ctx context.Context, args []string, systems []System) error {
 			histMu.Unlock()
 		},
 		Completed: func(total int64) { completed.Store(total) },
+		KeyedStarted: func(id int64, at time.Time) {
+			us := at.UnixMicro()
+			histMu.Lock()
+			if old, ok := keyedStarts[id]; !ok || us < old {
+				keyedStarts[id] = us
+			}
+			histMu.Unlock()
+		},
 	}
 	reporterDone := make(chan struct{})
 	go func() {
@@ -222,6 +232,21 @@ func RunChild(ctx context.Context, args []string, systems []System) error {
 	for w, h := range windows {
 		wh, _ := json.Marshal(h)
 		say("win %d %s", w, wh)
+	}
+	// Lines of at most 2,000 "id:µs" pairs, well within the parent's
+	// line buffer.
+	var line strings.Builder
+	n := 0
+	for id, us := range keyedStarts {
+		fmt.Fprintf(&line, " %d:%d", id, us)
+		if n++; n == 2000 {
+			say("keyed%s", line.String())
+			line.Reset()
+			n = 0
+		}
+	}
+	if n > 0 {
+		say("keyed%s", line.String())
 	}
 	histMu.Unlock()
 	say("hist %s", enc)

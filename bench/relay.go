@@ -287,17 +287,65 @@ func (Relay) FillKeyBacklog(ctx context.Context, pool *pgxpool.Pool, n int) erro
 	return nil
 }
 
-// OrderViolations counts the finished bench jobs that started before the
-// previous job of their ordering key had finished (by id: the order in
-// which they were enqueued), and the keys that had any.
-func (Relay) OrderViolations(ctx context.Context, pool *pgxpool.Pool) (jobs, keys int64, err error) {
-	err = pool.QueryRow(ctx, `
-		SELECT count(*), count(DISTINCT ordering_key) FROM (
-		    SELECT ordering_key, attempted_at,
-		           lag(finalized_at) OVER (PARTITION BY queue, ordering_key ORDER BY id) AS prev_done
-		    FROM relay_jobs WHERE kind = 'bench' AND ordering_key IS NOT NULL) AS t
-		WHERE attempted_at < prev_done`).Scan(&jobs, &keys)
-	return jobs, keys, err
+// OrderCheck is what Relay.OrderViolations found.
+type OrderCheck struct {
+	// Jobs is the number of keyed jobs whose handler started before the
+	// previous job of their key (by id: the order in which they were
+	// enqueued) had finished, on Keys keys.
+	Jobs, Keys int64
+	// CommitTimes says whether "finished" was the commit of the previous
+	// job's outcome (track_commit_timestamp is on): the check is then
+	// exact. Otherwise it is the start of the transaction that wrote the
+	// outcome (finalized_at), which precedes its commit: a handler that
+	// started during that transaction is not counted.
+	CommitTimes bool
+	// Unreported is the number of succeeded keyed jobs whose handler start
+	// no worker process reported: the check could not see them.
+	Unreported int64
+	// ClaimedEarly is the number of keyed jobs whose claim's now() precedes
+	// the previous job's completion's now(). It is not a count of order
+	// violations: now() is the start of each transaction, and a claim's
+	// transaction can start before the completion's and still take its
+	// snapshot after that completion committed (docs/ordering-keys.md).
+	ClaimedEarly int64
+}
+
+// OrderViolations checks the order of the keyed bench jobs: each job's
+// handler start (started, Result.KeyedStarts, by the worker processes'
+// clock) against the commit of its key's previous job's outcome (by
+// PostgreSQL's clock: the worker processes must run on the database's
+// machine).
+func (Relay) OrderViolations(ctx context.Context, pool *pgxpool.Pool, started map[int64]int64) (OrderCheck, error) {
+	var c OrderCheck
+	if err := pool.QueryRow(ctx, `SELECT current_setting('track_commit_timestamp')::bool`).Scan(&c.CommitTimes); err != nil {
+		return c, err
+	}
+	ids := make([]int64, 0, len(started))
+	starts := make([]int64, 0, len(started))
+	for id, us := range started {
+		ids = append(ids, id)
+		starts = append(starts, us)
+	}
+	// A finished job's row was last written by its outcome (nothing in a
+	// run updates it after), so its xmin is the outcome's transaction.
+	err := pool.QueryRow(ctx, `
+		WITH s AS (SELECT * FROM unnest($1::bigint[], $2::bigint[]) AS s(id, started_us)),
+		j AS (
+		    SELECT j.id, j.queue, j.ordering_key, j.state, j.attempted_at, j.finalized_at, s.started_us,
+		           (extract(epoch FROM coalesce(CASE WHEN $3 THEN pg_xact_commit_timestamp(j.xmin) END,
+		                                        j.finalized_at)) * 1000000)::bigint AS done_us
+		    FROM relay_jobs AS j LEFT JOIN s ON s.id = j.id
+		    WHERE j.kind = 'bench' AND j.ordering_key IS NOT NULL),
+		t AS (
+		    SELECT ordering_key, state, started_us, attempted_at,
+		           lag(done_us) OVER w AS prev_done_us, lag(finalized_at) OVER w AS prev_finalized
+		    FROM j WINDOW w AS (PARTITION BY queue, ordering_key ORDER BY id))
+		SELECT count(*) FILTER (WHERE started_us < prev_done_us),
+		       count(DISTINCT ordering_key) FILTER (WHERE started_us < prev_done_us),
+		       count(*) FILTER (WHERE state = 'succeeded' AND started_us IS NULL),
+		       count(*) FILTER (WHERE attempted_at < prev_finalized)
+		FROM t`, ids, starts, c.CommitTimes).Scan(&c.Jobs, &c.Keys, &c.Unreported, &c.ClaimedEarly)
+	return c, err
 }
 
 func (Relay) EndToEnd(ctx context.Context, pool *pgxpool.Pool) (p50, p95, p99 time.Duration, err error) {
@@ -309,6 +357,9 @@ func (Relay) EndToEnd(ctx context.Context, pool *pgxpool.Pool) (p50, p95, p99 ti
 func (Relay) Work(ctx context.Context, pool *pgxpool.Pool, cfg WorkerConfig, hooks Hooks) error {
 	ws := core.NewWorkers()
 	core.MustAddWorker(ws, core.WorkFunc[benchArgs](func(_ context.Context, j *core.Job[benchArgs]) error {
+		if j.OrderingKey != "" && hooks.KeyedStarted != nil {
+			hooks.KeyedStarted(j.ID, time.Now())
+		}
 		hooks.Started(j.Args.Stamp)
 		hooks.Worked(cfg.Job.Do())
 		return nil

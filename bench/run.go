@@ -50,6 +50,11 @@ type Result struct {
 	Windows  []Window
 	EndToEnd [3]time.Duration // p50, p95, p99: created → finalized (from the table)
 
+	// KeyedStarts is when the handler of each job with an ordering key
+	// first started: job id → microseconds since the Unix epoch, by the
+	// worker processes' clock (Relay with keys only).
+	KeyedStarts map[int64]int64
+
 	WorkMean  time.Duration // mean time in Job.Do per job (the handler's own work)
 	Elapsed   time.Duration // the measured phase
 	PGCPU     time.Duration // PostgreSQL's CPU during the measured phase (-1: unknown)
@@ -164,7 +169,7 @@ func RunBurnDown(ctx context.Context, env Env, sys System, o BurnDown) (Result, 
 	if err != nil {
 		return r, err
 	}
-	r.WorkerCPU, r.WorkMean = wcpu, work.Mean()
+	r.WorkerCPU, r.WorkMean, r.KeyedStarts = wcpu, work.Mean(), f.keyed
 	r.Pickup = [3]time.Duration{hist.Quantile(0.5), hist.Quantile(0.95), hist.Quantile(0.99)}
 	return r, nil
 }
@@ -308,7 +313,7 @@ func RunSteady(ctx context.Context, env Env, sys System, o Steady) (Result, erro
 	if err != nil {
 		return r, err
 	}
-	r.WorkerCPU, r.WorkMean = wcpu, work.Mean()
+	r.WorkerCPU, r.WorkMean, r.KeyedStarts = wcpu, work.Mean(), f.keyed
 	r.Pickup = [3]time.Duration{hist.Quantile(0.5), hist.Quantile(0.95), hist.Quantile(0.99)}
 	if o.Window > 0 {
 		r.Windows = f.windows(o.Window)
@@ -423,6 +428,7 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 type fleet struct {
 	procs []*proc
 	win   map[int64]*Histogram // merged by stop (Steady.Window)
+	keyed map[int64]int64      // merged by stop (Result.KeyedStarts)
 }
 
 type proc struct {
@@ -434,6 +440,7 @@ type proc struct {
 	hist   Histogram
 	work   Histogram
 	win    map[int64]*Histogram // by window number (Steady.Window)
+	keyed  map[int64]int64      // Result.KeyedStarts, this process's
 }
 
 func startFleet(ctx context.Context, env Env, sys System, cfg WorkerConfig, n int) (*fleet, error) {
@@ -499,6 +506,18 @@ func (p *proc) read(r io.Reader) {
 				}
 				p.win[w] = h
 			}
+		case strings.HasPrefix(line, "keyed "):
+			for _, pair := range strings.Fields(line[6:]) {
+				id, us, _ := strings.Cut(pair, ":")
+				i, err1 := strconv.ParseInt(id, 10, 64)
+				t, err2 := strconv.ParseInt(us, 10, 64)
+				if err1 == nil && err2 == nil {
+					if p.keyed == nil {
+						p.keyed = map[int64]int64{}
+					}
+					p.keyed[i] = t
+				}
+			}
 		case strings.HasPrefix(line, "work "):
 			json.Unmarshal([]byte(line[5:]), &p.work) //nolint:errcheck
 		}
@@ -556,6 +575,14 @@ func (f *fleet) stop() (pickup, work Histogram, cpu time.Duration, err error) {
 				f.win[w] = &Histogram{}
 			}
 			f.win[w].Merge(h)
+		}
+		for id, us := range p.keyed {
+			if f.keyed == nil {
+				f.keyed = map[int64]int64{}
+			}
+			if old, ok := f.keyed[id]; !ok || us < old {
+				f.keyed[id] = us
+			}
 		}
 	}
 	f.procs = nil

@@ -106,6 +106,11 @@ var sink atomic.Uint32 // keeps the hashing from being optimised away
 type Hooks struct {
 	// Started is called as a handler starts, with the job's stamp.
 	Started func(stamp int64)
+	// KeyedStarted, when set, is called first thing in the handler of a
+	// job with an ordering key, with the job's id and the time the handler
+	// started by this process's clock: the order check compares it with the
+	// commit of the key's previous job (Relay.OrderViolations).
+	KeyedStarted func(id int64, at time.Time)
 	// Worked is called with how long Job.Do took: the handler's own time,
 	// which bounds what any queue can reach.
 	Worked func(time.Duration)

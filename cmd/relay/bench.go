@@ -213,7 +213,7 @@ func runBench(ctx context.Context, args []string) error {
 		return fmt.Errorf("bench: %w", err)
 	}
 	if *keys > 0 {
-		jobs, bad, err := relaySys.OrderViolations(ctx, pool)
+		c, err := relaySys.OrderViolations(ctx, pool, res.KeyedStarts)
 		if err != nil {
 			return fmt.Errorf("bench: order check: %w", err)
 		}
@@ -221,7 +221,15 @@ func runBench(ctx context.Context, args []string) error {
 		if *cycleKeys {
 			dist = "in turn"
 		}
-		fmt.Printf("bench: ordering keys %d (%s): %d jobs started before their key's previous job finished, on %d keys\n", *keys, dist, jobs, bad)
+		against := "the start of the previous job's outcome transaction (track_commit_timestamp off: a handler started during that transaction is not counted)"
+		if c.CommitTimes {
+			against = "the commit of the previous job's outcome (track_commit_timestamp)"
+		}
+		fmt.Printf("bench: ordering keys %d (%s): %d jobs started before their key's previous job finished, on %d keys; %d jobs without a reported start; handler starts compared with %s; %d claims' now() before the previous job's completion's now() (transaction starts, not an order)\n",
+			*keys, dist, c.Jobs, c.Keys, c.Unreported, against, c.ClaimedEarly)
+		if c.Unreported > 0 {
+			return fmt.Errorf("bench: order check: %d succeeded jobs with a key but no handler start reported", c.Unreported)
+		}
 	}
 	fmt.Println(res.Line())
 	return nil

@@ -178,18 +178,14 @@ func TestBench(t *testing.T) {
 		if slices.Contains(args, "--sample-waits") && !regexp.MustCompile(`(?m)^bench: waits over the run \(0 samples failed\): [1-9]\d* samples`).Match(out) {
 			t.Errorf("relay bench %v: no wait-event samples in\n%s", args, out)
 		}
-		// The bench's order check prints its line. Its count is not the
-		// proof of ordering keys (TestOrderingKeys and the proofs' audits
-		// are): it compares one job's claim time with the previous job's
-		// completion time, two now()s, and a loaded CI machine once
-		// counted 1 job (cause not settled; see the session 12 note).
-		if slices.Contains(args, "--cycle-keys") {
-			line := regexp.MustCompile(`bench: ordering keys 50 \(in turn\): (\d+) jobs started before[^\n]*`).FindSubmatch(out)
-			if line == nil {
-				t.Errorf("relay bench %v: no order check in\n%s", args, out)
-			} else if string(line[1]) != "0" {
-				t.Logf("relay bench %v: %s", args, line[0])
-			}
+		// The bench's order check finds no job whose handler started before
+		// its key's previous job's outcome (here its transaction's start:
+		// the test cluster does not track commit timestamps), and saw every
+		// handler start. Claims' now() before completions' now() may be
+		// counted: they are not order violations (docs/ordering-keys.md).
+		if slices.Contains(args, "--cycle-keys") && !strings.Contains(string(out),
+			"ordering keys 50 (in turn): 0 jobs started before their key's previous job finished, on 0 keys; 0 jobs without a reported start;") {
+			t.Errorf("relay bench %v: order check failed or missing in\n%s", args, out)
 		}
 	}
 }
