@@ -66,6 +66,8 @@ func (c *histCache) put(id string, k *keptHistory) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if old := c.runs[id]; old != nil {
+		// Out of the map before the eviction, which would count it again.
+		delete(c.runs, id)
 		c.steps -= len(old.steps)
 	}
 	if c.runs == nil {
