@@ -104,38 +104,44 @@ const sqlNotifyQueues = jobinsert.SQLNotifyQueues
 //
 // sqlClaimSync and sqlClaimAfterSync commit synchronously
 // (Config.SynchronousClaims); sqlClaimAfter and sqlClaimAfterSync claim
-// from the cursor, in one walk (see walkClaimStatement and claimStatement).
+// from a drain's cursor, in one walk of its priority's due range (see
+// walkClaimStatement); sqlClaimFrom and sqlClaimFromSync from the claim
+// floor (claimfloor.go), over every priority after it (claimStatement).
 var (
 	sqlClaim          = claimStatement(false, asyncCommit)
 	sqlClaimSync      = claimStatement(false, sessionCommit)
-	sqlClaimAfter     = walkClaimStatement(true, asyncCommit)
-	sqlClaimAfterSync = walkClaimStatement(true, sessionCommit)
+	sqlClaimAfter     = walkClaimStatement(asyncCommit)
+	sqlClaimAfterSync = walkClaimStatement(sessionCommit)
+	sqlClaimFrom      = claimStatement(true, asyncCommit)
+	sqlClaimFromSync  = claimStatement(true, sessionCommit)
 )
 
-// walkClaimStatement is the claim as one walk of the claim index in
-// (priority, run_at, id) order, from the cursor (after) or the front: the
-// cursor's claims (a drain taking full batches, the claim floor) use it.
-// It costs PostgreSQL less per claim than claimStatement's walk over
-// priorities (docs/benchmarks.md, "Cost as the work grows"), and
-// a drain's claims fill up on due jobs before they reach scheduled ones;
-// only a claim that finds fewer due jobs than it asks for walks on through
-// the scheduled jobs behind them, once per such claim.
-func walkClaimStatement(after bool, commit string) string {
-	cursor := ""
-	if after {
-		cursor = "\n      AND (priority, run_at, id) > ($6::smallint, $7::timestamptz, $8::bigint)"
-	}
+// walkClaimStatement is the claim from the cursor of a drain ($6
+// priority, $7 run_at, $8 id: the last job of the previous claim, which
+// took all it asked for) as one walk of the claim index over the rest of
+// the cursor's priority's due range, and no further: its end is
+// (priority $6, now()), so it never reaches the scheduled jobs behind the
+// due ones nor the priorities after it. It costs PostgreSQL less per claim
+// than claimStatement's walk over priorities (docs/benchmarks.md, "Cost as
+// the work grows"). A claim that finds fewer jobs than it asks for ends the
+// drain: the fetch loop drops the cursor, and its next claim, from the
+// front, walks the priorities. The walk used to go on past the cursor's
+// priority: whenever a backlog ran out it stepped over every scheduled job
+// of that priority (beside 1M scheduled jobs, ~1,400 buffers and ~49 ms a
+// claim, and a steady load fell behind: TestClaimBesideScheduledJobs).
+func walkClaimStatement(commit string) string {
 	return `
 WITH picked AS (
     SELECT id
     FROM relay_jobs AS c
-    WHERE state = 'queued' AND NOT key_waiting AND queue = $1 AND run_at <= now()` + cursor + `
+    WHERE state = 'queued' AND NOT key_waiting AND queue = $1 AND priority = $6::smallint
+      AND run_at <= now() AND (run_at, id) > ($7::timestamptz, $8::bigint)
       AND NOT EXISTS (SELECT 1 FROM relay_queue_pauses WHERE queue = $1)
       AND (ordering_key IS NULL OR c.id = (
           SELECT min(e.id) FROM relay_jobs AS e
           WHERE e.queue = c.queue AND e.ordering_key = c.ordering_key
             AND e.state IN ('queued', 'claimed', 'dead')))
-    ORDER BY priority, run_at, id
+    ORDER BY run_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 )
@@ -149,12 +155,13 @@ WHERE j.id = picked.id`)
 // characters of the statement, where operators (and
 // TestSynchronousClaimsWaitForTheStandby) look for it.
 //
-// sqlClaimAfter starts after the position ($6 priority, $7 run_at, $8 id)
-// in claim order: the last job of the previous claim, when that claim took
-// all it asked for (a drain). Every claimed job leaves a dead entry at the
-// front of the claim index until VACUUM, so a claim from the start steps
-// over all the jobs claimed since; one from the cursor starts where the
-// last left off. Jobs that become runnable behind the cursor (a more
+// sqlClaimFrom starts after the position ($6 priority, $7 run_at, $8 id)
+// in claim order: the claim floor, before which the queue has no queued
+// job (claimfloor.go), and walks every priority from there. Every claimed
+// job leaves a dead entry at the front of the claim index until VACUUM,
+// so a claim from the start steps over all the jobs claimed since; one
+// from the floor or a drain's cursor (sqlClaimAfter, walkClaimStatement)
+// starts where they end. Jobs that become runnable behind the cursor (a more
 // urgent new job, a rescued one) are reached when the fetch loop drops the
 // cursor: on every notification and every poll.
 func claimStatement(after bool, commit string) string {

@@ -231,10 +231,15 @@ func (q *queue) claim(ctx context.Context, limit int, after *claimCursor) ([]*Jo
 	if c.cfg.SynchronousClaims {
 		sql = sqlClaimSync
 	}
-	if f, ok := q.floor.get(); ok && (after == nil || after.less(f)) {
-		after = &f // claimfloor.go
-	}
-	if after != nil {
+	switch f, ok := q.floor.get(); {
+	case ok && (after == nil || after.less(f)):
+		// From the floor (claimfloor.go), over every priority after it.
+		sql, args = sqlClaimFrom, append(args, int16(f.priority), f.runAt, f.id)
+		if c.cfg.SynchronousClaims {
+			sql = sqlClaimFromSync
+		}
+	case after != nil:
+		// A drain's next claim: the rest of its priority's due range.
 		sql, args = sqlClaimAfter, append(args, int16(after.priority), after.runAt, after.id)
 		if c.cfg.SynchronousClaims {
 			sql = sqlClaimAfterSync

@@ -2,10 +2,12 @@ package core
 
 import (
 	"context"
+	"fmt"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -38,9 +40,25 @@ func TestClaimBesideScheduledJobs(t *testing.T) {
 	}
 	buffers := regexp.MustCompile(`Buffers: shared hit=(\d+)`)
 	// The claims from the front (every claim of a steady load's fetch
-	// loop); the cursor's claims keep the single walk (walkClaimStatement).
-	for name, sql := range map[string]string{"sqlClaim": sqlClaim, "sqlClaimSync": sqlClaimSync} {
-		args := []any{DefaultQueue, 100, 30000, "explain", [16]byte(uuid.New())}
+	// loop), from the claim floor, and from a drain's cursor (a claim
+	// after one that took all it asked for), each from a position before
+	// every job: the cursor's claim, at a backlog's end, has the
+	// priority's scheduled jobs ahead of it.
+	front := []any{DefaultQueue, 100, 30000, "explain", [16]byte(uuid.New())}
+	cursor := append(append([]any{}, front...), int16(0), time.Unix(0, 0), int64(0))
+	for name, c := range map[string]struct {
+		sql  string
+		args []any
+		due  int // the due jobs it may claim
+	}{
+		"sqlClaim":          {sqlClaim, front, 5},
+		"sqlClaimSync":      {sqlClaimSync, front, 5},
+		"sqlClaimFrom":      {sqlClaimFrom, cursor, 5},
+		"sqlClaimFromSync":  {sqlClaimFromSync, cursor, 5},
+		"sqlClaimAfter":     {sqlClaimAfter, cursor, 3}, // priority 0's only
+		"sqlClaimAfterSync": {sqlClaimAfterSync, cursor, 3},
+	} {
+		sql, args := c.sql, c.args
 		tx, err := pool.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -55,8 +73,8 @@ func TestClaimBesideScheduledJobs(t *testing.T) {
 			t.Fatal(err)
 		}
 		text := strings.Join(lines, "\n")
-		if !strings.Contains(lines[0], "rows=5 ") {
-			t.Fatalf("%s claimed other than the 5 due jobs:\n%s", name, text)
+		if !strings.Contains(lines[0], fmt.Sprintf("rows=%d ", c.due)) {
+			t.Fatalf("%s claimed other than the %d due jobs:\n%s", name, c.due, text)
 		}
 		// The top node's buffers are the statement's: a few per priority
 		// and per job, not a walk over the scheduled ones.
