@@ -106,6 +106,11 @@ func (q *queue) run(ctx, workCtx context.Context) {
 		if q.rescan.Swap(false) {
 			cursor = nil
 		}
+		// front: a short claim from a drain's cursor is followed by one
+		// from the front, at once: the cursor's claim stops at the end of
+		// its priority's due range (walkClaimStatement), and the queued
+		// jobs of the priorities after it notify nobody again.
+		front := false
 		for ctx.Err() == nil {
 			free := q.max + q.prefetch - int(q.active.Load())
 			if free <= 0 {
@@ -119,6 +124,7 @@ func (q *queue) run(ctx, workCtx context.Context) {
 			// is sent: the local lease deadline counts from here.
 			sent := time.Now()
 			lastClaim = sent
+			fromCursor := cursor != nil
 			rows, err := q.claim(claimCtx, limit, cursor)
 			cancel()
 			if err != nil {
@@ -192,6 +198,10 @@ func (q *queue) run(ctx, workCtx context.Context) {
 			}
 			leases.seal()
 			if len(rows) < limit {
+				if fromCursor && !front {
+					front = true // cursor is nil: the next claim is from the front
+					continue
+				}
 				break
 			}
 		}
