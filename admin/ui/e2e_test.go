@@ -426,7 +426,11 @@ func TestDashboard(t *testing.T) {
 		}
 		browsertest.Run(t, ctx, "trigger the schedule",
 			chromedp.Click(chromedp.CSS(`#sched-nightly-digest button[data-schedule-action="trigger"]`)),
-			chromedp.WaitVisible(chromedp.CSS(`[role=status] a[href^="#/jobs/"]`)))
+			chromedp.WaitVisible(chromedp.CSS(`[role=status] a[href^="#/jobs/"]`)),
+			// The note comes before the list's reload: wait for the
+			// reloaded list (the fixture's trigger and this one), or the
+			// backfill below may type into an input the reload replaces.
+			chromedp.Poll[chromedp.Void](`document.querySelectorAll("#sched-nightly-digest .badge.outcome-triggered").length >= 2`))
 		if n := testdb.Count(t, f.pool, `SELECT count(*) FROM relay_jobs WHERE kind = 'digest.build'`); n != 2 {
 			t.Fatalf("%d digest.build jobs after a trigger, want 2", n)
 		}
