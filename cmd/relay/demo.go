@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -98,7 +99,7 @@ func runDemo(ctx context.Context, args []string) error {
 	// program exports them: docs/observability.md).
 	tp := sdktrace.NewTracerProvider()
 	defer tp.Shutdown(context.WithoutCancel(ctx)) //nolint:errcheck
-	t := &demoTour{pool: pool, tp: tp, stamp: time.Now().UTC().Format("0102-150405")}
+	t := &demoTour{pool: pool, tp: tp, stamp: strings.Replace(time.Now().UTC().Format("0102-150405.000"), ".", "", 1)}
 	if err := t.setUp(ctx); err != nil {
 		return fmt.Errorf("demo: %w", err)
 	}

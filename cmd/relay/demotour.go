@@ -65,7 +65,7 @@ const (
 type demoTour struct {
 	pool  *pgxpool.Pool
 	tp    *sdktrace.TracerProvider
-	stamp string // makes this demo's run ids its own on a shared database
+	stamp string // makes this demo's run ids its own on a shared database (to the millisecond: two demos can start within one second)
 
 	client     *core.Client
 	reg        *workflow.Registry
