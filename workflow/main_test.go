@@ -83,10 +83,50 @@ func (b *bundle) waitFor(what string, cond func() bool) {
 	testdb.WaitFor(b.t, what, cond)
 }
 
-// result waits (bounded) for a run's outcome.
+// result waits (bounded) for a run's outcome. When the wait runs out, it
+// logs what the database holds about the run and its children (runs,
+// jobs, steps, pending wake-up hand-offs): a run that slept through its
+// wake-up says where.
 func result[T any](t *testing.T, pool *pgxpool.Pool, id string) (T, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	return workflow.Result[T](ctx, pool, id)
+	out, err := workflow.Result[T](ctx, pool, id)
+	if err != nil && ctx.Err() != nil {
+		dumpRun(t, pool, id)
+	}
+	return out, err
+}
+
+// dumpRun logs run id's tree as the database holds it: each run, its job,
+// its steps, and the wake-ups handed off (relay_job_rewake).
+func dumpRun(t *testing.T, pool *pgxpool.Pool, id string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, q := range []struct{ what, sql string }{
+		{"runs", `SELECT row_to_json(r)::text FROM relay_workflow_runs AS r WHERE r.id = $1 OR r.id LIKE $1 || '/%' ORDER BY r.id`},
+		{"jobs", `SELECT row_to_json(j)::text || ' now=' || clock_timestamp()::text FROM relay_jobs AS j
+		          WHERE j.id IN (SELECT r.job_id FROM relay_workflow_runs AS r WHERE r.id = $1 OR r.id LIKE $1 || '/%') ORDER BY j.id`},
+		{"steps", `SELECT row_to_json(s)::text FROM relay_workflow_steps AS s WHERE s.run_id = $1 OR s.run_id LIKE $1 || '/%' ORDER BY s.run_id, s.position`},
+		{"hand-offs", `SELECT row_to_json(w)::text FROM relay_job_rewake AS w WHERE $1 <> '' ORDER BY w.id`},
+	} {
+		rows, err := pool.Query(ctx, q.sql, id)
+		if err != nil {
+			t.Logf("run %s: read %s: %v", id, q.what, err)
+			continue
+		}
+		for rows.Next() {
+			var line string
+			if err := rows.Scan(&line); err != nil {
+				t.Logf("run %s: read %s: %v", id, q.what, err)
+				break
+			}
+			t.Logf("run %s: %s: %s", id, q.what, line)
+		}
+		if err := rows.Err(); err != nil {
+			t.Logf("run %s: read %s: %v", id, q.what, err)
+		}
+		rows.Close()
+	}
 }
