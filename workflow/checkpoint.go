@@ -186,12 +186,16 @@ func (x *execution) batchWriteOp(fin *outcome, op *batchOp, extra ...*stepWrite)
 	// The cancel flag matters to an execution that goes on; the outcome's
 	// batch reads it only as part of the first write's touch.
 	readCancel := fin == nil || !x.touched
-	// finTouches: a child's first write is its outcome, which then marks
-	// the run started itself (sqlFinishChildRun), in the same update of
-	// its row: no touch, and no cancel read, which the execution no
-	// longer acts on (the outcome refuses a completion a cancel wins
-	// over). Not with a state change (compensating comes from running).
-	finTouches := fin != nil && !x.touched && x.run.parentID != "" && x.setState == "" &&
+	// finTouches: the execution's first write is its outcome (a run
+	// whose steps' checkpoints all waited for its end), which then marks
+	// the run started itself (sqlFinishRootRun, sqlFinishChildRun), in the
+	// same update of its row: no touch, and no cancel read, which the
+	// execution no longer acts on (the outcome refuses a completion a
+	// cancel wins over). The batch is one transaction, so no other
+	// session ever sees the run between the touch and the outcome: only
+	// the row's second update is saved. Not with a state change
+	// (compensating comes from running).
+	finTouches := fin != nil && !x.touched && x.setState == "" &&
 		(fin.state == StateCompleted || fin.state == StateFailed)
 	cancelAt := -1
 	switch {
@@ -212,15 +216,15 @@ func (x *execution) batchWriteOp(fin *outcome, op *batchOp, extra ...*stepWrite)
 	finAt := -1
 	queueFin := func() {
 		finAt = b.Len()
+		touch := 0
+		if finTouches {
+			touch = 1
+		}
 		if x.run.parentID == "" {
-			b.Queue(sqlFinishRootRun, x.runID, string(fin.state), fin.output, fin.msg, fin.retryFrom)
+			b.Queue(sqlFinishRootRun, x.runID, string(fin.state), fin.output, fin.msg, fin.retryFrom, touch)
 		} else {
 			// And wakes the parent, unless it waits for this in its slot.
 			job, token := x.lender()
-			touch := 0
-			if finTouches {
-				touch = 1
-			}
 			b.Queue(sqlFinishChildRun, x.runID, string(fin.state), fin.output, fin.msg, fin.retryFrom, job, token, touch)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/workflow"
@@ -152,5 +153,75 @@ func TestInlineChildsEndWritesItsParentsCheckpoint(t *testing.T) {
 	if n := b.count(`SELECT count(*) FROM relay_workflow_runs WHERE id = 'p/a' AND state = 'completed'
 		AND started_at IS NOT NULL AND started_at <= finished_at AND executions = 1`); n != 1 {
 		t.Fatal("the child is not completed, started and counted once")
+	}
+}
+
+// A root run whose step checkpoints all wait for its end records that
+// end in one update of its row: the outcome marks it started and counts
+// its execution (no touch before it), as a child's does. A run whose first
+// write comes earlier (a sleep) is touched by that write, and its outcome
+// counts nothing more. Counted by a trigger on the runs' table.
+func TestRootRunCompletesInItsFirstWrite(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	if _, err := b.pool.Exec(ctx, `
+		CREATE TABLE run_updates (n serial, run_id text, old_state text, new_state text);
+		CREATE FUNCTION count_run_update() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN INSERT INTO run_updates (run_id, old_state, new_state) VALUES (NEW.id, OLD.state, NEW.state); RETURN NEW; END $$;
+		CREATE TRIGGER count_run_update AFTER UPDATE ON relay_workflow_runs FOR EACH ROW EXECUTE FUNCTION count_run_update();`); err != nil {
+		t.Fatal(err)
+	}
+	chain := workflow.MustRegister(b.reg, "chain", func(wctx workflow.Context, n int) (int, error) {
+		// One step: its checkpoint waits for the end. (Each later step
+		// would commit the one before it first: its effects may depend on
+		// that output.)
+		return workflow.Step(wctx, "a", func(context.Context) (int, error) { return n + 1, nil }, nil)
+	})
+	failing := workflow.MustRegister(b.reg, "failing", func(wctx workflow.Context, _ int) (int, error) {
+		return 0, errors.New("no")
+	})
+	napping := workflow.MustRegister(b.reg, "napping", func(wctx workflow.Context, n int) (int, error) {
+		if err := workflow.Sleep(wctx, "nap", time.Millisecond); err != nil {
+			return 0, err
+		}
+		return n, nil
+	})
+	b.start()
+	for _, c := range []struct {
+		id    string
+		start func() error
+		want  string // the run's row updates, in order
+		execs int
+	}{
+		{"chain", func() error { _, err := workflow.Start(ctx, b.pool, chain, 0, &workflow.StartOpts{ID: "chain"}); return err },
+			"pending>completed", 1},
+		{"failing", func() error {
+			_, err := workflow.Start(ctx, b.pool, failing, 0, &workflow.StartOpts{ID: "failing"})
+			return err
+		}, "pending>failed", 1},
+		{"napping", func() error {
+			_, err := workflow.Start(ctx, b.pool, napping, 0, &workflow.StartOpts{ID: "napping"})
+			return err
+		}, "pending>running running>completed", 2},
+	} {
+		if err := c.start(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := result[int](t, b.pool, c.id); err != nil && c.id != "failing" {
+			t.Fatalf("%s: %v", c.id, err)
+		}
+		var got string
+		if err := b.pool.QueryRow(ctx, `SELECT coalesce(string_agg(old_state || '>' || new_state, ' ' ORDER BY n), '')
+			FROM run_updates WHERE run_id = $1`, c.id).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got != c.want {
+			t.Errorf("%s: the run's row was updated %q, want %q", c.id, got, c.want)
+		}
+		if n := b.count(`SELECT count(*) FROM relay_workflow_runs WHERE id = $1 AND finished_at IS NOT NULL
+			AND started_at IS NOT NULL AND started_at <= finished_at AND executions = $2`, c.id, c.execs); n != 1 {
+			t.Errorf("%s: the run is not finished, started and counted %d times", c.id, c.execs)
+		}
 	}
 }

@@ -197,10 +197,13 @@ RETURNING coalesce((SELECT p.job_id FROM relay_workflow_runs AS p WHERE p.id = r
 // sqlFinishRootRun is sqlFinishRun for a run without a parent, in a batch,
 // with the same refusal of a completed or compensated end while a cancel is
 // requested (no row updated). The Result callers waiting on it are woken after the commit
-// (announcer).
+// (announcer). $6 is 1 when the outcome is its execution's first write
+// (sqlTouchRun's work, done here, as sqlFinishChildRun does it), 0
+// otherwise.
 const sqlFinishRootRun = `
 UPDATE relay_workflow_runs
-SET state = $2, output = $3::jsonb, error = nullif($4, ''), finished_at = now(), retry_from = $5
+SET state = $2, output = $3::jsonb, error = nullif($4, ''), finished_at = now(), retry_from = $5,
+    started_at = coalesce(started_at, now()), executions = executions + $6
 WHERE id = $1 AND state IN ('pending', 'running', 'compensating')
   AND NOT ($2 IN ('completed', 'compensated') AND cancel_requested)`
 

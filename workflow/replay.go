@@ -607,7 +607,7 @@ func (x *execution) finish(state RunState, output []byte, msg string) error {
 		err = x.batchWrite(&outcome{state: state, output: out, msg: msg, retryFrom: from})
 	case x.run.parentID == "":
 		err = x.write(func(ctx context.Context, tx pgx.Tx) error {
-			ct, err := tx.Exec(ctx, sqlFinishRootRun, x.runID, string(state), out, msg, from)
+			ct, err := tx.Exec(ctx, sqlFinishRootRun, x.runID, string(state), out, msg, from, 0) // touched by the write's bookkeeping
 			if err != nil {
 				return fmt.Errorf("finish run: %w", err)
 			}
