@@ -194,7 +194,10 @@ func TestRootRunCompletesInItsFirstWrite(t *testing.T) {
 		want  string // the run's row updates, in order
 		execs int
 	}{
-		{"chain", func() error { _, err := workflow.Start(ctx, b.pool, chain, 0, &workflow.StartOpts{ID: "chain"}); return err },
+		{"chain", func() error {
+			_, err := workflow.Start(ctx, b.pool, chain, 0, &workflow.StartOpts{ID: "chain"})
+			return err
+		},
 			"pending>completed", 1},
 		{"failing", func() error {
 			_, err := workflow.Start(ctx, b.pool, failing, 0, &workflow.StartOpts{ID: "failing"})
