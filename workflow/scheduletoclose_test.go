@@ -60,10 +60,13 @@ func TestScheduleToClose(t *testing.T) {
 		t.Fatalf("the flaky step ran %d times: want a few, bounded by ScheduleToClose, not its 1000 attempts", n)
 	}
 	// Its row keeps its first attempt's start: the bound is counted from
-	// there, not from the last retry.
+	// there, not from the last retry. Each retry waited its 150 ms, so
+	// the row spans at least that per retry. (Not the whole second: on a
+	// loaded machine the attempts start later than their delays, and the
+	// last may begin well before the bound.)
 	if n := b.count(`SELECT count(*) FROM relay_workflow_steps WHERE run_id = $1 AND key = 'flaky' AND state = 'failed'
-		AND finished_at - started_at >= interval '900 milliseconds'`, h.ID); n != 1 {
-		t.Fatal("the flaky step's row does not span its attempts from the first one's start")
+		AND finished_at - started_at >= $2 * interval '150 milliseconds'`, h.ID, tries.Load()-1); n != 1 {
+		t.Fatalf("the flaky step's row does not span its %d attempts from the first one's start", tries.Load())
 	}
 	bad := workflow.MustRegister(b.reg, "s2c-bad", func(wctx workflow.Context, _ int) (int, error) {
 		return workflow.Step(wctx, "x", func(ctx context.Context) (int, error) { return 1, nil }, &workflow.StepOpts{ScheduleToClose: -time.Second})
