@@ -1,6 +1,7 @@
 package core
 
 import (
+	"math/bits"
 	"strconv"
 	"strings"
 
@@ -110,8 +111,8 @@ const sqlNotifyQueues = jobinsert.SQLNotifyQueues
 var (
 	sqlClaim          = claimStatement(false, asyncCommit)
 	sqlClaimSync      = claimStatement(false, sessionCommit)
-	sqlClaimAfter     = walkClaimStatement(asyncCommit)
-	sqlClaimAfterSync = walkClaimStatement(sessionCommit)
+	sqlClaimAfter     = walkClaimStatement(asyncCommit, 0)
+	sqlClaimAfterSync = walkClaimStatement(sessionCommit, 0)
 	sqlClaimFrom      = claimStatement(true, asyncCommit)
 	sqlClaimFromSync  = claimStatement(true, sessionCommit)
 )
@@ -129,10 +130,20 @@ var (
 // priority: whenever a backlog ran out it stepped over every scheduled job
 // of that priority (beside 1M scheduled jobs, ~1,400 buffers and ~49 ms a
 // claim, and a steady load fell behind: TestClaimBesideScheduledJobs).
-func walkClaimStatement(commit string) string {
-	return `
-WITH picked AS (
-    SELECT id
+//
+// bound, when not 0, is a literal bound on $2 (a claim of at most bound
+// jobs), which lets PostgreSQL keep one plan for the prepared statement.
+// The generic plan counts a LIMIT $2 as 10% of its input, so over a large
+// table it looked dearer than each call's own plan for its $2, and the
+// statement was planned again on every call (a third of its time in a
+// drain: docs/benchmarks.md, "The drain cursor's claim, planned once").
+// Under a literal LIMIT bound, the estimate is a tenth of bound, below
+// what any claim of more than bound/2 jobs asks for: the generic plan is
+// chosen after the first five calls and kept (the walk of the claim index
+// and a primary-key probe per picked row, TestWalkClaimKeepsOnePlan). The
+// outer LIMIT $2 stops the walk, and its row locks, at $2 rows.
+func walkClaimStatement(commit string, bound int) string {
+	walk := `SELECT id
     FROM relay_jobs AS c
     WHERE state = 'queued' AND NOT key_waiting AND queue = $1 AND priority = $6::smallint
       AND run_at <= now() AND (run_at, id) > ($7::timestamptz, $8::bigint)
@@ -141,12 +152,54 @@ WITH picked AS (
           SELECT min(e.id) FROM relay_jobs AS e
           WHERE e.queue = c.queue AND e.ordering_key = c.ordering_key
             AND e.state IN ('queued', 'claimed', 'dead')))
-    ORDER BY run_at, id
+    ORDER BY run_at, id`
+	if bound == 0 {
+		walk += `
     LIMIT $2
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE SKIP LOCKED`
+	} else {
+		walk = `SELECT id FROM (
+    ` + walk + `
+    LIMIT ` + strconv.Itoa(bound) + `
+    FOR UPDATE SKIP LOCKED) AS c
+    LIMIT $2`
+	}
+	return `
+WITH picked AS (
+    ` + walk + `
 )
 ` + claimUpdate(4, 5, 3, `FROM picked, `+commit+`
 WHERE j.id = picked.id`)
+}
+
+// walkClaimBounds are the bounds of the drain cursor's claims planned once
+// (walkClaimStatement): powers of two up to 1,024. A larger claim uses
+// sqlClaimAfter, planned on each call.
+const walkClaimBounds = 11
+
+// sqlClaimAfterBounded and sqlClaimAfterSyncBounded hold sqlClaimAfter and
+// sqlClaimAfterSync bounded by 1 << i at i.
+var sqlClaimAfterBounded, sqlClaimAfterSyncBounded = func() (a, s [walkClaimBounds]string) {
+	for i := range walkClaimBounds {
+		a[i], s[i] = walkClaimStatement(asyncCommit, 1<<i), walkClaimStatement(sessionCommit, 1<<i)
+	}
+	return a, s
+}()
+
+// walkClaimSQL is the drain cursor's claim of limit jobs: the statement of
+// the smallest bound that holds limit, or the unbounded one.
+func walkClaimSQL(sync bool, limit int) string {
+	i := bits.Len(uint(max(limit, 1) - 1)) // 1 << i >= limit
+	switch {
+	case i >= walkClaimBounds && sync:
+		return sqlClaimAfterSync
+	case i >= walkClaimBounds:
+		return sqlClaimAfter
+	case sync:
+		return sqlClaimAfterSyncBounded[i]
+	default:
+		return sqlClaimAfterBounded[i]
+	}
 }
 
 // claimStatement is the claim statement: from the cursor (after: sqlClaimAfter)

@@ -250,10 +250,7 @@ func (q *queue) claim(ctx context.Context, limit int, after *claimCursor) ([]*Jo
 		}
 	case after != nil:
 		// A drain's next claim: the rest of its priority's due range.
-		sql, args = sqlClaimAfter, append(args, int16(after.priority), after.runAt, after.id)
-		if c.cfg.SynchronousClaims {
-			sql = sqlClaimAfterSync
-		}
+		sql, args = walkClaimSQL(c.cfg.SynchronousClaims, limit), append(args, int16(after.priority), after.runAt, after.id)
 	}
 	rows, err := c.own.Query(ctx, sql, args...)
 	if err != nil {
