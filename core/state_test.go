@@ -198,6 +198,73 @@ func TestRowRulesRefuseInfiniteTimestamps(t *testing.T) {
 	}
 }
 
+// The insert check tests the rules in its WHEN clause and calls its
+// function only for a row it refuses (migration *_insert_check_when):
+// every column relay_jobs_broken_rule reads must be in that clause, or a
+// rule over it would go unchecked on insert; and each rule still refuses
+// an insert, alone and as one bad row in a batch, with the old errors.
+func TestInsertCheckWhenNamesEveryRuleColumn(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	var body, def string
+	if err := pool.QueryRow(ctx, `SELECT prosrc FROM pg_proc WHERE oid = 'relay_jobs_broken_rule(relay_jobs)'::regprocedure`).Scan(&body); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = 'relay_jobs'::regclass AND tgname = 'relay_jobs_insert_check'`).Scan(&def); err != nil {
+		t.Fatal(err)
+	}
+	cols := map[string]bool{}
+	for _, m := range regexp.MustCompile(`\bj\.(\w+)`).FindAllStringSubmatch(body, -1) {
+		cols[m[1]] = true
+	}
+	if len(cols) < 10 {
+		t.Fatalf("read %d columns from relay_jobs_broken_rule, want its every column: %s", len(cols), body)
+	}
+	for col := range cols {
+		if !regexp.MustCompile(`\bnew\.` + col + `\b`).MatchString(def) {
+			t.Errorf("relay_jobs_broken_rule reads %s, but the WHEN clause of relay_jobs_insert_check never reads new.%s:\n%s", col, col, def)
+		}
+	}
+	for _, c := range []struct{ name, values, code, msg string }{
+		{"claimed", `state, lease_token, lease_expires_at) VALUES ('k', 'claimed', gen_random_uuid(), now())`, "RLY01", "inserted queued"},
+		{"unknown state", `state) VALUES ('k', 'running')`, "RLY01", "inserted queued"},
+		{"long kind", `state) VALUES (repeat('k', 256), 'queued')`, "23514", "kind must be"},
+		{"empty queue", `queue) VALUES ('k', '')`, "23514", "queue must be"},
+		{"negative priority", `priority) VALUES ('k', -1)`, "23514", "priority must be"},
+		{"negative attempt", `attempt) VALUES ('k', -1)`, "23514", "attempt must be"},
+		{"no attempts", `max_attempts) VALUES ('k', 0)`, "23514", "max_attempts must be"},
+		{"queued with a lease", `lease_token, lease_expires_at) VALUES ('k', gen_random_uuid(), now())`, "23514", "lease"},
+		{"queued with finalized_at", `finalized_at) VALUES ('k', now())`, "23514", "finalized_at"},
+		{"unique states without key", `unique_states) VALUES ('k', '{queued}')`, "23514", "unique_key"},
+		{"long ordering key", `ordering_key) VALUES ('k', repeat('o', 501))`, "23514", "ordering_key"},
+		{"33 tags", `tags) VALUES ('k', array_fill('t'::text, ARRAY[33]))`, "23514", "tags"},
+		{"a null tag", `tags) VALUES ('k', '{t,NULL}')`, "23514", "tags"},
+		{"infinite attempted_at", `attempted_at) VALUES ('k', '-infinity')`, "23514", "finite"},
+		{"infinite lease expiry", `lease_expires_at) VALUES ('k', 'infinity')`, "23514", "finite"},
+	} {
+		for _, sql := range []string{
+			`INSERT INTO relay_jobs (kind, ` + c.values,
+			// The same row after 99 good ones, in one statement.
+			`WITH bad AS (INSERT INTO relay_jobs (kind, ` + c.values + ` RETURNING 1)
+			 INSERT INTO relay_jobs (kind) SELECT 'good' FROM generate_series(1, 99)`,
+		} {
+			_, err := pool.Exec(ctx, sql)
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || pgErr.Code != c.code || !strings.Contains(pgErr.Message, c.msg) {
+				t.Errorf("%s: got %v, want SQLSTATE %s mentioning %q", c.name, err, c.code, c.msg)
+			}
+		}
+	}
+	if n := testdb.Count(t, pool, `SELECT count(*) FROM relay_jobs`); n != 0 {
+		t.Errorf("%d rows after the refused inserts, want 0", n)
+	}
+	// A lease token alone breaks no rule of a queued row: taken, as before.
+	if _, err := pool.Exec(ctx, `INSERT INTO relay_jobs (kind, lease_token) VALUES ('k', gen_random_uuid())`); err != nil {
+		t.Errorf("a queued row with a token and no expiry: %v", err)
+	}
+}
+
 // The state-machine trigger tests the rules in its WHEN clause and calls
 // its function only for a write the function may refuse (migration
 // *_state_machine_when): every column relay_jobs_broken_rule reads must be

@@ -24,31 +24,9 @@ $$;
 CREATE FUNCTION public.relay_jobs_after_insert() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
-DECLARE
-    bad_id bigint;
-    bad record;
 BEGIN
-    SELECT i.id INTO bad_id
-    FROM inserted AS i
-    WHERE i.state <> 'queued' OR relay_jobs_broken_rule(i) IS NOT NULL
-    LIMIT 1;
-    IF FOUND THEN
-        SELECT i.id, i.state, relay_jobs_broken_rule(i) AS rule INTO bad
-        FROM inserted AS i
-        WHERE i.id IS NOT DISTINCT FROM bad_id
-          AND (i.state <> 'queued' OR relay_jobs_broken_rule(i) IS NOT NULL)
-        LIMIT 1;
-        IF bad.state <> 'queued' THEN
-            RAISE EXCEPTION 'relay: jobs must be inserted queued'
-                USING ERRCODE = 'RLY01';
-        END IF;
-        RAISE EXCEPTION 'relay: job %: %', bad.id, bad.rule
-            USING ERRCODE = 'check_violation';
-    END IF;
-    IF current_setting('relay.notify', true) IS DISTINCT FROM 'after' THEN
-        PERFORM pg_notify('relay_jobs', q.queue)
-        FROM (SELECT DISTINCT queue FROM inserted WHERE run_at <= now()) AS q;
-    END IF;
+    PERFORM pg_notify('relay_jobs', q.queue)
+    FROM (SELECT DISTINCT queue FROM inserted WHERE run_at <= now()) AS q;
     RETURN NULL;
 END;
 $$;
@@ -150,6 +128,26 @@ BEGIN
             USING ERRCODE = 'check_violation';
     END IF;
     RETURN NEW;
+END;
+$$;
+
+-- Name: relay_jobs_insert_refused(); Type: FUNCTION; Schema: public
+
+CREATE FUNCTION public.relay_jobs_insert_refused() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    rule text := relay_jobs_broken_rule(NEW);
+BEGIN
+    IF NEW.state <> 'queued' THEN
+        RAISE EXCEPTION 'relay: jobs must be inserted queued'
+            USING ERRCODE = 'RLY01';
+    END IF;
+    IF rule IS NOT NULL THEN
+        RAISE EXCEPTION 'relay: job %: %', NEW.id, rule
+            USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NULL;
 END;
 $$;
 
@@ -1229,7 +1227,11 @@ CREATE INDEX relay_workflow_updates_run_idx ON public.relay_workflow_updates USI
 
 -- Name: relay_jobs relay_jobs_after_insert; Type: TRIGGER; Schema: public
 
-CREATE TRIGGER relay_jobs_after_insert AFTER INSERT ON public.relay_jobs REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION public.relay_jobs_after_insert();
+CREATE TRIGGER relay_jobs_after_insert AFTER INSERT ON public.relay_jobs REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT WHEN ((current_setting('relay.notify'::text, true) IS DISTINCT FROM 'after'::text)) EXECUTE FUNCTION public.relay_jobs_after_insert();
+
+-- Name: relay_jobs relay_jobs_insert_check; Type: TRIGGER; Schema: public
+
+CREATE TRIGGER relay_jobs_insert_check AFTER INSERT ON public.relay_jobs FOR EACH ROW WHEN (((new.state <> 'queued'::text) OR (new.attempt < 0) OR ((new.lease_token IS NOT NULL) AND (new.lease_expires_at IS NOT NULL)) OR (new.finalized_at IS NOT NULL) OR (isfinite(new.run_at) IS FALSE) OR (isfinite(new.created_at) IS FALSE) OR (isfinite(new.attempted_at) IS FALSE) OR (isfinite(new.finalized_at) IS FALSE) OR (isfinite(new.lease_expires_at) IS FALSE) OR (new.kind = ''::text) OR (length(new.kind) > 255) OR (new.queue = ''::text) OR (length(new.queue) > 128) OR (new.priority < 0) OR (new.max_attempts < 1) OR ((new.unique_key IS NULL) <> (new.unique_states IS NULL)) OR (new.ordering_key = ''::text) OR (length(new.ordering_key) > 500) OR (cardinality(new.tags) > 32) OR (array_position(new.tags, NULL::text) IS NOT NULL) OR (array_position(new.tags, ''::text) IS NOT NULL))) EXECUTE FUNCTION public.relay_jobs_insert_refused();
 
 -- Name: relay_jobs relay_jobs_key_before_insert; Type: TRIGGER; Schema: public
 
