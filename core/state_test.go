@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/testkit/testdb"
@@ -169,6 +170,29 @@ func TestJobRulesHold(t *testing.T) {
 	}
 }
 
+// ruleColumnsAndTrigger returns the columns relay_jobs_broken_rule reads
+// and the definition of relay_jobs' trigger name, whose WHEN clause must
+// read each of them.
+func ruleColumnsAndTrigger(t *testing.T, pool *pgxpool.Pool, name string) (map[string]bool, string) {
+	t.Helper()
+	ctx := context.Background()
+	var body, def string
+	if err := pool.QueryRow(ctx, `SELECT prosrc FROM pg_proc WHERE oid = 'relay_jobs_broken_rule(relay_jobs)'::regprocedure`).Scan(&body); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = 'relay_jobs'::regclass AND tgname = $1`, name).Scan(&def); err != nil {
+		t.Fatal(err)
+	}
+	cols := map[string]bool{}
+	for _, m := range regexp.MustCompile(`\bj\.(\w+)`).FindAllStringSubmatch(body, -1) {
+		cols[m[1]] = true
+	}
+	if len(cols) < 10 {
+		t.Fatalf("read %d columns from relay_jobs_broken_rule, want its every column: %s", len(cols), body)
+	}
+	return cols, def
+}
+
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
 // The row rules refuse infinite timestamps on insert and on update.
@@ -207,20 +231,7 @@ func TestInsertCheckWhenNamesEveryRuleColumn(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
 	ctx := context.Background()
-	var body, def string
-	if err := pool.QueryRow(ctx, `SELECT prosrc FROM pg_proc WHERE oid = 'relay_jobs_broken_rule(relay_jobs)'::regprocedure`).Scan(&body); err != nil {
-		t.Fatal(err)
-	}
-	if err := pool.QueryRow(ctx, `SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = 'relay_jobs'::regclass AND tgname = 'relay_jobs_insert_check'`).Scan(&def); err != nil {
-		t.Fatal(err)
-	}
-	cols := map[string]bool{}
-	for _, m := range regexp.MustCompile(`\bj\.(\w+)`).FindAllStringSubmatch(body, -1) {
-		cols[m[1]] = true
-	}
-	if len(cols) < 10 {
-		t.Fatalf("read %d columns from relay_jobs_broken_rule, want its every column: %s", len(cols), body)
-	}
+	cols, def := ruleColumnsAndTrigger(t, pool, "relay_jobs_insert_check")
 	for col := range cols {
 		if !regexp.MustCompile(`\bnew\.` + col + `\b`).MatchString(def) {
 			t.Errorf("relay_jobs_broken_rule reads %s, but the WHEN clause of relay_jobs_insert_check never reads new.%s:\n%s", col, col, def)
@@ -274,20 +285,7 @@ func TestStateMachineWhenNamesEveryRuleColumn(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
 	ctx := context.Background()
-	var body, def string
-	if err := pool.QueryRow(ctx, `SELECT prosrc FROM pg_proc WHERE oid = 'relay_jobs_broken_rule(relay_jobs)'::regprocedure`).Scan(&body); err != nil {
-		t.Fatal(err)
-	}
-	if err := pool.QueryRow(ctx, `SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = 'relay_jobs'::regclass AND tgname = 'relay_jobs_state_machine'`).Scan(&def); err != nil {
-		t.Fatal(err)
-	}
-	cols := map[string]bool{}
-	for _, m := range regexp.MustCompile(`\bj\.(\w+)`).FindAllStringSubmatch(body, -1) {
-		cols[m[1]] = true
-	}
-	if len(cols) < 10 {
-		t.Fatalf("read %d columns from relay_jobs_broken_rule, want its every column: %s", len(cols), body)
-	}
+	cols, def := ruleColumnsAndTrigger(t, pool, "relay_jobs_state_machine")
 	for col := range cols {
 		for _, row := range []string{"new.", "old."} {
 			if !regexp.MustCompile(`\b` + row + col + `\b`).MatchString(def) {
