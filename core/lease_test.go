@@ -325,6 +325,9 @@ func TestPendingOutcomeKeepsItsLease(t *testing.T) {
 		t.Fatal("the handler ran a second time")
 	default:
 	}
+	// The completer counts the success once its commit returns, after
+	// the row is visible as succeeded: wait for the count.
+	waitFor(t, "the success counted", func() bool { return c.Stats().Succeeded >= 1 })
 	if s := c.Stats(); s.LeaseLost != 0 || s.Succeeded != 1 {
 		t.Fatalf("LeaseLost = %d, Succeeded = %d; want 0, 1", s.LeaseLost, s.Succeeded)
 	}
