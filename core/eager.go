@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -81,21 +82,10 @@ type claimedJob struct {
 // claimForCaller claims queued job id for lend's handler to execute in
 // its slot (eagerInserter.Claim).
 func (c *Client) claimForCaller(ctx context.Context, id int64, kind, queue string, lend *JobRow) (*claimedJob, error) {
-	q := c.queues[queue]
-	if lend == nil || lend.Queue != queue || q == nil || c.workers[kind] == nil {
-		return nil, fmt.Errorf("core: claim %s job %d on queue %q: %w", kind, id, queue, eager.ErrNotWorked)
+	q, err := c.lendSlot(fmt.Sprintf("claim %s job %d", kind, id), kind, queue, lend)
+	if err != nil {
+		return nil, err
 	}
-	if v, ok := c.inflight.Load(lend.ID); !ok || v.(*running).row != lend || v.(*running).done.Load() {
-		return nil, fmt.Errorf("core: claim %s job %d: the lending job %d is not running in this client: %w", kind, id, lend.ID, eager.ErrNotWorked)
-	}
-	q.mu.Lock()
-	if q.closed || !c.live.Load() {
-		q.mu.Unlock()
-		return nil, fmt.Errorf("%w: the client is not running", eager.ErrUnavailable)
-	}
-	q.active.Add(1)
-	c.jobs.Add(1) // under q.mu, before close: Stop's wait sees it
-	q.mu.Unlock()
 	cl, err := c.claimKnown(ctx, q, id, kind, queue)
 	if err != nil || cl.row == nil {
 		q.active.Add(-1)
@@ -107,6 +97,67 @@ func (c *Client) claimForCaller(ctx context.Context, id int64, kind, queue strin
 	}
 	cl.lent = true
 	return cl, nil
+}
+
+// lendSlot reserves lend's worker slot on queue for a job of kind that
+// lend's handler waits for (what names the job in errors), counted as a
+// claimed job of the queue and of the client (Stop waits for it); the
+// caller undoes both if the job is not adopted.
+func (c *Client) lendSlot(what, kind, queueName string, lend *JobRow) (*queue, error) {
+	q := c.queues[queueName]
+	if lend == nil || lend.Queue != queueName || q == nil || c.workers[kind] == nil {
+		return nil, fmt.Errorf("core: %s on queue %q: %w", what, queueName, eager.ErrNotWorked)
+	}
+	if v, ok := c.inflight.Load(lend.ID); !ok || v.(*running).row != lend || v.(*running).done.Load() {
+		return nil, fmt.Errorf("core: %s: the lending job %d is not running in this client: %w", what, lend.ID, eager.ErrNotWorked)
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed || !c.live.Load() {
+		return nil, fmt.Errorf("%w: the client is not running", eager.ErrUnavailable)
+	}
+	q.active.Add(1)
+	c.jobs.Add(1) // under q.mu, before close: Stop's wait sees it
+	return q, nil
+}
+
+// Lend implements eager.Inserter: see there. The job runs in lend's
+// worker slot, as Claim's does.
+func (e eagerInserter) Lend(ctx context.Context, kind, queue string, lend *JobRow) (*eager.Lent[*JobRow], error) {
+	c := e.c
+	q, err := c.lendSlot("lend a slot to a "+kind+" job", kind, queue, lend)
+	if err != nil {
+		return nil, err
+	}
+	// The lease runs, at the earliest, from now: the local deadline
+	// counts from here, as for a claim.
+	sent := time.Now()
+	var settled atomic.Bool
+	l := &eager.Lent[*JobRow]{By: c.cfg.ID, Token: uuid.New(), LeaseMS: c.cfg.LeaseDuration.Milliseconds()}
+	l.Release = func() {
+		if settled.CompareAndSwap(false, true) {
+			q.active.Add(-1)
+			c.jobs.Done()
+		}
+	}
+	l.Adopt = func(ctx context.Context, id int64, row jobinsert.Row, at time.Time) eager.Job[*JobRow] {
+		cl := &claimedJob{id: id, q: q, lent: true}
+		if settled.CompareAndSwap(false, true) {
+			// The row as the insert wrote it (SQLIntoClaimed), as a
+			// claim's RETURNING would have read it back.
+			jr := &JobRow{
+				ID: id, Kind: row.Kind, Queue: row.Queue, State: StateClaimed, Priority: row.Priority,
+				Attempt: 1, MaxAttempts: row.MaxAttempts, RunAt: at, CreatedAt: at, AttemptedAt: at,
+				AttemptedBy: c.cfg.ID, EncodedArgs: row.Args, Metadata: row.Metadata, LeaseToken: l.Token,
+			}
+			if len(row.Tags) > 0 {
+				jr.Tags = row.Tags
+			}
+			c.adopt(ctx, cl, jr, sent)
+		}
+		return eager.Job[*JobRow]{ID: id, Row: cl.row, Execute: func(ctx context.Context) error { return c.execute(ctx, cl) }}
+	}
+	return l, nil
 }
 
 // claimKnown claims queued job id (sqlClaimKnown) and makes it a claimed

@@ -74,7 +74,12 @@ func TestStateMachine(t *testing.T) {
 		}
 	}
 
-	// Jobs are inserted queued only.
+	// Jobs are inserted queued, or claimed for a first attempt with a
+	// lease.
+	if _, err := pool.Exec(ctx, `INSERT INTO relay_jobs (kind, state, attempt, attempted_at, lease_token, lease_expires_at)
+		VALUES ('walk', 'claimed', 1, now(), gen_random_uuid(), now() + interval '1 minute')`); err != nil {
+		t.Errorf("insert claimed for a first attempt refused: %v", err)
+	}
 	if _, err := pool.Exec(ctx, `INSERT INTO relay_jobs (kind, state, finalized_at) VALUES ('walk', 'succeeded', now())`); err == nil {
 		t.Error("insert as succeeded allowed")
 	}
@@ -239,6 +244,11 @@ func TestInsertCheckWhenNamesEveryRuleColumn(t *testing.T) {
 	}
 	for _, c := range []struct{ name, values, code, msg string }{
 		{"claimed", `state, lease_token, lease_expires_at) VALUES ('k', 'claimed', gen_random_uuid(), now())`, "RLY01", "inserted queued"},
+		{"claimed for a second attempt", `state, attempt, attempted_at, lease_token, lease_expires_at) VALUES ('k', 'claimed', 2, now(), gen_random_uuid(), now())`, "RLY01", "inserted queued"},
+		{"claimed never attempted", `state, attempt, lease_token, lease_expires_at) VALUES ('k', 'claimed', 1, gen_random_uuid(), now())`, "RLY01", "inserted queued"},
+		{"claimed with an ordering key", `state, attempt, attempted_at, lease_token, lease_expires_at, ordering_key) VALUES ('k', 'claimed', 1, now(), gen_random_uuid(), now(), 'o')`, "RLY01", "inserted queued"},
+		{"claimed without a lease", `state, attempt, attempted_at, lease_token) VALUES ('k', 'claimed', 1, now(), gen_random_uuid())`, "23514", "lease"},
+		{"claimed with finalized_at", `state, attempt, attempted_at, lease_token, lease_expires_at, finalized_at) VALUES ('k', 'claimed', 1, now(), gen_random_uuid(), now(), now())`, "23514", "finalized_at"},
 		{"unknown state", `state) VALUES ('k', 'running')`, "RLY01", "inserted queued"},
 		{"long kind", `state) VALUES (repeat('k', 256), 'queued')`, "23514", "kind must be"},
 		{"empty queue", `queue) VALUES ('k', '')`, "23514", "queue must be"},
@@ -269,6 +279,11 @@ func TestInsertCheckWhenNamesEveryRuleColumn(t *testing.T) {
 	}
 	if n := testdb.Count(t, pool, `SELECT count(*) FROM relay_jobs`); n != 0 {
 		t.Errorf("%d rows after the refused inserts, want 0", n)
+	}
+	// A first attempt inserted claimed, as a claim leaves it, is taken.
+	if _, err := pool.Exec(ctx, `INSERT INTO relay_jobs (kind, state, attempt, attempted_at, attempted_by, lease_token, lease_expires_at)
+		VALUES ('k', 'claimed', 1, now(), 'w', gen_random_uuid(), now() + interval '1 minute')`); err != nil {
+		t.Errorf("a job inserted claimed for its first attempt: %v", err)
 	}
 	// A lease token alone breaks no rule of a queued row: taken, as before.
 	if _, err := pool.Exec(ctx, `INSERT INTO relay_jobs (kind, lease_token) VALUES ('k', gen_random_uuid())`); err != nil {

@@ -139,8 +139,9 @@ CREATE FUNCTION public.relay_jobs_insert_refused() RETURNS trigger
 DECLARE
     rule text := relay_jobs_broken_rule(NEW);
 BEGIN
-    IF NEW.state <> 'queued' THEN
-        RAISE EXCEPTION 'relay: jobs must be inserted queued'
+    IF NEW.state <> 'queued' AND NOT (NEW.state = 'claimed' AND NEW.attempt = 1
+            AND NEW.attempted_at IS NOT NULL AND NEW.ordering_key IS NULL) THEN
+        RAISE EXCEPTION 'relay: jobs must be inserted queued, or claimed for a first attempt (attempt 1, attempted_at set, no ordering key)'
             USING ERRCODE = 'RLY01';
     END IF;
     IF rule IS NOT NULL THEN
@@ -1231,7 +1232,7 @@ CREATE TRIGGER relay_jobs_after_insert AFTER INSERT ON public.relay_jobs REFEREN
 
 -- Name: relay_jobs relay_jobs_insert_check; Type: TRIGGER; Schema: public
 
-CREATE TRIGGER relay_jobs_insert_check AFTER INSERT ON public.relay_jobs FOR EACH ROW WHEN (((new.state <> 'queued'::text) OR (new.attempt < 0) OR ((new.lease_token IS NOT NULL) AND (new.lease_expires_at IS NOT NULL)) OR (new.finalized_at IS NOT NULL) OR (isfinite(new.run_at) IS FALSE) OR (isfinite(new.created_at) IS FALSE) OR (isfinite(new.attempted_at) IS FALSE) OR (isfinite(new.finalized_at) IS FALSE) OR (isfinite(new.lease_expires_at) IS FALSE) OR (new.kind = ''::text) OR (length(new.kind) > 255) OR (new.queue = ''::text) OR (length(new.queue) > 128) OR (new.priority < 0) OR (new.max_attempts < 1) OR ((new.unique_key IS NULL) <> (new.unique_states IS NULL)) OR (new.ordering_key = ''::text) OR (length(new.ordering_key) > 500) OR (cardinality(new.tags) > 32) OR (array_position(new.tags, NULL::text) IS NOT NULL) OR (array_position(new.tags, ''::text) IS NOT NULL))) EXECUTE FUNCTION public.relay_jobs_insert_refused();
+CREATE TRIGGER relay_jobs_insert_check AFTER INSERT ON public.relay_jobs FOR EACH ROW WHEN ((((new.state <> 'queued'::text) AND (NOT ((new.state = 'claimed'::text) AND (new.attempt = 1) AND (new.attempted_at IS NOT NULL) AND (new.ordering_key IS NULL)))) OR (new.attempt < 0) OR ((new.state = 'claimed'::text) <> ((new.lease_token IS NOT NULL) AND (new.lease_expires_at IS NOT NULL))) OR (new.finalized_at IS NOT NULL) OR (isfinite(new.run_at) IS FALSE) OR (isfinite(new.created_at) IS FALSE) OR (isfinite(new.attempted_at) IS FALSE) OR (isfinite(new.finalized_at) IS FALSE) OR (isfinite(new.lease_expires_at) IS FALSE) OR (new.kind = ''::text) OR (length(new.kind) > 255) OR (new.queue = ''::text) OR (length(new.queue) > 128) OR (new.priority < 0) OR (new.max_attempts < 1) OR ((new.unique_key IS NULL) <> (new.unique_states IS NULL)) OR (new.ordering_key = ''::text) OR (length(new.ordering_key) > 500) OR (cardinality(new.tags) > 32) OR (array_position(new.tags, NULL::text) IS NOT NULL) OR (array_position(new.tags, ''::text) IS NOT NULL))) EXECUTE FUNCTION public.relay_jobs_insert_refused();
 
 -- Name: relay_jobs relay_jobs_key_before_insert; Type: TRIGGER; Schema: public
 

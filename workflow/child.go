@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/internal/eager"
 	"github.com/relayq/relay/internal/jobinsert"
 )
@@ -43,6 +45,9 @@ type ChildFuture[Out any] struct {
 	// fresh is the child as this execution inserted it (nil when it
 	// existed, or on a replay): Get may execute it here (executeChild).
 	fresh *freshChild
+	// start is the child's start while Child defers it (the execution's
+	// deferredChild until its next primitive).
+	start *childStart
 }
 
 // freshChild is a child run this execution inserted: its job, and the run
@@ -104,39 +109,124 @@ func Child[In, Out any](wctx Context, key string, wf *Workflow[In, Out], in In, 
 		}
 		so.Priority, so.MaxAttempts = opts.Priority, opts.MaxAttempts
 	}
-	link := &parentLink{runID: x.runID, position: pos}
-	if !x.startChild(wf.name, input, *so, parentClose, link, key) {
-		x.startChildTx(wf.name, input, so, parentClose, link, key, pos)
+	f := &ChildFuture[Out]{x: x, pos: pos, RunID: id}
+	d := &childStart{name: wf.name, input: input, so: *so, parentClose: parentClose,
+		link: &parentLink{runID: x.runID, position: pos}, key: key, fresh: &f.fresh}
+	if x.mayExecuteChild(so.Queue) {
+		// Deferred to the execution's next primitive: if that is this
+		// child's Get, the child's job is inserted already claimed for
+		// this execution's slot (executeChildStart), one row version
+		// instead of an insert and a claim. Anything else writes the
+		// start first, as here (startDeferredChild).
+		x.deferredChild, f.start = d, d
+		return f
 	}
+	x.startChildNow(d)
+	return f
+}
+
+// childStart is a child's start as Child asked for it, written by
+// startChildNow or executeChildStart.
+type childStart struct {
+	name        string
+	input       []byte
+	so          StartOpts
+	parentClose ParentClosePolicy
+	link        *parentLink
+	key         string
+	// fresh is the future's: set when the start inserted the child.
+	fresh **freshChild
+}
+
+// mayExecuteChild reports whether a child on queue may be executed in
+// this execution's worker slot (the conditions of executeChild).
+func (x *execution) mayExecuteChild(queue string) bool {
+	// A run with an execution timeout waits for its child suspended,
+	// woken at its deadline (suspend), not blocked in Get for as long
+	// as the child's execution takes.
+	return !x.cancelling && !x.dryRun && x.hooks == nil && x.job != nil && queue == x.job.Queue && x.run.deadline == nil
+}
+
+// startDeferredChild writes the start Child deferred, if any, as Child
+// writes a start it does not defer: the execution's next primitive is not
+// that child's Get, or its function returned.
+func (x *execution) startDeferredChild() {
+	if d := x.deferredChild; d != nil {
+		x.deferredChild = nil
+		x.startChildNow(d)
+	}
+}
+
+// settleDeferredChild is startDeferredChild once the function returned,
+// outside the primitives' recover: the unwind of a failed start is
+// returned rather than raised.
+func (x *execution) settleDeferredChild() (u *unwind) {
+	if x.deferredChild == nil {
+		return nil
+	}
+	was := x.unwinding
+	defer func() {
+		if p := recover(); p != nil {
+			uw, ok := p.(*unwind)
+			if !ok {
+				panic(p)
+			}
+			x.unwinding, u = was, uw
+		}
+	}()
+	x.startDeferredChild()
+	return nil
+}
+
+// startChildNow writes d: in the execution's next grouped write
+// (startChild), else in a transaction of its own (startChildTx); then
+// wakes the child's queue.
+func (x *execution) startChildNow(d *childStart) {
+	if _, ok := x.startChild(d, nil); !ok {
+		x.startChildTx(d.name, d.input, &d.so, d.parentClose, d.link, d.key, d.link.position)
+	}
+	x.childStarted(d)
+}
+
+// childStarted follows a committed start of d: the child's queue is woken
+// now (bounded: a wake-up lost to a slow server costs the workers' next
+// poll, no more), and a child inserted is the future's fresh one.
+func (x *execution) childStarted(d *childStart) {
+	link := d.link
 	if link.wake != nil {
-		// Committed: the child's queue is woken now (bounded: a wake-up
-		// lost to a slow server costs the workers' next poll, no more).
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(x.ctx), wakeTimeout)
 		link.wake(ctx, x.r.pool)
 		cancel()
 	}
-	f := &ChildFuture[Out]{x: x, pos: pos, RunID: id}
 	if link.jobID != 0 {
-		f.fresh = &freshChild{jobID: link.jobID, run: runInfo{workflow: wf.name, state: string(StatePending),
-			input: string(input), queue: so.Queue, parentID: x.runID, trace: link.trace}}
+		*d.fresh = &freshChild{jobID: link.jobID, run: d.run(link.trace)}
 	}
-	return f
 }
 
-// startChild starts child run so.ID of workflow name, and records its
-// checkpoint (waiting at link's position), in one statement of the
+// run is the child run as d inserts it.
+func (d *childStart) run(trace string) runInfo {
+	return runInfo{workflow: d.name, state: string(StatePending), input: string(d.input), queue: d.so.Queue,
+		parentID: d.link.runID, trace: trace}
+}
+
+// startChild starts child run d.so.ID of workflow d.name, and records its
+// checkpoint (waiting at its link's position), in one statement of the
 // execution's next write, which goes with the writes of other executions
 // (batchWrite): the run, its job and the checkpoint are inserted together
-// or not at all (sqlStartChild). It returns false, having written nothing
-// of the child, when it cannot tell what to do alone: the id is taken (by
+// or not at all (sqlStartChild). With lent, the job is inserted claimed
+// with lent's claim where a claim would take it (sqlStartChildClaimed),
+// and claimedAt is its attempted_at (nil when it was inserted queued);
+// job is the job as inserted. It returns false, having written nothing of
+// the child, when it cannot tell what to do alone: the id is taken (by
 // this parent's child at this position, which is adopted, or by another
 // run, which fails the step), or the start's options are refused; the
 // caller then starts the child in a transaction of its own
 // (startChildTx), which tells these apart.
-func (x *execution) startChild(name string, input []byte, so StartOpts, parentClose ParentClosePolicy, link *parentLink, key string) bool {
+func (x *execution) startChild(d *childStart, lent *eager.Lent[*core.JobRow]) (started *startedChild, ok bool) {
+	name, link, key, so := d.name, d.link, d.key, d.so
 	o, err := startDefaults(name, &so)
 	if err != nil || o.mayReplace() || o.ExecutionTimeout != 0 {
-		return false
+		return nil, false
 	}
 	// The child's root span goes under this one, in the run's trace, as
 	// startRun puts it.
@@ -150,24 +240,35 @@ func (x *execution) startChild(name string, input []byte, so StartOpts, parentCl
 	traceJSON, _ := json.Marshal(carrier)
 	row, err := runJobRow(o, runJobMetadata(o.ID, carrier))
 	if err != nil {
-		return false
+		return nil, false
 	}
 	job, err := jobinsert.Begin(ctx, row)
 	if err != nil {
-		return false
+		return nil, false
 	}
 	var policy any
-	if parentClose != ParentCloseCancel {
+	if parentClose := d.parentClose; parentClose != ParentCloseCancel {
 		policy = parentClose.stored()
 	}
 	var jobID int64
+	var claimedAt *time.Time
 	err = x.batchWriteOp(nil, &batchOp{
 		queue: func(b *pgx.Batch) {
-			b.Queue(sqlStartChild, o.ID, name, string(input), o.Queue, link.runID, link.position, string(traceJSON), job.Param(), key, policy)
+			if lent == nil {
+				b.Queue(sqlStartChild, o.ID, name, string(d.input), o.Queue, link.runID, link.position, string(traceJSON), job.Param(), key, policy)
+				return
+			}
+			b.Queue(sqlStartChildClaimed, o.ID, name, string(d.input), o.Queue, link.runID, link.position, string(traceJSON), job.Param(), key, policy,
+				lent.By, lent.Token.String(), lent.LeaseMS)
 		},
 		read: func(br pgx.BatchResults) error {
-			jobID = 0
-			err := br.QueryRow().Scan(&jobID)
+			jobID, claimedAt = 0, nil
+			var err error
+			if lent == nil {
+				err = br.QueryRow().Scan(&jobID)
+			} else {
+				err = br.QueryRow().Scan(&jobID, &claimedAt)
+			}
 			if errors.Is(err, pgx.ErrNoRows) {
 				return nil // the id is taken: nothing of the child written
 			}
@@ -176,15 +277,78 @@ func (x *execution) startChild(name string, input []byte, so StartOpts, parentCl
 	})
 	if err != nil {
 		job.Done(0, err)
+		if lent != nil {
+			lent.Release()
+		}
 		x.writeFailed(err)
 	}
 	job.Done(jobID, nil)
 	if jobID == 0 {
-		return false
+		return nil, false
 	}
 	x.hist[link.position] = &stepRow{position: link.position, key: key, kind: "child", state: stepWaiting, childID: o.ID}
 	link.wake, link.jobID, link.trace = job.Wake, jobID, string(traceJSON)
-	return true
+	return &startedChild{job: job.Row(), claimedAt: claimedAt}, true
+}
+
+// startedChild is the job startChild inserted, and its attempted_at when
+// it was inserted claimed.
+type startedChild struct {
+	job       jobinsert.Row
+	claimedAt *time.Time
+}
+
+// executeChildStart writes d, the start Child deferred to this Get of the
+// child, with the child's job inserted already claimed by the core client
+// executing this run, for this execution's worker slot
+// (eager.Inserter.Lend), and executes the child here, as executeChild
+// executes a child it claims: the job is written once, where a start and
+// a claim write it twice. It returns the child's sink, or nil when the
+// child was not executed here: no client of the registry's lends the slot
+// (the start is then written as Child writes it, and executeChild may
+// still claim the child), the id is taken (startChildTx), or the job was
+// inserted queued (a paused queue, a global limit: it waits for a worker,
+// woken now).
+func (x *execution) executeChildStart(d *childStart) *eagerSink {
+	if x.mayExecuteChild(d.so.Queue) {
+		for _, ins := range x.r.eagerInserters() {
+			lent, err := ins.Lend(x.ctx, RunKind, d.so.Queue, x.job.JobRow)
+			if errors.Is(err, eager.ErrNotWorked) {
+				continue // another client of the registry's: not the one executing this run
+			}
+			if err != nil {
+				x.r.logger.Debug("relay: workflow child not inserted claimed for its parent's slot", "run_id", d.so.ID, "parent_run_id", x.runID, "reason", err)
+				break
+			}
+			return x.startClaimedChild(d, lent)
+		}
+	}
+	x.startChildNow(d)
+	return nil
+}
+
+// startClaimedChild is executeChildStart once lent is reserved.
+func (x *execution) startClaimedChild(d *childStart, lent *eager.Lent[*core.JobRow]) *eagerSink {
+	started, ok := x.startChild(d, lent)
+	if !ok {
+		lent.Release()
+		x.startChildTx(d.name, d.input, &d.so, d.parentClose, d.link, d.key, d.link.position)
+		x.childStarted(d)
+		return nil
+	}
+	if started.claimedAt == nil {
+		// Inserted queued, as a claim would leave it: no claim of it here
+		// either (executeChild), it would be refused the same way.
+		lent.Release()
+		d.link.jobID = 0
+		x.childStarted(d)
+		return nil
+	}
+	run := d.run(d.link.trace)
+	sink := &eagerSink{runID: d.so.ID, run: &run, lendJob: x.job.ID, lendToken: x.job.LeaseToken.String()}
+	job := lent.Adopt(context.WithValue(x.ctx, eagerKey{}, sink), d.link.jobID, started.job, *started.claimedAt)
+	job.Execute(x.ctx) //nolint:errcheck // the outcome is the child's run's, in sink (or read by Get)
+	return sink
 }
 
 // startChildTx starts the child in a transaction of the execution's own
@@ -234,6 +398,14 @@ func (f *ChildFuture[Out]) Get(wctx Context) (Out, error) {
 	if f.err != nil {
 		return zero, f.err
 	}
+	var sink *eagerSink
+	if d := f.start; d != nil && d == x.deferredChild {
+		x.deferredChild = nil
+		sink = x.executeChildStart(d)
+	} else {
+		x.startDeferredChild()
+	}
+	f.start = nil
 	h := x.hist[f.pos]
 	decode := func(s *stepRow) (Out, error) {
 		if s.errMsg != "" {
@@ -253,7 +425,10 @@ func (f *ChildFuture[Out]) Get(wctx Context) (Out, error) {
 		return decode(h)
 	}
 	x.endDryRun()
-	if sink := x.executeChild(f.RunID, f.fresh); sink != nil && sink.done {
+	if sink == nil {
+		sink = x.executeChild(f.RunID, f.fresh)
+	}
+	if sink != nil && sink.done {
 		// Executed here to its end: its outcome is the one it recorded.
 		f.fresh = nil
 		s := &stepRow{position: f.pos, key: h.key, kind: "child", state: stepCompleted, childID: f.RunID}
@@ -326,10 +501,7 @@ func (f *ChildFuture[Out]) Get(wctx Context) (Out, error) {
 // the parent is pending (which Get handles first). The child is an ordinary run all the while: a crash
 // leaves its job to the rescuer, its outcome wakes the parent as always.
 func (x *execution) executeChild(id string, fresh *freshChild) *eagerSink {
-	if fresh == nil || x.cancelling || x.dryRun || x.hooks != nil || fresh.run.queue != x.job.Queue || x.run.deadline != nil {
-		// A run with an execution timeout waits for its child suspended,
-		// woken at its deadline (suspend), not blocked in Get for as long
-		// as the child's execution takes.
+	if fresh == nil || !x.mayExecuteChild(fresh.run.queue) {
 		return nil
 	}
 	sink := &eagerSink{runID: id, run: &fresh.run, lendJob: x.job.ID, lendToken: x.job.LeaseToken.String()}

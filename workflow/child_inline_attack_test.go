@@ -19,8 +19,10 @@ import (
 // unfinished children): when the parent then executes the child in its
 // own slot, the child starts no step, as a child executed from its queue
 // would not (it reads cancel_requested when its execution begins). The
-// parent's function waits outside any step between the child's start and
-// Get, so the parent writes nothing that would see the cancel first.
+// parent waits in a step between the child's start (which that step's
+// call writes: any primitive but the child's Get does) and Get, whose
+// checkpoint is deferred, so the parent writes nothing that would see the
+// cancel first.
 func TestInlineChildSeesACancelCommittedBeforeItRan(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -32,10 +34,15 @@ func TestInlineChildSeesACancelCommittedBeforeItRan(t *testing.T) {
 	})
 	parent := workflow.MustRegister(b.reg, "parent", func(wctx workflow.Context, _ int) (int, error) {
 		f := workflow.Child(wctx, "c", kid, 0, nil)
-		select {
-		case <-gate:
-		case <-wctx.Done():
-			return 0, wctx.Err()
+		if _, err := workflow.Step(wctx, "wait", func(ctx context.Context) (int, error) {
+			select {
+			case <-gate:
+				return 0, nil
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			}
+		}, nil); err != nil {
+			return 0, err
 		}
 		return f.Get(wctx)
 	})
@@ -183,7 +190,8 @@ func TestGrandchildExecutedInTheSameSlot(t *testing.T) {
 // A queue paused between a child's start and its parent's Get holds the
 // child: the parent does not execute it in its slot (the pause refuses
 // that claim as it refuses a fetch loop's), it suspends, and the child
-// runs, waking its parent, once the queue is resumed.
+// runs, waking its parent, once the queue is resumed. The parent waits in
+// a step, whose call writes the child's start.
 func TestPausedQueueHoldsAnInlineChild(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -195,10 +203,15 @@ func TestPausedQueueHoldsAnInlineChild(t *testing.T) {
 	})
 	parent := workflow.MustRegister(b.reg, "parent", func(wctx workflow.Context, _ int) (int, error) {
 		f := workflow.Child(wctx, "c", kid, 0, nil)
-		select {
-		case <-gate:
-		case <-wctx.Done():
-			return 0, wctx.Err()
+		if _, err := workflow.Step(wctx, "wait", func(ctx context.Context) (int, error) {
+			select {
+			case <-gate:
+				return 0, nil
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			}
+		}, nil); err != nil {
+			return 0, err
 		}
 		return f.Get(wctx)
 	})

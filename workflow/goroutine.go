@@ -68,6 +68,11 @@ func (x *execution) enter(primitive string) error {
 		}
 		return err
 	}
+	if x.deferredChild != nil && primitive != "ChildFuture.Get" {
+		// Any primitive but a Get (which sees whose) writes the child's
+		// start Child deferred first (see Child).
+		x.startDeferredChild()
+	}
 	return nil
 }
 

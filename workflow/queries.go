@@ -60,6 +60,34 @@ WITH run AS (
 )
 SELECT id FROM job`
 
+// sqlStartChildClaimed is sqlStartChild with the child's job inserted
+// already claimed (jobinsert.SQLIntoClaimed) by worker $11, lease token
+// $12, for $13 milliseconds: the parent's execution runs the child in its
+// own worker slot next (executeChildStart), and the claim is the insert's,
+// not an update of the row after it. It returns the job's id and its
+// attempted_at, NULL when the job was inserted queued (a paused queue, a
+// global limit); no row when the id is taken, as sqlStartChild. The child
+// is asked to cancel if its parent is (as Cancel asks a run's unfinished
+// children): the parent's execution runs it next without looking at the
+// flag this statement's snapshot may be the first to see, and the child,
+// reading its own at its start, then runs no step.
+var sqlStartChildClaimed = `
+WITH run AS (
+    INSERT INTO relay_workflow_runs (id, workflow, input, queue, parent_id, parent_position, trace, job_id, tags, parent_close, cancel_requested)
+    VALUES ($1, $2, $3::jsonb, $4, $5, $6, $7::jsonb, nextval(pg_get_serial_sequence('relay_jobs', 'id')), '{}'::text[], $10,
+            coalesce((SELECT p.cancel_requested FROM relay_workflow_runs AS p WHERE p.id = $5), false))
+    ON CONFLICT (id) DO NOTHING
+    RETURNING job_id
+), job AS (` + jobinsert.SQLIntoClaimed("run", "job_id", 8, jobinsert.NotifyAfter, jobinsert.Claim{By: 11, Token: 12, LeaseMS: 13}) + `
+), step AS (
+    INSERT INTO relay_workflow_steps (run_id, position, key, kind, state, attempts, child_id, attempt_log, started_at)
+    SELECT $5, $6, $9, 'child', 'waiting', 0, $1, '[]'::jsonb, now() FROM run
+    ON CONFLICT (run_id, position) DO UPDATE
+    SET state = excluded.state, output = NULL, error = NULL, error_info = NULL, wake_at = NULL,
+        child_id = excluded.child_id, finished_at = NULL
+)
+SELECT id, attempted_at FROM job`
+
 // sqlRunIdentity reads who holds run id $1: its workflow and its parent's
 // link (” and NULL for none).
 const sqlRunIdentity = `SELECT workflow, coalesce(parent_id, ''), parent_position FROM relay_workflow_runs WHERE id = $1`

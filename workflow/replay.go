@@ -133,6 +133,9 @@ type execution struct {
 	retryFrom *int
 	// pending holds completed checkpoints not yet written (see later).
 	pending []*stepRow
+	// deferredChild is a child's start that Child deferred to the
+	// execution's next primitive (see Child), nil for none.
+	deferredChild *childStart
 	// dueWaits are sleeps found due, marked completed by the next write.
 	dueWaits  []int
 	setState  RunState
@@ -426,6 +429,13 @@ func (x *execution) main() error {
 	out, err, u := x.call()
 	if u == nil {
 		u = x.unwinding // the function recovered our panic: it still ends here
+	}
+	if u == nil || u.kind != unwindLost {
+		// A child started last, its Get never called: written before
+		// whatever comes of the function's end, as Child would have.
+		if su := x.settleDeferredChild(); su != nil {
+			return x.unwound(su, nil)
+		}
 	}
 	if m := x.misused.Load(); m != nil && (u == nil || u.kind != unwindLost) {
 		// A primitive was called from another goroutine: whatever the

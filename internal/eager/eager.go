@@ -12,8 +12,12 @@ package eager
 import (
 	"context"
 	"errors"
+	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/relayq/relay/internal/jobinsert"
 )
 
 // InsertedJobID is an SQL expression for the id of the job an Insert batch
@@ -87,6 +91,34 @@ type Inserter[Args, Opts, Row any] interface {
 	// before (lend's handler is blocked in Execute). A lend that is not
 	// in flight in this client, or on another queue, is ErrNotWorked.
 	Claim(ctx context.Context, id int64, kind, queue string, lend Row) (Job[Row], error)
+	// Lend reserves lend's worker slot (as Claim lends it) for a job of
+	// kind on queue that the caller inserts itself, already claimed by the
+	// client, in a statement of its own (jobinsert.SQLIntoClaimed, with
+	// the Lent's By, Token and LeaseMS): one row version where an insert
+	// and Claim write two. It refuses what Claim refuses, writing nothing
+	// (ErrNotWorked, ErrUnavailable). The caller then calls exactly one of
+	// the Lent's Adopt (the insert committed the job claimed) or Release
+	// (it did not: left queued by a pause or a limit, not inserted, or
+	// failed). Stop waits for the reservation until then.
+	Lend(ctx context.Context, kind, queue string, lend Row) (*Lent[Row], error)
+}
+
+// Lent is a worker slot Inserter.Lend reserved for a job the caller
+// inserts claimed.
+type Lent[Row any] struct {
+	// By is the claiming worker's id (attempted_by), Token the attempt's
+	// lease token, LeaseMS the lease's length in milliseconds.
+	By      string
+	Token   uuid.UUID
+	LeaseMS int64
+	// Adopt makes job id, committed claimed with By and Token, a job in
+	// flight of the client from then on (its lease renewed, Stop waiting
+	// for it), to Execute once: row is the job as the caller inserted it,
+	// at its attempted_at (the inserting statement's now()). ctx's values
+	// go to the job's handler, as Claim's do.
+	Adopt func(ctx context.Context, id int64, row jobinsert.Row, at time.Time) Job[Row]
+	// Release gives the reservation back, for a job not committed claimed.
+	Release func()
 }
 
 // Attacher is implemented by a worker that wants the Inserter of every

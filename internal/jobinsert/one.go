@@ -43,6 +43,10 @@ func Begin(ctx context.Context, row Row) (*One, error) {
 	return &One{Ctx: ctx, rows: []Row{row}, span: span}, nil
 }
 
+// Row is the job as inserted: the row Begin was given, its trace context
+// in its metadata.
+func (o *One) Row() Row { return o.rows[0] }
+
 // Param is the job as SQLInto's parameter reads it.
 func (o *One) Param() string { return string(AppendBatch(nil, o.rows)) }
 

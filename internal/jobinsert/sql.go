@@ -30,7 +30,7 @@ const (
 // A job's run_at is absolute when given, else database now() plus its
 // delay.
 func SQL(n Notify) string {
-	return insertSQL("", "", "$1", n, "id, false", "")
+	return insertSQL("", "", "$1", n, "id, false", "", nil)
 }
 
 // SQLInto returns the body of a CTE (INSERT … RETURNING id) that inserts
@@ -40,7 +40,26 @@ func SQL(n Notify) string {
 // triggers and rules as any enqueue's; another layer writes its own row
 // and the job in one statement with it.
 func SQLInto(from, idCol string, param int, n Notify) string {
-	return insertSQL(from, from+"."+idCol, "$"+strconv.Itoa(param), n, "id", "")
+	return insertSQL(from, from+"."+idCol, "$"+strconv.Itoa(param), n, "id", "", nil)
+}
+
+// Claim names the parameters of SQLIntoClaimed's claim: the worker's id
+// (attempted_by, text), the lease token (uuid, as text) and the lease's
+// length in milliseconds (bigint).
+type Claim struct{ By, Token, LeaseMS int }
+
+// SQLIntoClaimed is SQLInto for a job inserted already claimed, as the
+// claim statements would leave it (state claimed, attempt 1, attempted_at
+// now(), attempted_by, lease token and expiry from the parameters claim
+// names): one row version where an insert and a claim write two. The job
+// is inserted queued instead, as SQLInto inserts it, whenever a claim
+// would not take it at once: its queue is paused, a global limit names
+// its queue, kind or one of its tags (the limits are counted by the
+// queues' serialised claims, which this statement cannot join), or it
+// has an ordering key or a later run-at. It returns the job's id and its
+// attempted_at, NULL when it was inserted queued.
+func SQLIntoClaimed(from, idCol string, param int, n Notify, claim Claim) string {
+	return insertSQL(from, from+"."+idCol, "$"+strconv.Itoa(param), n, "id, attempted_at", "", &claim)
 }
 
 // SQLIntoEach is SQLInto for a batch: the job at position i (from 1) of
@@ -49,26 +68,45 @@ func SQLInto(from, idCol string, param int, n Notify) string {
 // batch whose own row was not inserted gets no job). It returns each
 // inserted job's id.
 func SQLIntoEach(from, idCol, ordCol string, param int, n Notify) string {
-	return insertSQL(from, from+"."+idCol, "$"+strconv.Itoa(param), n, "id", "\nWHERE j.ord = "+from+"."+ordCol)
+	return insertSQL(from, from+"."+idCol, "$"+strconv.Itoa(param), n, "id", "\nWHERE j.ord = "+from+"."+ordCol, nil)
 }
 
 // insertSQL is the insert statement: ids drawn by relay_jobs' default, or
 // taken from idExpr of the relation from (joined by where, if not empty);
-// the batch read from param; RETURNING returning.
-func insertSQL(from, idExpr, param string, n Notify, returning, where string) string {
+// the batch read from param; RETURNING returning; claimed, when claim is
+// not nil, where a claim would take it (SQLIntoClaimed).
+func insertSQL(from, idExpr, param string, n Notify, returning, where string, claim *Claim) string {
 	idCol, idVal, fromRel := "", "", ""
 	if idExpr != "" {
 		idCol, idVal, fromRel = "id, ", idExpr+", ", from+", "
 	}
+	claimCols, claimVals, claimJoin := "", "", ""
+	if claim != nil {
+		by, token, ms := "$"+strconv.Itoa(claim.By), "$"+strconv.Itoa(claim.Token), "$"+strconv.Itoa(claim.LeaseMS)
+		claimCols = ",\n                        state, attempt, attempted_at, attempted_by, lease_token, lease_expires_at"
+		claimVals = `,
+       CASE WHEN c.claim THEN 'claimed' ELSE 'queued' END, CASE WHEN c.claim THEN 1 ELSE 0 END,
+       CASE WHEN c.claim THEN now() END, CASE WHEN c.claim THEN ` + by + `::text END,
+       CASE WHEN c.claim THEN ` + token + `::uuid END,
+       CASE WHEN c.claim THEN now() + ` + ms + `::bigint * interval '1 millisecond' END`
+		// The refusals of core's claim of one known job (sqlClaimKnown).
+		claimJoin = `
+     CROSS JOIN LATERAL (
+         SELECT j.ordering_key IS NULL AND j.run_at IS NULL AND coalesce(j.delay_us, 0) <= 0
+            AND NOT EXISTS (SELECT 1 FROM relay_queue_pauses AS p WHERE p.queue = j.queue)
+            AND NOT EXISTS (SELECT 1 FROM relay_limits AS l
+                            WHERE (l.scope = 'queue' AND l.name = j.queue) OR (l.scope = 'kind' AND l.name = j.kind)
+                               OR (l.scope = 'tag' AND l.name = ANY (j.tags)))) AS c(claim)`
+	}
 	return `
-INSERT INTO relay_jobs (` + idCol + `kind, queue, args, priority, max_attempts, run_at, metadata, ordering_key, tags)
+INSERT INTO relay_jobs (` + idCol + `kind, queue, args, priority, max_attempts, run_at, metadata, ordering_key, tags` + claimCols + `)
 SELECT ` + idVal + `j.kind, j.queue, j.args, j.priority, j.max_attempts,
        coalesce(j.run_at, now() + j.delay_us * interval '1 microsecond'),
-       j.metadata, j.ordering_key, coalesce(j.tags, '{}')
+       j.metadata, j.ordering_key, coalesce(j.tags, '{}')` + claimVals + `
 FROM ` + fromRel + `ROWS FROM (jsonb_to_recordset(` + param + `::jsonb) AS (
          kind text, queue text, args jsonb, priority smallint, max_attempts integer,
          run_at timestamptz, delay_us bigint, metadata jsonb, ordering_key text, tags text[]))
-     WITH ORDINALITY AS j(kind, queue, args, priority, max_attempts, run_at, delay_us, metadata, ordering_key, tags, ord)` + notifyJoin(n) + where + `
+     WITH ORDINALITY AS j(kind, queue, args, priority, max_attempts, run_at, delay_us, metadata, ordering_key, tags, ord)` + notifyJoin(n) + claimJoin + where + `
 ORDER BY j.ord
 RETURNING ` + returning
 }
