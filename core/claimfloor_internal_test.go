@@ -151,6 +151,19 @@ func TestClaimFloorKeeper(t *testing.T) {
 	if fromFront < floorOnBuffers || fromFloor > 20 {
 		t.Fatalf("a claim from the front touches %d buffers, one from the floor %d: want ≥ %d and ≤ 20", fromFront, fromFloor, floorOnBuffers)
 	}
+	// The claim a steady load sends from the floor (sqlClaimFrom, every
+	// priority after it) starts at the floor too, once there are jobs
+	// after it: it touched 142 buffers here when its walk of the floor's
+	// priority began at that priority's front.
+	if _, err := pool.Exec(ctx, `INSERT INTO relay_jobs (kind, queue) SELECT 'floor', 'floor-keeper' FROM generate_series(1, 5)`); err != nil {
+		t.Fatal(err)
+	}
+	if fromFloorAll := claimBuffersTB(t, pool, sqlClaimFrom, q.name, int16(at.priority), at.runAt, at.id); fromFloorAll > 40 {
+		t.Fatalf("a claim from the floor over every priority (sqlClaimFrom) touches %d buffers, want ≤ 40 (the walk from the floor touches %d)", fromFloorAll, fromFloor)
+	}
+	if _, err := pool.Exec(ctx, `DELETE FROM relay_jobs WHERE queue = 'floor-keeper' AND state = 'queued'`); err != nil {
+		t.Fatal(err)
+	}
 
 	behind := enqueueFloor(t, pool, EnqueueOpts{Queue: q.name, RunAt: time.Now().Add(-time.Hour)})
 	testdb.WaitFor(t, "the job behind the floor to be claimed", func() bool {

@@ -220,7 +220,17 @@ func walkClaimSQL(sync bool, limit int) string {
 func claimStatement(after bool, commit string) string {
 	cursor, first := "", ""
 	if after {
-		cursor = "\n          AND (priority, run_at, id) > ($6::smallint, $7::timestamptz, $8::bigint)"
+		// Each priority's walk starts at the floor's position within it
+		// ((run_at, id) after the equality on priority, a start key of the
+		// index scan). Spelled (priority, run_at, id) > (...), the row
+		// comparison beside priority = prios.priority was no start key:
+		// the walk began at the priority's front and stepped over the dead
+		// entries the floor is there to skip (142 buffers against 22 in
+		// TestClaimFloorKeeper's scene).
+		cursor = `
+          AND (run_at, id) > (CASE WHEN prios.priority = $6::smallint THEN $7::timestamptz
+                                   WHEN prios.priority < $6::smallint THEN 'infinity' ELSE '-infinity' END,
+                              CASE WHEN prios.priority = $6::smallint THEN $8::bigint ELSE 0 END)`
 		first = "\n       AND (priority, run_at, id) > ($6::smallint, $7::timestamptz, $8::bigint)"
 	}
 	return `
