@@ -67,15 +67,16 @@ SELECT id FROM job`
 // not an update of the row after it. It returns the job's id and its
 // attempted_at, NULL when the job was inserted queued (a paused queue, a
 // global limit); no row when the id is taken, as sqlStartChild. The child
-// is asked to cancel if its parent is (as Cancel asks a run's unfinished
-// children): the parent's execution runs it next without looking at the
-// flag this statement's snapshot may be the first to see, and the child,
+// is asked to cancel if its parent is, unless it is abandoned (as Cancel
+// asks a run's unfinished children, relay_workflow_request_cancel): the
+// parent's execution runs it next without looking at the flag this statement's snapshot may be the first to see, and the child,
 // reading its own at its start, then runs no step.
 var sqlStartChildClaimed = `
 WITH run AS (
     INSERT INTO relay_workflow_runs (id, workflow, input, queue, parent_id, parent_position, trace, job_id, tags, parent_close, cancel_requested)
     VALUES ($1, $2, $3::jsonb, $4, $5, $6, $7::jsonb, nextval(pg_get_serial_sequence('relay_jobs', 'id')), '{}'::text[], $10,
-            coalesce((SELECT p.cancel_requested FROM relay_workflow_runs AS p WHERE p.id = $5), false))
+            $10::text IS DISTINCT FROM 'abandon'
+            AND coalesce((SELECT p.cancel_requested FROM relay_workflow_runs AS p WHERE p.id = $5), false))
     ON CONFLICT (id) DO NOTHING
     RETURNING job_id
 ), job AS (` + jobinsert.SQLIntoClaimed("run", "job_id", 8, jobinsert.NotifyAfter, jobinsert.Claim{By: 11, Token: 12, LeaseMS: 13}) + `
