@@ -178,50 +178,62 @@ func TestChildStartedByTheFunctionsReturn(t *testing.T) {
 // between a child's Child and its Get (the start deferred, nothing
 // written): the start, written with the child's job claimed, asks the
 // child to cancel too, so the child executed in the parent's slot runs no
-// step, and both end cancelled.
+// step, and both end cancelled. An abandoned child (ParentCloseAbandon)
+// is not the parent's to cancel, as Cancel's own cascade skips it
+// (relay_workflow_request_cancel): it runs to its end. Until
+// sqlStartChildClaimed left an abandoned child's flag alone, it was
+// cancelled before its first step too.
 func TestDeferredChildStartSeesACancelCommittedBeforeIt(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	ctx := context.Background()
-	var charged atomic.Int32
-	reached, gate := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	kid := workflow.MustRegister(b.reg, "kid", func(wctx workflow.Context, _ int) (int, error) {
-		return workflow.Step(wctx, "charge", func(ctx context.Context) (int, error) { charged.Add(1); return 1, nil }, nil)
-	})
-	parent := workflow.MustRegister(b.reg, "parent", func(wctx workflow.Context, _ int) (int, error) {
-		f := workflow.Child(wctx, "c", kid, 0, nil)
-		once.Do(func() { close(reached) })
-		select {
-		case <-gate:
-		case <-wctx.Done():
-			return 0, wctx.Err()
-		}
-		return f.Get(wctx)
-	})
-	b.startWith(&core.Config{Queues: map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: 1}}})
-	h, err := workflow.Start(ctx, b.pool, parent, 0, &workflow.StartOpts{ID: "p"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	<-reached
-	if n := b.count(`SELECT count(*) FROM relay_workflow_runs WHERE id = 'p/c'`); n != 0 {
-		t.Fatal("the child's start was written at Child, not deferred to its Get")
-	}
-	if err := workflow.Cancel(ctx, b.pool, h.ID); err != nil {
-		t.Fatal(err)
-	}
-	close(gate)
-	_, perr := result[int](t, b.pool, h.ID)
-	_, cerr := result[int](t, b.pool, "p/c")
-	if n := charged.Load(); n != 0 {
-		t.Errorf("the child's step ran %d times after its parent's cancel had committed, want 0", n)
-	}
-	if !errors.Is(cerr, workflow.ErrRunCancelled) {
-		t.Errorf("child: want cancelled, got %v", cerr)
-	}
-	if !errors.Is(perr, workflow.ErrRunCancelled) {
-		t.Errorf("parent: want cancelled, got %v", perr)
+	for _, policy := range []workflow.ParentClosePolicy{workflow.ParentCloseCancel, workflow.ParentCloseAbandon} {
+		abandon := policy == workflow.ParentCloseAbandon
+		t.Run(map[bool]string{false: "cancel", true: "abandon"}[abandon], func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			ctx := context.Background()
+			var charged atomic.Int32
+			reached, gate := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			kid := workflow.MustRegister(b.reg, "kid", func(wctx workflow.Context, _ int) (int, error) {
+				return workflow.Step(wctx, "charge", func(ctx context.Context) (int, error) { charged.Add(1); return 1, nil }, nil)
+			})
+			parent := workflow.MustRegister(b.reg, "parent", func(wctx workflow.Context, _ int) (int, error) {
+				f := workflow.Child(wctx, "c", kid, 0, &workflow.ChildOpts{ParentClose: policy})
+				once.Do(func() { close(reached) })
+				select {
+				case <-gate:
+				case <-wctx.Done():
+					return 0, wctx.Err()
+				}
+				return f.Get(wctx)
+			})
+			b.startWith(&core.Config{Queues: map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: 1}}})
+			h, err := workflow.Start(ctx, b.pool, parent, 0, &workflow.StartOpts{ID: "p"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			<-reached
+			if n := b.count(`SELECT count(*) FROM relay_workflow_runs WHERE id = 'p/c'`); n != 0 {
+				t.Fatal("the child's start was written at Child, not deferred to its Get")
+			}
+			if err := workflow.Cancel(ctx, b.pool, h.ID); err != nil {
+				t.Fatal(err)
+			}
+			close(gate)
+			_, perr := result[int](t, b.pool, h.ID)
+			out, cerr := result[int](t, b.pool, "p/c")
+			if !errors.Is(perr, workflow.ErrRunCancelled) {
+				t.Errorf("parent: want cancelled, got %v", perr)
+			}
+			switch {
+			case abandon && (cerr != nil || out != 1 || charged.Load() != 1):
+				t.Errorf("abandoned child: got %d, %v (step ran %d times); want completed 1, as Cancel leaves an abandoned child alone", out, cerr, charged.Load())
+			case !abandon && charged.Load() != 0:
+				t.Errorf("the child's step ran %d times after its parent's cancel had committed, want 0", charged.Load())
+			case !abandon && !errors.Is(cerr, workflow.ErrRunCancelled):
+				t.Errorf("child: want cancelled, got %v", cerr)
+			}
+		})
 	}
 }
 
