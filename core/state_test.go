@@ -175,17 +175,11 @@ func TestJobRulesHold(t *testing.T) {
 	}
 }
 
-// ruleColumnsAndTrigger returns the columns relay_jobs_broken_rule reads
-// and the definition of relay_jobs' trigger name, whose WHEN clause must
-// read each of them.
-func ruleColumnsAndTrigger(t *testing.T, pool *pgxpool.Pool, name string) (map[string]bool, string) {
+// ruleColumns returns the columns relay_jobs_broken_rules reads.
+func ruleColumns(t *testing.T, pool *pgxpool.Pool) map[string]bool {
 	t.Helper()
-	ctx := context.Background()
-	var body, def string
-	if err := pool.QueryRow(ctx, `SELECT prosrc FROM pg_proc WHERE oid = 'relay_jobs_broken_rule(relay_jobs)'::regprocedure`).Scan(&body); err != nil {
-		t.Fatal(err)
-	}
-	if err := pool.QueryRow(ctx, `SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = 'relay_jobs'::regclass AND tgname = $1`, name).Scan(&def); err != nil {
+	var body string
+	if err := pool.QueryRow(context.Background(), `SELECT prosrc FROM pg_proc WHERE oid = 'relay_jobs_broken_rules(relay_jobs)'::regprocedure`).Scan(&body); err != nil {
 		t.Fatal(err)
 	}
 	cols := map[string]bool{}
@@ -193,9 +187,37 @@ func ruleColumnsAndTrigger(t *testing.T, pool *pgxpool.Pool, name string) (map[s
 		cols[m[1]] = true
 	}
 	if len(cols) < 10 {
-		t.Fatalf("read %d columns from relay_jobs_broken_rule, want its every column: %s", len(cols), body)
+		t.Fatalf("read %d columns from relay_jobs_broken_rules, want its every column: %s", len(cols), body)
 	}
-	return cols, def
+	return cols
+}
+
+// trigger is a relay_jobs trigger as the catalog holds it.
+type trigger struct {
+	when    string          // its WHEN clause, lower case ("" if none)
+	columns map[string]bool // its UPDATE OF columns
+	body    string          // its function's source
+}
+
+func readTrigger(t *testing.T, pool *pgxpool.Pool, name string) trigger {
+	t.Helper()
+	var when, body string
+	var cols []string
+	err := pool.QueryRow(context.Background(), `
+		SELECT coalesce(lower(substring(pg_get_triggerdef(tg.oid) FROM ' WHEN (.*) EXECUTE ')), ''),
+		       ARRAY(SELECT a.attname::text FROM pg_attribute AS a
+		             WHERE a.attrelid = tg.tgrelid AND a.attnum = ANY (tg.tgattr::int2[])),
+		       p.prosrc
+		FROM pg_trigger AS tg JOIN pg_proc AS p ON p.oid = tg.tgfoid
+		WHERE tg.tgrelid = 'relay_jobs'::regclass AND tg.tgname = $1`, name).Scan(&when, &cols, &body)
+	if err != nil {
+		t.Fatalf("read trigger %s: %v", name, err)
+	}
+	tr := trigger{when: when, columns: map[string]bool{}, body: strings.ToLower(body)}
+	for _, c := range cols {
+		tr.columns[c] = true
+	}
+	return tr
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
@@ -227,19 +249,21 @@ func TestRowRulesRefuseInfiniteTimestamps(t *testing.T) {
 	}
 }
 
-// The insert check tests the rules in its WHEN clause and calls its
-// function only for a row it refuses (migration *_insert_check_when):
-// every column relay_jobs_broken_rule reads must be in that clause, or a
-// rule over it would go unchecked on insert; and each rule still refuses
-// an insert, alone and as one bad row in a batch, with the old errors.
-func TestInsertCheckWhenNamesEveryRuleColumn(t *testing.T) {
+// The insert check is a row trigger whose function tests the rules'
+// condition before it names the broken rule (migration
+// *_rules_cheap_per_statement): every column relay_jobs_broken_rules reads
+// must be in that condition, or a rule over it would go unchecked on
+// insert; and each rule still refuses an insert, alone and as one bad row
+// in a batch, with its error.
+func TestInsertCheckNamesEveryRuleColumn(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
 	ctx := context.Background()
-	cols, def := ruleColumnsAndTrigger(t, pool, "relay_jobs_insert_check")
-	for col := range cols {
-		if !regexp.MustCompile(`\bnew\.` + col + `\b`).MatchString(def) {
-			t.Errorf("relay_jobs_broken_rule reads %s, but the WHEN clause of relay_jobs_insert_check never reads new.%s:\n%s", col, col, def)
+	check := readTrigger(t, pool, "relay_jobs_insert_check")
+	cond := check.body[:strings.Index(check.body, "then")]
+	for col := range ruleColumns(t, pool) {
+		if !regexp.MustCompile(`\bnew\.` + col + `\b`).MatchString(cond) {
+			t.Errorf("relay_jobs_broken_rules reads %s, but the condition of relay_jobs_insert_check never reads new.%s:\n%s", col, col, cond)
 		}
 	}
 	for _, c := range []struct{ name, values, code, msg string }{
@@ -291,22 +315,37 @@ func TestInsertCheckWhenNamesEveryRuleColumn(t *testing.T) {
 	}
 }
 
-// The state-machine trigger tests the rules in its WHEN clause and calls
-// its function only for a write the function may refuse (migration
-// *_state_machine_when): every column relay_jobs_broken_rule reads must be
-// in that clause, on NEW and on OLD, or a rule over it would go unchecked
-// on update.
-func TestStateMachineWhenNamesEveryRuleColumn(t *testing.T) {
+// The state machine's two triggers test the rules in their WHEN clauses
+// and call the function only for a write it may refuse (migration
+// *_rules_cheap_per_statement). Every column relay_jobs_broken_rules reads
+// is in the UPDATE OF list of one of them, or an update of it alone would
+// fire neither; relay_jobs_state_machine's clause tests each rule over its
+// columns on NEW, and relay_jobs_cold_rules' clause asks whether any of its
+// columns changed (new.col and old.col).
+func TestStateMachineNamesEveryRuleColumn(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
 	ctx := context.Background()
-	cols, def := ruleColumnsAndTrigger(t, pool, "relay_jobs_state_machine")
-	for col := range cols {
-		for _, row := range []string{"new.", "old."} {
-			if !regexp.MustCompile(`\b` + row + col + `\b`).MatchString(def) {
-				t.Errorf("relay_jobs_broken_rule reads %s, but the WHEN clause of relay_jobs_state_machine never reads %s%s:\n%s", col, row, col, def)
+	hot := readTrigger(t, pool, "relay_jobs_state_machine")
+	cold := readTrigger(t, pool, "relay_jobs_cold_rules")
+	reads := func(clause, ref string) bool { return regexp.MustCompile(`\b` + ref + `\b`).MatchString(clause) }
+	for col := range ruleColumns(t, pool) {
+		switch {
+		case hot.columns[col]:
+			if !reads(hot.when, "new."+col) {
+				t.Errorf("relay_jobs_broken_rules reads %s, in relay_jobs_state_machine's columns, but its WHEN never reads new.%s:\n%s", col, col, hot.when)
 			}
+		case cold.columns[col]:
+			if !reads(cold.when, "new."+col) || !reads(cold.when, "old."+col) {
+				t.Errorf("relay_jobs_broken_rules reads %s, in relay_jobs_cold_rules' columns, but its WHEN does not compare new.%s with old.%s:\n%s", col, col, col, cold.when)
+			}
+		default:
+			t.Errorf("relay_jobs_broken_rules reads %s, in neither state-machine trigger's UPDATE OF columns", col)
 		}
+	}
+	// Both triggers call the one check.
+	if hot.body != cold.body {
+		t.Errorf("relay_jobs_state_machine and relay_jobs_cold_rules call different functions")
 	}
 
 	// Each rule over a column no claim or outcome writes still refuses an
@@ -332,10 +371,12 @@ func TestStateMachineWhenNamesEveryRuleColumn(t *testing.T) {
 	}
 
 	// A row written while the triggers were off may break rules. An update
-	// that breaks nothing new is taken (a claim of a job with an empty
-	// kind); one whose first broken rule changes is refused, as before the
-	// rules moved into the WHEN clause: fixing a negative attempt (a rule
-	// on the columns claims write) of a row whose tags break a later rule.
+	// that breaks nothing new is taken: a claim of a job with an empty
+	// kind, and the fix of one of two broken rules (a negative attempt, of a
+	// row whose tags break a later rule; before *_rules_cheap_per_statement
+	// the first broken rule changed, and it was refused). One that breaks a
+	// rule the row did not break is refused, on a hot column (finalized_at)
+	// and on a cold one (priority), naming that rule.
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -359,9 +400,17 @@ func TestStateMachineWhenNamesEveryRuleColumn(t *testing.T) {
 	if _, err := pool.Exec(ctx, `UPDATE relay_jobs SET state = 'claimed', attempt = 1, lease_token = gen_random_uuid(), lease_expires_at = now() + interval '1 minute' WHERE id = $1`, legacy); err != nil {
 		t.Errorf("claim of a row that already broke a rule, breaking nothing new: %v", err)
 	}
-	_, err = pool.Exec(ctx, `UPDATE relay_jobs SET attempt = 0 WHERE id = $1`, both)
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != "23514" || !strings.Contains(pgErr.Message, "tags") {
-		t.Errorf("update whose first broken rule changes: got %v, want SQLSTATE 23514 naming the tags", err)
+	if _, err := pool.Exec(ctx, `UPDATE relay_jobs SET attempt = 0 WHERE id = $1`, both); err != nil {
+		t.Errorf("fixing one of a row's two broken rules: %v", err)
+	}
+	for _, c := range []struct{ set, rule string }{
+		{`finalized_at = now()`, "finalized_at"},
+		{`priority = -1`, "priority"},
+	} {
+		_, err = pool.Exec(ctx, `UPDATE relay_jobs SET `+c.set+` WHERE id = $1`, both)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "23514" || !strings.Contains(pgErr.Message, c.rule) {
+			t.Errorf("%s on a row that already broke another rule: got %v, want SQLSTATE 23514 naming %s", c.set, err, c.rule)
+		}
 	}
 }

@@ -65,39 +65,46 @@ WITH (autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000',
 CREATE FUNCTION public.relay_jobs_broken_rule(j public.relay_jobs) RETURNS text
     LANGUAGE sql IMMUTABLE
     AS $$
-SELECT CASE
-    WHEN j.kind = '' OR length(j.kind) > 255
-        THEN 'kind must be 1 to 255 characters'
-    WHEN j.queue = '' OR length(j.queue) > 128
-        THEN 'queue must be 1 to 128 characters'
-    WHEN j.state NOT IN ('queued', 'claimed', 'succeeded', 'dead', 'cancelled')
-        THEN 'unknown state ' || j.state
-    WHEN j.priority < 0
-        THEN 'priority must be 0 or more'
-    WHEN j.attempt < 0
-        THEN 'attempt must be 0 or more'
-    WHEN j.max_attempts < 1
-        THEN 'max_attempts must be 1 or more'
+SELECT (relay_jobs_broken_rules(j))[1]
+$$;
+
+-- Name: relay_jobs_broken_rules(public.relay_jobs); Type: FUNCTION; Schema: public
+
+CREATE FUNCTION public.relay_jobs_broken_rules(j public.relay_jobs) RETURNS text[]
+    LANGUAGE sql IMMUTABLE
+    AS $$
+SELECT array_remove(ARRAY[
+    CASE WHEN j.kind = '' OR length(j.kind) > 255
+        THEN 'kind must be 1 to 255 characters' END,
+    CASE WHEN j.queue = '' OR length(j.queue) > 128
+        THEN 'queue must be 1 to 128 characters' END,
+    CASE WHEN j.state NOT IN ('queued', 'claimed', 'succeeded', 'dead', 'cancelled')
+        THEN 'unknown state ' || j.state END,
+    CASE WHEN j.priority < 0
+        THEN 'priority must be 0 or more' END,
+    CASE WHEN j.attempt < 0
+        THEN 'attempt must be 0 or more' END,
+    CASE WHEN j.max_attempts < 1
+        THEN 'max_attempts must be 1 or more' END,
     -- The lease exists exactly while the job is claimed: the fenced writes
     -- rely on it (a matching token means a claimed attempt).
-    WHEN (j.state = 'claimed') <> (j.lease_token IS NOT NULL AND j.lease_expires_at IS NOT NULL)
-        THEN 'a job holds a lease exactly while it is claimed'
-    WHEN (j.state IN ('succeeded', 'dead', 'cancelled')) <> (j.finalized_at IS NOT NULL)
-        THEN 'a job has finalized_at exactly while it is final'
-    WHEN (j.unique_key IS NULL) <> (j.unique_states IS NULL)
-        THEN 'unique_key and unique_states are set together'
-    WHEN j.ordering_key = '' OR length(j.ordering_key) > 500
-        THEN 'ordering_key must be 1 to 500 characters'
-    -- No subquery (it would stop the planner inlining this function into
-    -- the triggers), so a tag's length is checked by the client only.
-    WHEN cardinality(j.tags) > 32 OR array_position(j.tags, NULL) IS NOT NULL
+    CASE WHEN (j.state = 'claimed') <> (j.lease_token IS NOT NULL AND j.lease_expires_at IS NOT NULL)
+        THEN 'a job holds a lease exactly while it is claimed' END,
+    CASE WHEN (j.state IN ('succeeded', 'dead', 'cancelled')) <> (j.finalized_at IS NOT NULL)
+        THEN 'a job has finalized_at exactly while it is final' END,
+    CASE WHEN (j.unique_key IS NULL) <> (j.unique_states IS NULL)
+        THEN 'unique_key and unique_states are set together' END,
+    CASE WHEN j.ordering_key = '' OR length(j.ordering_key) > 500
+        THEN 'ordering_key must be 1 to 500 characters' END,
+    -- A tag's length is checked by the client only.
+    CASE WHEN cardinality(j.tags) > 32 OR array_position(j.tags, NULL) IS NOT NULL
             OR array_position(j.tags, '') IS NOT NULL
-        THEN 'tags must be at most 32 non-empty strings'
-    WHEN isfinite(j.run_at) IS FALSE OR isfinite(j.created_at) IS FALSE
+        THEN 'tags must be at most 32 non-empty strings' END,
+    CASE WHEN isfinite(j.run_at) IS FALSE OR isfinite(j.created_at) IS FALSE
             OR isfinite(j.attempted_at) IS FALSE OR isfinite(j.finalized_at) IS FALSE
             OR isfinite(j.lease_expires_at) IS FALSE
-        THEN 'timestamps must be finite (not infinity or -infinity)'
-END
+        THEN 'timestamps must be finite (not infinity or -infinity)' END
+], NULL)
 $$;
 
 -- Name: relay_jobs_check_transition(); Type: FUNCTION; Schema: public
@@ -122,8 +129,14 @@ BEGIN
             OLD.state, NEW.state, OLD.id
             USING ERRCODE = 'RLY01';
     END IF;
-    rule := relay_jobs_broken_rule(NEW);
-    IF rule IS NOT NULL AND rule IS DISTINCT FROM relay_jobs_broken_rule(OLD) THEN
+    -- The first rule NEW breaks that OLD did not: a row that already broke
+    -- a rule (written while the triggers were disabled, say) may still be
+    -- updated, so the client can record its failure and finish it.
+    SELECT b.r INTO rule
+    FROM unnest(relay_jobs_broken_rules(NEW)) WITH ORDINALITY AS b(r, i)
+    WHERE b.r <> ALL (relay_jobs_broken_rules(OLD))
+    ORDER BY b.i LIMIT 1;
+    IF rule IS NOT NULL THEN
         RAISE EXCEPTION 'relay: job %: %', NEW.id, rule
             USING ERRCODE = 'check_violation';
     END IF;
@@ -131,24 +144,45 @@ BEGIN
 END;
 $$;
 
--- Name: relay_jobs_insert_refused(); Type: FUNCTION; Schema: public
+-- Name: relay_jobs_insert_check(); Type: FUNCTION; Schema: public
 
-CREATE FUNCTION public.relay_jobs_insert_refused() RETURNS trigger
+CREATE FUNCTION public.relay_jobs_insert_check() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    rule text := relay_jobs_broken_rule(NEW);
+    rule text;
 BEGIN
-    IF NEW.state <> 'queued' AND NOT (NEW.state = 'claimed' AND NEW.attempt = 1
-            AND NEW.attempted_at IS NOT NULL AND NEW.ordering_key IS NULL) THEN
-        RAISE EXCEPTION 'relay: jobs must be inserted queued, or claimed for a first attempt (attempt 1, attempted_at set, no ordering key)'
-            USING ERRCODE = 'RLY01';
+    IF (NEW.state <> 'queued' AND NOT (NEW.state = 'claimed' AND NEW.attempt = 1
+                                       AND NEW.attempted_at IS NOT NULL AND NEW.ordering_key IS NULL))
+       -- The hot rules.
+       OR NEW.attempt < 0
+       OR (NEW.state = 'claimed') <> (NEW.lease_token IS NOT NULL AND NEW.lease_expires_at IS NOT NULL)
+       OR NEW.finalized_at IS NOT NULL
+       OR isfinite(NEW.run_at) IS FALSE OR isfinite(NEW.created_at) IS FALSE
+       OR isfinite(NEW.attempted_at) IS FALSE OR isfinite(NEW.finalized_at) IS FALSE
+       OR isfinite(NEW.lease_expires_at) IS FALSE
+       -- The cold rules.
+       OR NEW.kind = '' OR length(NEW.kind) > 255
+       OR NEW.queue = '' OR length(NEW.queue) > 128
+       OR NEW.priority < 0
+       OR NEW.max_attempts < 1
+       OR (NEW.unique_key IS NULL) <> (NEW.unique_states IS NULL)
+       OR NEW.ordering_key = '' OR length(NEW.ordering_key) > 500
+       OR cardinality(NEW.tags) > 32 OR array_position(NEW.tags, NULL) IS NOT NULL
+       OR array_position(NEW.tags, '') IS NOT NULL
+    THEN
+        IF NEW.state <> 'queued' AND NOT (NEW.state = 'claimed' AND NEW.attempt = 1
+                AND NEW.attempted_at IS NOT NULL AND NEW.ordering_key IS NULL) THEN
+            RAISE EXCEPTION 'relay: jobs must be inserted queued, or claimed for a first attempt (attempt 1, attempted_at set, no ordering key)'
+                USING ERRCODE = 'RLY01';
+        END IF;
+        rule := relay_jobs_broken_rule(NEW);
+        IF rule IS NOT NULL THEN
+            RAISE EXCEPTION 'relay: job %: %', NEW.id, rule
+                USING ERRCODE = 'check_violation';
+        END IF;
     END IF;
-    IF rule IS NOT NULL THEN
-        RAISE EXCEPTION 'relay: job %: %', NEW.id, rule
-            USING ERRCODE = 'check_violation';
-    END IF;
-    RETURN NULL;
+    RETURN NEW;
 END;
 $$;
 
@@ -1230,9 +1264,13 @@ CREATE INDEX relay_workflow_updates_run_idx ON public.relay_workflow_updates USI
 
 CREATE TRIGGER relay_jobs_after_insert AFTER INSERT ON public.relay_jobs REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT WHEN ((current_setting('relay.notify'::text, true) IS DISTINCT FROM 'after'::text)) EXECUTE FUNCTION public.relay_jobs_after_insert();
 
+-- Name: relay_jobs relay_jobs_cold_rules; Type: TRIGGER; Schema: public
+
+CREATE TRIGGER relay_jobs_cold_rules BEFORE UPDATE OF kind, queue, priority, max_attempts, unique_key, unique_states, ordering_key, tags, created_at ON public.relay_jobs FOR EACH ROW WHEN (((new.kind IS DISTINCT FROM old.kind) OR (new.queue IS DISTINCT FROM old.queue) OR (new.priority IS DISTINCT FROM old.priority) OR (new.max_attempts IS DISTINCT FROM old.max_attempts) OR (new.unique_key IS DISTINCT FROM old.unique_key) OR (new.unique_states IS DISTINCT FROM old.unique_states) OR (new.ordering_key IS DISTINCT FROM old.ordering_key) OR (new.tags IS DISTINCT FROM old.tags) OR (new.created_at IS DISTINCT FROM old.created_at))) EXECUTE FUNCTION public.relay_jobs_check_transition();
+
 -- Name: relay_jobs relay_jobs_insert_check; Type: TRIGGER; Schema: public
 
-CREATE TRIGGER relay_jobs_insert_check AFTER INSERT ON public.relay_jobs FOR EACH ROW WHEN ((((new.state <> 'queued'::text) AND (NOT ((new.state = 'claimed'::text) AND (new.attempt = 1) AND (new.attempted_at IS NOT NULL) AND (new.ordering_key IS NULL)))) OR (new.attempt < 0) OR ((new.state = 'claimed'::text) <> ((new.lease_token IS NOT NULL) AND (new.lease_expires_at IS NOT NULL))) OR (new.finalized_at IS NOT NULL) OR (isfinite(new.run_at) IS FALSE) OR (isfinite(new.created_at) IS FALSE) OR (isfinite(new.attempted_at) IS FALSE) OR (isfinite(new.finalized_at) IS FALSE) OR (isfinite(new.lease_expires_at) IS FALSE) OR (new.kind = ''::text) OR (length(new.kind) > 255) OR (new.queue = ''::text) OR (length(new.queue) > 128) OR (new.priority < 0) OR (new.max_attempts < 1) OR ((new.unique_key IS NULL) <> (new.unique_states IS NULL)) OR (new.ordering_key = ''::text) OR (length(new.ordering_key) > 500) OR (cardinality(new.tags) > 32) OR (array_position(new.tags, NULL::text) IS NOT NULL) OR (array_position(new.tags, ''::text) IS NOT NULL))) EXECUTE FUNCTION public.relay_jobs_insert_refused();
+CREATE TRIGGER relay_jobs_insert_check BEFORE INSERT ON public.relay_jobs FOR EACH ROW EXECUTE FUNCTION public.relay_jobs_insert_check();
 
 -- Name: relay_jobs relay_jobs_key_before_insert; Type: TRIGGER; Schema: public
 
@@ -1252,15 +1290,15 @@ CREATE CONSTRAINT TRIGGER relay_jobs_key_insert AFTER INSERT ON public.relay_job
 
 -- Name: relay_jobs relay_jobs_key_update; Type: TRIGGER; Schema: public
 
-CREATE CONSTRAINT TRIGGER relay_jobs_key_update AFTER UPDATE OF state, queue, ordering_key ON public.relay_jobs DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN ((((old.ordering_key IS NOT NULL) OR (new.ordering_key IS NOT NULL)) AND ((old.queue IS DISTINCT FROM new.queue) OR (old.ordering_key IS DISTINCT FROM new.ordering_key) OR ((old.state <> new.state) AND (NOT ((old.state = 'queued'::text) AND (new.state = 'claimed'::text))) AND (NOT ((old.state = 'claimed'::text) AND (new.state = 'dead'::text))))))) EXECUTE FUNCTION public.relay_jobs_key_at_commit();
+CREATE CONSTRAINT TRIGGER relay_jobs_key_update AFTER UPDATE OF state, queue, ordering_key ON public.relay_jobs DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN ((((old.ordering_key IS NOT NULL) OR (new.ordering_key IS NOT NULL)) AND ((old.queue IS DISTINCT FROM new.queue) OR (old.ordering_key IS DISTINCT FROM new.ordering_key) OR ((old.state <> new.state) AND (((old.state || '>'::text) || new.state) <> ALL ('{queued>claimed,claimed>dead}'::text[])))))) EXECUTE FUNCTION public.relay_jobs_key_at_commit();
 
 -- Name: relay_jobs relay_jobs_key_update_note; Type: TRIGGER; Schema: public
 
-CREATE TRIGGER relay_jobs_key_update_note AFTER UPDATE OF state, queue, ordering_key ON public.relay_jobs FOR EACH ROW WHEN ((((old.ordering_key IS NOT NULL) OR (new.ordering_key IS NOT NULL)) AND ((old.queue IS DISTINCT FROM new.queue) OR (old.ordering_key IS DISTINCT FROM new.ordering_key) OR ((old.state <> new.state) AND (NOT ((old.state = 'queued'::text) AND (new.state = 'claimed'::text))) AND (NOT ((old.state = 'claimed'::text) AND (new.state = 'dead'::text))))))) EXECUTE FUNCTION public.relay_jobs_key_changed();
+CREATE TRIGGER relay_jobs_key_update_note AFTER UPDATE OF state, queue, ordering_key ON public.relay_jobs FOR EACH ROW WHEN ((((old.ordering_key IS NOT NULL) OR (new.ordering_key IS NOT NULL)) AND ((old.queue IS DISTINCT FROM new.queue) OR (old.ordering_key IS DISTINCT FROM new.ordering_key) OR ((old.state <> new.state) AND (((old.state || '>'::text) || new.state) <> ALL ('{queued>claimed,claimed>dead}'::text[])))))) EXECUTE FUNCTION public.relay_jobs_key_changed();
 
 -- Name: relay_jobs relay_jobs_state_machine; Type: TRIGGER; Schema: public
 
-CREATE TRIGGER relay_jobs_state_machine BEFORE UPDATE OF state, kind, queue, priority, attempt, max_attempts, lease_token, lease_expires_at, finalized_at, unique_key, unique_states, ordering_key, run_at, created_at, attempted_at, tags ON public.relay_jobs FOR EACH ROW WHEN ((((old.state IS DISTINCT FROM new.state) AND (NOT (((old.state = 'queued'::text) AND (new.state = ANY (ARRAY['claimed'::text, 'cancelled'::text]))) OR ((old.state = 'claimed'::text) AND (new.state = ANY (ARRAY['succeeded'::text, 'queued'::text, 'dead'::text, 'cancelled'::text]))) OR ((old.state = ANY (ARRAY['dead'::text, 'cancelled'::text])) AND (new.state = 'queued'::text))))) OR (new.state <> ALL (ARRAY['queued'::text, 'claimed'::text, 'succeeded'::text, 'dead'::text, 'cancelled'::text])) OR (new.attempt < 0) OR ((new.state = 'claimed'::text) <> ((new.lease_token IS NOT NULL) AND (new.lease_expires_at IS NOT NULL))) OR ((new.state = ANY (ARRAY['succeeded'::text, 'dead'::text, 'cancelled'::text])) <> (new.finalized_at IS NOT NULL)) OR (isfinite(new.run_at) IS FALSE) OR (isfinite(new.created_at) IS FALSE) OR (isfinite(new.attempted_at) IS FALSE) OR (isfinite(new.finalized_at) IS FALSE) OR (isfinite(new.lease_expires_at) IS FALSE) OR (old.state <> ALL (ARRAY['queued'::text, 'claimed'::text, 'succeeded'::text, 'dead'::text, 'cancelled'::text])) OR (old.attempt < 0) OR ((old.state = 'claimed'::text) <> ((old.lease_token IS NOT NULL) AND (old.lease_expires_at IS NOT NULL))) OR ((old.state = ANY (ARRAY['succeeded'::text, 'dead'::text, 'cancelled'::text])) <> (old.finalized_at IS NOT NULL)) OR (isfinite(old.run_at) IS FALSE) OR (isfinite(old.created_at) IS FALSE) OR (isfinite(old.attempted_at) IS FALSE) OR (isfinite(old.finalized_at) IS FALSE) OR (isfinite(old.lease_expires_at) IS FALSE) OR (new.kind IS DISTINCT FROM old.kind) OR (new.queue IS DISTINCT FROM old.queue) OR (new.priority IS DISTINCT FROM old.priority) OR (new.max_attempts IS DISTINCT FROM old.max_attempts) OR (new.unique_key IS DISTINCT FROM old.unique_key) OR (new.unique_states IS DISTINCT FROM old.unique_states) OR (new.ordering_key IS DISTINCT FROM old.ordering_key) OR (new.tags IS DISTINCT FROM old.tags))) EXECUTE FUNCTION public.relay_jobs_check_transition();
+CREATE TRIGGER relay_jobs_state_machine BEFORE UPDATE OF state, attempt, lease_token, lease_expires_at, finalized_at, attempted_at, run_at ON public.relay_jobs FOR EACH ROW WHEN ((((old.state <> new.state) AND (((old.state || '>'::text) || new.state) <> ALL ('{queued>claimed,queued>cancelled,claimed>succeeded,claimed>queued,claimed>dead,claimed>cancelled,dead>queued,cancelled>queued}'::text[]))) OR (new.state <> ALL ('{queued,claimed,succeeded,dead,cancelled}'::text[])) OR (new.attempt < 0) OR ((new.state = 'claimed'::text) <> ((new.lease_token IS NOT NULL) AND (new.lease_expires_at IS NOT NULL))) OR ((new.state = ANY ('{succeeded,dead,cancelled}'::text[])) <> (new.finalized_at IS NOT NULL)) OR (isfinite(new.run_at) IS FALSE) OR (isfinite(new.attempted_at) IS FALSE) OR (isfinite(new.finalized_at) IS FALSE) OR (isfinite(new.lease_expires_at) IS FALSE))) EXECUTE FUNCTION public.relay_jobs_check_transition();
 
 -- Name: relay_outbox relay_outbox_after_insert; Type: TRIGGER; Schema: public
 
