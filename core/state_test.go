@@ -370,6 +370,26 @@ func TestStateMachineNamesEveryRuleColumn(t *testing.T) {
 		}
 	}
 
+	// A succeeded job's state set to NULL is an illegal transition (RLY01),
+	// as it was before the clause was split, not only a NOT NULL violation.
+	var done int64
+	if err := pool.QueryRow(ctx, `INSERT INTO relay_jobs (kind) VALUES ('done') RETURNING id`).Scan(&done); err != nil {
+		t.Fatal(err)
+	}
+	for _, set := range []string{
+		`state = 'claimed', attempt = 1, lease_token = gen_random_uuid(), lease_expires_at = now() + interval '1 minute'`,
+		`state = 'succeeded', lease_token = NULL, lease_expires_at = NULL, finalized_at = now()`,
+	} {
+		if _, err := pool.Exec(ctx, `UPDATE relay_jobs SET `+set+` WHERE id = $1`, done); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := pool.Exec(ctx, `UPDATE relay_jobs SET state = NULL WHERE id = $1`, done)
+	var nullErr *pgconn.PgError
+	if !errors.As(err, &nullErr) || nullErr.Code != "RLY01" {
+		t.Errorf("state = NULL: got %v, want SQLSTATE RLY01", err)
+	}
+
 	// A row written while the triggers were off may break rules. An update
 	// that breaks nothing new is taken: a claim of a job with an empty
 	// kind, and the fix of one of two broken rules (a negative attempt, of a

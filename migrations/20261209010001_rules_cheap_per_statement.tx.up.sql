@@ -16,7 +16,11 @@
 -- with no WHEN; its function tests the same condition the clause tested
 -- and raises as relay_jobs_insert_refused did (RLY01 for a job not
 -- inserted queued or claimed for a first attempt, 23514 check_violation
--- naming the broken rule). A one-job enqueue: 91 -> 53 µs. The PL/pgSQL
+-- naming the broken rule). Being a BEFORE trigger, it now also checks the
+-- proposed row of an INSERT ... ON CONFLICT that conflicts (the library's
+-- unique insert sends only rows the client validated), and a row that
+-- both breaks a rule and has NULL in a NOT NULL column fails with the
+-- rule's error rather than 23502. A one-job enqueue: 91 -> 53 µs. The PL/pgSQL
 -- call costs ~1.3 µs more per row than the clause did, so a 1,000-job
 -- batch pays ~1.3 ms more (6.7 -> 8.0 ms): single enqueues are the common
 -- case (one job in the caller's transaction, a workflow's start).
@@ -37,7 +41,13 @@
 -- When both clauses are false (or their triggers do not fire), the
 -- transition is legal, NEW breaks none of the hot rules, and every other
 -- rule reads the same values in NEW as in OLD: no rule is newly broken,
--- and relay_jobs_check_transition would not raise. A one-job claim: 185 ->
+-- and relay_jobs_check_transition would not raise. (A BEFORE trigger of
+-- the user's that changes a rule column is not seen by a trigger that
+-- fired before it, nor by one whose UPDATE OF columns the statement does
+-- not set: such triggers on relay_jobs are not supported,
+-- docs/state-machine.md.) The set comparison also refuses what the
+-- first-rule comparison let through: a rule newly broken by a row that
+-- already broke an earlier one. A one-job claim: 185 ->
 -- 138 µs; a 100-job claim 1.53 -> 1.43 ms. A rule added to
 -- relay_jobs_broken_rules must be added to one of the two clauses, its
 -- columns to that trigger's UPDATE OF list:
@@ -129,7 +139,8 @@ CREATE TRIGGER relay_jobs_state_machine
     -- array literals: one constant each, where a list (IN, NOT IN) is a
     -- node per element in the stored clause, and eight comparisons of
     -- OLD.state and NEW.state were four times this text.
-    WHEN ((OLD.state <> NEW.state
+    WHEN (NEW.state IS NULL  -- RLY01, as before, rather than NOT NULL's 23502
+          OR (OLD.state <> NEW.state
            AND OLD.state || '>' || NEW.state <> ALL ('{queued>claimed,queued>cancelled,claimed>succeeded,claimed>queued,claimed>dead,claimed>cancelled,dead>queued,cancelled>queued}'::text[]))
           -- The rules over this trigger's columns, on NEW.
           OR NEW.state <> ALL ('{queued,claimed,succeeded,dead,cancelled}'::text[])
