@@ -338,6 +338,19 @@ BEGIN
 END;
 $$;
 
+-- Name: relay_jobs_key_moved(text, text, text, text, text, text); Type: FUNCTION; Schema: public
+
+CREATE FUNCTION public.relay_jobs_key_moved(old_queue text, new_queue text, old_key text, new_key text, old_state text, new_state text) RETURNS boolean
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    RETURN old_queue IS DISTINCT FROM new_queue
+        OR old_key IS DISTINCT FROM new_key
+        OR (old_state <> new_state
+            AND old_state || '>' || new_state <> ALL ('{queued>claimed,claimed>dead}'::text[]));
+END;
+$$;
+
 -- Name: relay_jobs_key_note(text, text); Type: FUNCTION; Schema: public
 
 CREATE FUNCTION public.relay_jobs_key_note(q text, k text) RETURNS void
@@ -496,7 +509,7 @@ DECLARE
     parent_job bigint;
     msg        text;
 BEGIN
-    IF run IS NULL THEN
+    IF OLD.state = NEW.state OR run IS NULL THEN
         RETURN NULL;
     END IF;
     IF NEW.state = 'dead' THEN
@@ -1290,11 +1303,11 @@ CREATE CONSTRAINT TRIGGER relay_jobs_key_insert AFTER INSERT ON public.relay_job
 
 -- Name: relay_jobs relay_jobs_key_update; Type: TRIGGER; Schema: public
 
-CREATE CONSTRAINT TRIGGER relay_jobs_key_update AFTER UPDATE OF state, queue, ordering_key ON public.relay_jobs DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN ((((old.ordering_key IS NOT NULL) OR (new.ordering_key IS NOT NULL)) AND ((old.queue IS DISTINCT FROM new.queue) OR (old.ordering_key IS DISTINCT FROM new.ordering_key) OR ((old.state <> new.state) AND (((old.state || '>'::text) || new.state) <> ALL ('{queued>claimed,claimed>dead}'::text[])))))) EXECUTE FUNCTION public.relay_jobs_key_at_commit();
+CREATE CONSTRAINT TRIGGER relay_jobs_key_update AFTER UPDATE OF state, queue, ordering_key ON public.relay_jobs DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN ((((old.ordering_key IS NOT NULL) OR (new.ordering_key IS NOT NULL)) AND public.relay_jobs_key_moved(old.queue, new.queue, old.ordering_key, new.ordering_key, old.state, new.state))) EXECUTE FUNCTION public.relay_jobs_key_at_commit();
 
 -- Name: relay_jobs relay_jobs_key_update_note; Type: TRIGGER; Schema: public
 
-CREATE TRIGGER relay_jobs_key_update_note AFTER UPDATE OF state, queue, ordering_key ON public.relay_jobs FOR EACH ROW WHEN ((((old.ordering_key IS NOT NULL) OR (new.ordering_key IS NOT NULL)) AND ((old.queue IS DISTINCT FROM new.queue) OR (old.ordering_key IS DISTINCT FROM new.ordering_key) OR ((old.state <> new.state) AND (((old.state || '>'::text) || new.state) <> ALL ('{queued>claimed,claimed>dead}'::text[])))))) EXECUTE FUNCTION public.relay_jobs_key_changed();
+CREATE TRIGGER relay_jobs_key_update_note AFTER UPDATE OF state, queue, ordering_key ON public.relay_jobs FOR EACH ROW WHEN ((((old.ordering_key IS NOT NULL) OR (new.ordering_key IS NOT NULL)) AND public.relay_jobs_key_moved(old.queue, new.queue, old.ordering_key, new.ordering_key, old.state, new.state))) EXECUTE FUNCTION public.relay_jobs_key_changed();
 
 -- Name: relay_jobs relay_jobs_state_machine; Type: TRIGGER; Schema: public
 
@@ -1306,7 +1319,7 @@ CREATE TRIGGER relay_outbox_after_insert AFTER INSERT ON public.relay_outbox FOR
 
 -- Name: relay_jobs relay_workflow_job_ended; Type: TRIGGER; Schema: public
 
-CREATE TRIGGER relay_workflow_job_ended AFTER UPDATE OF state ON public.relay_jobs FOR EACH ROW WHEN (((new.state = ANY (ARRAY['dead'::text, 'cancelled'::text])) AND (old.state IS DISTINCT FROM new.state) AND (new.kind = 'relay.workflow'::text))) EXECUTE FUNCTION public.relay_workflow_job_ended();
+CREATE TRIGGER relay_workflow_job_ended AFTER UPDATE OF state ON public.relay_jobs FOR EACH ROW WHEN (((new.kind = 'relay.workflow'::text) AND (new.state = ANY ('{dead,cancelled}'::text[])))) EXECUTE FUNCTION public.relay_workflow_job_ended();
 
 -- Name: relay_workflow_runs relay_workflow_runs_cancel_wins; Type: TRIGGER; Schema: public
 
