@@ -122,12 +122,24 @@ func (c *Client) lendSlot(what, kind, queueName string, lend *JobRow) (*queue, e
 }
 
 // Lend implements eager.Inserter: see there. The job runs in lend's
-// worker slot, as Claim's does.
+// worker slot, as Claim's does; with lend nil, in a slot of the queue's
+// own, as Insert's does.
 func (e eagerInserter) Lend(ctx context.Context, kind, queue string, lend *JobRow) (*eager.Lent[*JobRow], error) {
 	c := e.c
-	q, err := c.lendSlot("lend a slot to a "+kind+" job", kind, queue, lend)
-	if err != nil {
-		return nil, err
+	own := lend == nil
+	q := c.queues[queue]
+	if own {
+		if q == nil || c.workers[kind] == nil {
+			return nil, fmt.Errorf("core: reserve a slot for a %s job on queue %q: %w", kind, queue, eager.ErrNotWorked)
+		}
+		if err := q.takeSlot(); err != nil {
+			return nil, fmt.Errorf("core: reserve a slot for a %s job on queue %q: %w", kind, queue, err)
+		}
+	} else {
+		var err error
+		if q, err = c.lendSlot("lend a slot to a "+kind+" job", kind, queue, lend); err != nil {
+			return nil, err
+		}
 	}
 	// The lease runs, at the earliest, from now: the local deadline
 	// counts from here, as for a claim.
@@ -138,10 +150,13 @@ func (e eagerInserter) Lend(ctx context.Context, kind, queue string, lend *JobRo
 		if settled.CompareAndSwap(false, true) {
 			q.active.Add(-1)
 			c.jobs.Done()
+			if own {
+				q.releaseSlot()
+			}
 		}
 	}
 	l.Adopt = func(ctx context.Context, id int64, row jobinsert.Row, at time.Time) eager.Job[*JobRow] {
-		cl := &claimedJob{id: id, q: q, lent: true}
+		cl := &claimedJob{id: id, q: q, lent: !own}
 		if settled.CompareAndSwap(false, true) {
 			// The row as the insert wrote it (SQLIntoClaimed), as a
 			// claim's RETURNING would have read it back.

@@ -5,22 +5,24 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/internal/eager"
+	"github.com/relayq/relay/internal/jobinsert"
 )
 
 // RunNow starts a run of wf and waits for its outcome, executing it in the
 // caller's goroutine: an eager start, Relay's twin of Temporal's Eager
 // Workflow Start and of DBOS's RunWorkflow. The run's row and its job are
-// written in one round trip with the job already claimed by c (as if c's
+// written in one statement with the job already claimed by c (as if c's
 // fetch loop had claimed it: attempt 1, a fresh lease token, c's lease
 // duration, one of the queue's MaxWorkers slots), and the execution then
 // runs here, through c's worker path (middleware, tracing, metrics, the
@@ -221,30 +223,71 @@ func startDefaults(name string, opts *StartOpts) (StartOpts, error) {
 	return o, nil
 }
 
-// insertEager writes the run and its job, claimed by c, in one round trip,
-// under the run's root span (as startRun).
+// insertEager writes the run and its job in one statement, the job
+// inserted already claimed by c for a worker slot of its queue
+// (eager.Inserter.Lend with no lending job, sqlEagerStartClaimed): one row
+// version of the job where an insert and a claim write two. It runs under
+// the run's root span (as startRun). The job's Row is nil when it was
+// inserted queued (a paused queue, a global limit: its workers are woken);
+// ErrUnavailable when c cannot take the run now, nothing written.
 func insertEager(ctx context.Context, c *core.Client, reg *Registry, name string, input []byte, o StartOpts) (eager.Job[*core.JobRow], error) {
 	ins, ok := reg.eagerFor(c)
 	if !ok {
 		return eager.Job[*core.JobRow]{}, fmt.Errorf("the client was not made with the workers of the workflow's registry (AddWorkers): %w", ErrNotWorked)
 	}
+	lent, err := ins.Lend(ctx, RunKind, o.Queue, nil)
+	if err != nil {
+		return eager.Job[*core.JobRow]{}, err
+	}
 	ctx, span := reg.tracer.Start(ctx, "workflow "+name, trace.WithAttributes(
 		attribute.String("relay.workflow.name", name), attribute.String("relay.workflow.run_id", o.ID),
 		attribute.Bool("relay.workflow.eager", true)))
 	defer span.End()
+	fail := func(err error) (eager.Job[*core.JobRow], error) {
+		lent.Release()
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+		return eager.Job[*core.JobRow]{}, err
+	}
 	carrier := propagation.MapCarrier{}
 	traceContext.Inject(ctx, carrier)
 	traceJSON, _ := json.Marshal(carrier)
 	if s, ok := ctx.Value(eagerKey{}).(*eagerSink); ok {
 		s.run = &runInfo{workflow: name, state: string(StatePending), input: string(input), queue: o.Queue, trace: string(traceJSON)}
 	}
-	meta := runJobMetadata(o.ID, carrier)
-	return ins.Insert(ctx, runArgs{RunID: o.ID}, &core.EnqueueOpts{
-		Queue: o.Queue, Priority: new(o.Priority), MaxAttempts: o.MaxAttempts + failReserve, Metadata: meta,
-	}, &eager.With{
-		Queue: func(b *pgx.Batch) {
-			b.Queue(sqlEagerInsertRun, o.ID, name, string(input), o.Queue, string(traceJSON), nonNil(o.Tags))
-		},
-		Read: func(br pgx.BatchResults) error { _, err := br.Exec(); return err },
-	})
+	row, err := runJobRow(o, runJobMetadata(o.ID, carrier))
+	if err != nil {
+		return fail(err)
+	}
+	job, err := jobinsert.Begin(ctx, row)
+	if err != nil {
+		return fail(err)
+	}
+	// The statement commits a job claimed by c: sent under the caller's
+	// context, a cancellation between its commit and the reply would
+	// leave a claimed job with no handler until its lease expired (as
+	// core's eager insert). Only an already cancelled caller is refused;
+	// the round trip is bounded by time.
+	if err := ctx.Err(); err != nil {
+		job.Done(0, err)
+		return fail(err)
+	}
+	bctx, bcancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+	defer bcancel()
+	var id int64
+	var at *time.Time
+	err = reg.pool.QueryRow(bctx, sqlEagerStartClaimed, o.ID, name, string(input), o.Queue, string(traceJSON),
+		nonNil(o.Tags), job.Param(), lent.By, lent.Token.String(), lent.LeaseMS).Scan(&id, &at)
+	job.Done(id, err)
+	if err != nil {
+		return fail(err)
+	}
+	if at == nil {
+		// Inserted queued, as a claim would have left it: its workers
+		// take it, and the caller waits for its result.
+		lent.Release()
+		job.Wake(ctx, reg.pool)
+		return eager.Job[*core.JobRow]{ID: id}, nil
+	}
+	return lent.Adopt(ctx, id, job.Row(), *at), nil
 }

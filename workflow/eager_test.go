@@ -295,3 +295,42 @@ func TestEagerCallerGoneRunContinues(t *testing.T) {
 		t.Fatalf("step attempts %d, want 1", n)
 	}
 }
+
+// RunNow writes the run's job once, already claimed: the job's row sees no
+// claim (no queued>claimed update), only its outcome.
+func TestEagerStartInsertsTheJobClaimed(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	if _, err := b.pool.Exec(ctx, `
+		CREATE TABLE test_job_updates (id bigint, change text);
+		CREATE FUNCTION test_job_updated() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+		    INSERT INTO test_job_updates VALUES (NEW.id, OLD.state || '>' || NEW.state);
+		    RETURN NULL;
+		END $$;
+		CREATE TRIGGER test_job_updated AFTER UPDATE ON relay_jobs
+		    FOR EACH ROW EXECUTE FUNCTION test_job_updated();`); err != nil {
+		t.Fatal(err)
+	}
+	wf := workflow.MustRegister(b.reg, "eager.once", func(wctx workflow.Context, in int) (int, error) {
+		return workflow.Step(wctx, "s", func(ctx context.Context) (int, error) { return in + 1, nil }, nil)
+	})
+	c := b.startWith(&core.Config{ID: "eager-once"})
+	if out, err := workflow.RunNow(callerCtx(t), c, wf, 1, &workflow.StartOpts{ID: "eager-once-1"}); err != nil || out != 2 {
+		t.Fatalf("RunNow: %d, %v", out, err)
+	}
+	b.waitFor("the run's job recorded succeeded", func() bool {
+		return b.count(`SELECT count(*) FROM relay_jobs WHERE state = 'succeeded'`) == 1
+	})
+	var changes []string
+	if err := b.pool.QueryRow(ctx, `
+		SELECT coalesce((SELECT array_agg(u.change ORDER BY u.change) FROM test_job_updates AS u WHERE u.id = j.id), '{}')
+		FROM relay_workflow_runs AS r JOIN relay_jobs AS j ON j.id = r.job_id WHERE r.id = 'eager-once-1'`).
+		Scan(&changes); err != nil {
+		t.Fatal(err)
+	}
+	if len(changes) != 1 || changes[0] != "claimed>succeeded" {
+		t.Fatalf("the eager job's updates: %v, want only its outcome (claimed>succeeded): it was inserted claimed", changes)
+	}
+}

@@ -521,15 +521,22 @@ const sqlWakeParent = `SELECT relay_workflow_wake(ARRAY[$1::bigint])`
 // closes its children and goes on).
 const sqlRequestCancelChildren = `SELECT relay_workflow_cancel_tree($1, false)`
 
-// sqlEagerInsertRun inserts an eagerly started run (RunNow) in the batch that
-// inserts its job already claimed (internal/eager), after the
-// job's insert: job_id is that job's id. No ON CONFLICT: a run id in use
-// fails the batch, rolling the job back with it, and RunNow then reads the
-// existing run.
-// The job_id expression is eager.InsertedJobID (TestEagerInsertRunNamesTheJob).
-const sqlEagerInsertRun = `
-INSERT INTO relay_workflow_runs (id, workflow, input, queue, trace, job_id, tags)
-VALUES ($1, $2, $3::jsonb, $4, $5::jsonb, (SELECT currval(pg_get_serial_sequence('relay_jobs', 'id'))), $6::text[])`
+// sqlEagerStartClaimed inserts an eagerly started run (RunNow) and its
+// job in one statement, the job already claimed (jobinsert.SQLIntoClaimed)
+// by worker $8, lease token $9, for $10 milliseconds: the caller's client
+// executes it next, in a worker slot reserved for it (eager.Inserter.Lend).
+// It returns the job's id and its attempted_at, NULL when the job was
+// inserted queued (a paused queue, a global limit). No ON CONFLICT: a run
+// id in use fails the statement (23505, relay_workflow_runs_pkey), nothing
+// written, and RunNow then reads the existing run.
+var sqlEagerStartClaimed = `
+WITH run AS (
+    INSERT INTO relay_workflow_runs (id, workflow, input, queue, trace, job_id, tags)
+    VALUES ($1, $2, $3::jsonb, $4, $5::jsonb, nextval(pg_get_serial_sequence('relay_jobs', 'id')), $6::text[])
+    RETURNING job_id
+), job AS (` + jobinsert.SQLIntoClaimed("run", "job_id", 7, jobinsert.NotifyAfter, jobinsert.Claim{By: 8, Token: 9, LeaseMS: 10}) + `
+)
+SELECT id, attempted_at FROM job`
 
 // sqlTerminateRun ends unfinished run $1 terminated with error $2 and
 // returns its job (0: none). The same statement asks the run's unfinished

@@ -99,7 +99,10 @@ type Inserter[Args, Opts, Row any] interface {
 	// (ErrNotWorked, ErrUnavailable). The caller then calls exactly one of
 	// the Lent's Adopt (the insert committed the job claimed) or Release
 	// (it did not: left queued by a pause or a limit, not inserted, or
-	// failed). Stop waits for the reservation until then.
+	// failed). Stop waits for the reservation until then. With lend nil
+	// (the zero Row) the job takes a worker slot of its queue's own, as
+	// Insert's does (ErrUnavailable when none is free or the client is
+	// not running), freed when its Execute returns or at Release.
 	Lend(ctx context.Context, kind, queue string, lend Row) (*Lent[Row], error)
 }
 
