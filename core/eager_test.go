@@ -13,6 +13,7 @@ import (
 
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/internal/eager"
+	"github.com/relayq/relay/internal/jobinsert"
 	"github.com/relayq/relay/testkit/testdb"
 )
 
@@ -456,4 +457,58 @@ func catchEager(ws *core.Workers) *eagerCatcher {
 	e := &eagerCatcher{by: map[any]inserter{}}
 	core.MustAddWorker[catchArgs](ws, e)
 	return e
+}
+
+// Lend with no lending job reserves a worker slot of the queue's own, as
+// Insert takes one: refused for a queue or kind the client does not work,
+// unavailable while the queue's slots are taken, given back by Release,
+// and held by an adopted job until its Execute returns.
+func TestEagerLendOwnSlot(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := context.Background()
+	ws := core.NewWorkers()
+	eg := catchEager(ws)
+	core.MustAddWorker(ws, core.WorkFunc[echoArgs](func(context.Context, *core.Job[echoArgs]) error { return nil }))
+	c := startClient(t, pool, &core.Config{Workers: ws, Queues: map[string]core.QueueConfig{"q": {MaxWorkers: 1}}})
+	ins := eg.of(c)
+	if _, err := ins.Lend(ctx, "echo", "other", nil); !errors.Is(err, eager.ErrNotWorked) {
+		t.Fatalf("queue not served: %v", err)
+	}
+	if _, err := ins.Lend(ctx, "nobody-works-this", "q", nil); !errors.Is(err, eager.ErrNotWorked) {
+		t.Fatalf("kind not registered: %v", err)
+	}
+	first, err := ins.Lend(ctx, "echo", "q", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ins.Lend(ctx, "echo", "q", nil); !errors.Is(err, eager.ErrUnavailable) {
+		t.Fatalf("the one slot reserved: %v", err)
+	}
+	first.Release()
+	l, err := ins.Lend(ctx, "echo", "q", nil)
+	if err != nil {
+		t.Fatalf("after Release: %v", err)
+	}
+	var id int64
+	var at time.Time
+	if err := pool.QueryRow(ctx, `
+		INSERT INTO relay_jobs (kind, queue, state, attempt, attempted_at, attempted_by, lease_token, lease_expires_at)
+		VALUES ('echo', 'q', 'claimed', 1, now(), $1, $2::uuid, now() + $3 * interval '1 millisecond')
+		RETURNING id, attempted_at`, l.By, l.Token.String(), l.LeaseMS).Scan(&id, &at); err != nil {
+		t.Fatal(err)
+	}
+	job := l.Adopt(ctx, id, jobinsert.Row{Kind: "echo", Queue: "q", Args: []byte(`{}`), MaxAttempts: 25}, at)
+	if _, err := ins.Lend(ctx, "echo", "q", nil); !errors.Is(err, eager.ErrUnavailable) {
+		t.Fatalf("the slot held by the adopted job: %v", err)
+	}
+	if err := job.Execute(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, pool, id, core.StateSucceeded)
+	again, err := ins.Lend(ctx, "echo", "q", nil)
+	if err != nil {
+		t.Fatalf("after the adopted job's Execute: %v", err)
+	}
+	again.Release()
 }
