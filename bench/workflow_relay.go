@@ -61,7 +61,7 @@ func (r RelayWorkflow) Describe(spec WorkflowSpec) string {
 		return fmt.Sprintf("workflow.Start of each run, %d per transaction, %d callers", spec.Batch, max(spec.Starters, 16))
 	}
 	if r.Eager {
-		return fmt.Sprintf("workflow.RunNow (eager start: run and job inserted in one round trip, the job claimed by a core client with MaxWorkers %d on queue %q, executed in the caller's goroutine; a queued start when no slot is free), Step per step",
+		return fmt.Sprintf("workflow.RunNow (eager start: run and job inserted in one statement, the job claimed by a core client with MaxWorkers %d on queue %q, executed in the caller's goroutine; a queued start when no slot is free), Step per step",
 			spec.Workers, relayWFQueue)
 	}
 	return fmt.Sprintf("workflow.Start on queue %q + a core client executing it (MaxWorkers %d, defaults otherwise: FetchLimit 1000, LISTEN/NOTIFY); callers wait with workflow.Result; Step per step, Sleep(0) for sleeps, Child+Get for child runs",
