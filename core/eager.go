@@ -145,7 +145,8 @@ func (e eagerInserter) Lend(ctx context.Context, kind, queue string, lend *JobRo
 	// counts from here, as for a claim.
 	sent := time.Now()
 	var settled atomic.Bool
-	l := &eager.Lent[*JobRow]{By: c.cfg.ID, Token: uuid.New(), LeaseMS: c.cfg.LeaseDuration.Milliseconds()}
+	l := &eager.Lent[*JobRow]{By: c.cfg.ID, Token: uuid.New(), LeaseMS: c.cfg.LeaseDuration.Milliseconds(),
+		TracerProvider: c.cfg.TracerProvider, Enqueued: c.metrics.enqueued}
 	l.Release = func() {
 		if settled.CompareAndSwap(false, true) {
 			q.active.Add(-1)

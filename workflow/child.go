@@ -242,7 +242,12 @@ func (x *execution) startChild(d *childStart, lent *eager.Lent[*core.JobRow]) (s
 	if err != nil {
 		return nil, false
 	}
-	job, err := jobinsert.Begin(ctx, row)
+	var job *jobinsert.One
+	if lent != nil {
+		job, err = jobinsert.BeginFor(ctx, row, lent.TracerProvider, lent.Enqueued)
+	} else {
+		job, err = jobinsert.Begin(ctx, row)
+	}
 	if err != nil {
 		return nil, false
 	}

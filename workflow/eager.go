@@ -259,7 +259,7 @@ func insertEager(ctx context.Context, c *core.Client, reg *Registry, name string
 	if err != nil {
 		return fail(err)
 	}
-	job, err := jobinsert.Begin(ctx, row)
+	job, err := jobinsert.BeginFor(ctx, row, lent.TracerProvider, lent.Enqueued)
 	if err != nil {
 		return fail(err)
 	}

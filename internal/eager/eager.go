@@ -16,6 +16,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/relayq/relay/internal/jobinsert"
 )
@@ -114,6 +116,11 @@ type Lent[Row any] struct {
 	By      string
 	Token   uuid.UUID
 	LeaseMS int64
+	// TracerProvider and Enqueued are the client's (nil: the global
+	// ones): the caller's insert is the client's enqueue
+	// (jobinsert.BeginFor), spanned and counted as its own are.
+	TracerProvider trace.TracerProvider
+	Enqueued       metric.Int64Counter
 	// Adopt makes job id, committed claimed with By and Token, a job in
 	// flight of the client from then on (its lease renewed, Stop waiting
 	// for it), to Execute once: row is the job as the caller inserted it,

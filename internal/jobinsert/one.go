@@ -8,6 +8,7 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/relayq/relay/internal/dbx"
@@ -21,6 +22,7 @@ type One struct {
 	Ctx  context.Context
 	rows []Row
 	span trace.Span
+	ctr  metric.Int64Counter // nil: the global meter's
 }
 
 // Begin starts the producer span of row (with the global tracer provider,
@@ -28,10 +30,17 @@ type One struct {
 // Call Done once the statement ran. A unique job is refused: its
 // duplicate check is core's Enqueue's.
 func Begin(ctx context.Context, row Row) (*One, error) {
+	return BeginFor(ctx, row, nil, nil)
+}
+
+// BeginFor is Begin with a client's tracer provider and relay.jobs.enqueued
+// counter (nil for the global ones), as a core Client's own enqueues use:
+// for a job inserted claimed by that client (eager.Lent).
+func BeginFor(ctx context.Context, row Row, tp trace.TracerProvider, ctr metric.Int64Counter) (*One, error) {
 	if row.UniqueKey != nil {
 		return nil, errors.New("core: job insert: unique jobs go through Enqueue")
 	}
-	ctx, span, tc := StartSpan(ctx, nil, row.Queue, 1)
+	ctx, span, tc := StartSpan(ctx, tp, row.Queue, 1)
 	if tc != nil {
 		var err error
 		if row.Metadata, err = WithTraceMetadata(row.Metadata, tc); err != nil {
@@ -40,7 +49,7 @@ func Begin(ctx context.Context, row Row) (*One, error) {
 			return nil, fmt.Errorf("core: enqueue: trace metadata: %w", err)
 		}
 	}
-	return &One{Ctx: ctx, rows: []Row{row}, span: span}, nil
+	return &One{Ctx: ctx, rows: []Row{row}, span: span, ctr: ctr}, nil
 }
 
 // Row is the job as inserted: the row Begin was given, its trace context
@@ -64,7 +73,7 @@ func (o *One) Done(id int64, err error) {
 		return // not inserted: nothing sent, nothing counted
 	}
 	o.span.SetAttributes(attribute.String("messaging.message.id", strconv.FormatInt(id, 10)))
-	Count(o.Ctx, nil, o.rows, func(int) bool { return true })
+	Count(o.Ctx, o.ctr, o.rows, func(int) bool { return true })
 }
 
 // Wake wakes the workers of the job's queue (unless the job runs later)
