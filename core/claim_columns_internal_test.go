@@ -23,7 +23,6 @@ func claimStatements() map[string]string {
 		"sqlClaimFrom":      sqlClaimFrom,
 		"sqlClaimFromSync":  sqlClaimFromSync,
 		"sqlClaimLimited":   sqlClaimLimited,
-		"sqlClaimInserted":  sqlClaimInserted,
 		"sqlClaimKnown":     sqlClaimKnown,
 	}
 }

@@ -8,10 +8,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/relayq/relay/internal/eager"
 	"github.com/relayq/relay/internal/jobinsert"
-	"go.opentelemetry.io/otel/codes"
 )
 
 // Eager execution: a caller inserts a job already claimed by a Client and
@@ -42,19 +40,6 @@ func returnedUncounted(cause error) bool {
 // ask for it (eager.Attacher) when the client is made.
 type eagerInserter struct{ c *Client }
 
-// Insert implements eager.Inserter: see there. The job takes one of the
-// worker slots of its queue in c (counted in the queue's MaxWorkers) from
-// now until its Execute returns.
-func (e eagerInserter) Insert(ctx context.Context, args JobArgs, opts *EnqueueOpts, with *eager.With) (eager.Job[*JobRow], error) {
-	cl, err := e.c.insertClaimedJob(ctx, args, opts, with)
-	if err != nil {
-		return eager.Job[*JobRow]{}, err
-	}
-	job := eager.Job[*JobRow]{ID: cl.id, Row: cl.row}
-	job.Execute = func(ctx context.Context) error { return e.c.execute(ctx, cl) }
-	return job, nil
-}
-
 // Claim implements eager.Inserter: see there. The job runs in lend's
 // worker slot, which lend's handler does not use meanwhile (it waits in
 // Execute).
@@ -68,9 +53,10 @@ func (e eagerInserter) Claim(ctx context.Context, id int64, kind, queue string, 
 	return job, nil
 }
 
-// claimedJob is a job insertClaimed inserted: row is nil when it was left
-// queued, r nil once executed. lent: it runs in its caller's worker slot
-// (Claim), not in one of its own.
+// claimedJob is a job claimed for an eager caller (Claim, Lent.Adopt): row
+// is nil when nothing was claimed, r nil once executed. lent: it runs in
+// its caller's worker slot, not in one of the queue's own (Lend with no
+// lending job, which Execute frees).
 type claimedJob struct {
 	id   int64
 	row  *JobRow
@@ -177,16 +163,16 @@ func (e eagerInserter) Lend(ctx context.Context, kind, queue string, lend *JobRo
 }
 
 // claimKnown claims queued job id (sqlClaimKnown) and makes it a claimed
-// job of the client, as insertClaimed does its own; cl.row is nil when
-// nothing was claimed.
+// job of the client; cl.row is nil when nothing was claimed.
 func (c *Client) claimKnown(ctx context.Context, q *queue, id int64, kind, queue string) (*claimedJob, error) {
 	token := uuid.New()
 	sent := time.Now()
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	// As insertClaimed: a claim committed must be answered, whatever the
-	// caller's context does meanwhile.
+	// A claim committed must be answered, whatever the caller's context
+	// does meanwhile (as the fetch loop's claims): only an already
+	// cancelled caller is refused, and the round trip is bounded by time.
 	bctx, bcancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
 	defer bcancel()
 	rows, err := c.pool.Query(bctx, sqlClaimKnown, c.cfg.ID, leaseToken(token), c.cfg.LeaseDuration.Milliseconds(), kind, queue, id)
@@ -222,104 +208,7 @@ func (c *Client) adopt(ctx context.Context, cl *claimedJob, jr *JobRow, sent tim
 	cl.row, cl.r = jr, r
 }
 
-func (c *Client) insertClaimedJob(ctx context.Context, args JobArgs, opts *EnqueueOpts, with *eager.With) (*claimedJob, error) {
-	row, err := prepareEnqueue(args, opts)
-	if err != nil {
-		return nil, err
-	}
-	if row.OrderingKey != nil || row.UniqueKey != nil || row.DelayUS > 0 || (row.RunAt != nil && row.RunAt.After(time.Now())) {
-		return nil, &ValidationError{Field: "opts", Reason: "an eager job takes no ordering key, unique key, delay or future run-at"}
-	}
-	q := c.queues[row.Queue]
-	if q == nil || c.workers[row.Kind] == nil {
-		return nil, fmt.Errorf("core: insert claimed %s job on queue %q: %w", row.Kind, row.Queue, eager.ErrNotWorked)
-	}
-	if err := q.takeSlot(); err != nil {
-		return nil, fmt.Errorf("core: insert claimed %s job on queue %q: %w", row.Kind, row.Queue, err)
-	}
-	cl, err := c.insertClaimed(ctx, q, row, with)
-	if err != nil || cl.row == nil {
-		q.active.Add(-1)
-		c.jobs.Done()
-		q.releaseSlot()
-	}
-	return cl, err
-}
-
-func (c *Client) insertClaimed(ctx context.Context, q *queue, row enqueueRow, with *eager.With) (*claimedJob, error) {
-	ctx, span, tc := startEnqueueSpan(ctx, c.cfg.TracerProvider, row.Queue, 1)
-	defer span.End()
-	fail := func(err error) (*claimedJob, error) {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
-		return nil, fmt.Errorf("core: insert claimed %s job: %w", row.Kind, err)
-	}
-	var err error
-	if tc != nil {
-		if row.Metadata, err = withTraceMetadata(row.Metadata, tc); err != nil {
-			return fail(err)
-		}
-	}
-	token := uuid.New()
-	b := &pgx.Batch{}
-	b.Queue(sqlEnqueueNotifyAfter, string(jobinsert.AppendBatch(nil, []enqueueRow{row})))
-	if with != nil && with.Queue != nil {
-		with.Queue(b)
-	}
-	b.Queue(sqlClaimInserted, c.cfg.ID, leaseToken(token), c.cfg.LeaseDuration.Milliseconds(), row.Kind, row.Queue)
-	// The lease runs, at the earliest, from now: the local deadline counts
-	// from here, as for a claim.
-	sent := time.Now()
-	// The batch commits a job claimed by this client: sent under the
-	// caller's context, a cancellation between its COMMIT and the reply
-	// would report a failure for a job committed claimed, with no handler
-	// until its lease expired (the fetch loop's claims avoid this the same
-	// way). Only an already cancelled caller is refused; the round trip
-	// itself is bounded by time, as the client's own statements are.
-	if err := ctx.Err(); err != nil {
-		return fail(err)
-	}
-	bctx, bcancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
-	defer bcancel()
-	br := c.pool.SendBatch(bctx, b)
-	cl := &claimedJob{q: q}
-	var dup bool
-	if err := br.QueryRow().Scan(&cl.id, &dup); err != nil {
-		br.Close()
-		return fail(err)
-	}
-	if with != nil && with.Read != nil {
-		if err := with.Read(br); err != nil {
-			br.Close()
-			return fail(err)
-		}
-	}
-	rows, err := br.Query()
-	if err != nil {
-		br.Close()
-		return fail(err)
-	}
-	claimed, err := scanClaimed(rows, c.cfg.ID)
-	if err == nil {
-		err = br.Close() // the implicit transaction commits here
-	} else {
-		br.Close()
-	}
-	if err != nil {
-		return fail(err)
-	}
-	countEnqueued(ctx, c.metrics.enqueued, []enqueueRow{row}, []EnqueueResult{{ID: cl.id}})
-	if len(claimed) == 0 {
-		// Left queued (a paused queue, a limit): wake the workers, as an
-		// enqueue would have.
-		c.notifyQueues(c.pool, []string{row.Queue})
-		return cl, nil
-	}
-	c.adopt(ctx, cl, claimed[0], sent)
-	return cl, nil
-}
-
-// execute runs a job insertClaimed claimed (eager.Job.Execute).
+// execute runs a job claimed for an eager caller (eager.Job.Execute).
 func (c *Client) execute(ctx context.Context, cl *claimedJob) error {
 	if cl == nil || cl.r == nil {
 		return eager.ErrNotClaimed

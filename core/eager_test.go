@@ -2,13 +2,13 @@ package core_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/relayq/relay/core"
@@ -31,9 +31,9 @@ func eagerLease(t *testing.T, pool *pgxpool.Pool, id int64) (state, by, token st
 	return
 }
 
-// The eager Insert writes the job claimed by the client (attempt 1, its id,
-// a lease token), with the caller's statements in the same round trip, and
-// Execute runs it in the caller's goroutine through the middleware, its
+// A job inserted claimed for the client (Lend, then the insert, then
+// Adopt: insertClaimed) is stored claimed by it (attempt 1, its id, a lease
+// token), and Execute runs it in the caller's goroutine through the middleware, its
 // success recorded by the client as a claimed job's.
 func TestEagerExecuteRunsInCaller(t *testing.T) {
 	t.Parallel()
@@ -53,16 +53,12 @@ func TestEagerExecuteRunsInCaller(t *testing.T) {
 	}))
 	c := startClient(t, pool, &core.Config{Workers: ws, ID: "eager-client", RescueInterval: -1})
 	ctx := context.WithValue(context.Background(), callerKey{}, "the caller")
-	var seen int64
-	cl, err := eg.of(c).Insert(ctx, echoArgs{Msg: "hi"}, nil, &eager.With{
-		Queue: func(b *pgx.Batch) { b.Queue(`SELECT ` + eager.InsertedJobID) },
-		Read:  func(br pgx.BatchResults) error { return br.QueryRow().Scan(&seen) },
-	})
+	cl, err := insertClaimed(ctx, pool, eg.of(c), echoArgs{Msg: "hi"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cl.Row == nil || seen != cl.ID || cl.Row.ID != cl.ID {
-		t.Fatalf("claimed %+v, the batch's statement saw job %d", cl, seen)
+	if cl.Row == nil || cl.Row.ID != cl.ID {
+		t.Fatalf("claimed %+v", cl)
 	}
 	state, by, token, attempt := eagerLease(t, pool, cl.ID)
 	if state != "claimed" || by != "eager-client" || token != cl.Row.LeaseToken.String() || attempt != 1 || cl.Row.Attempt != 1 {
@@ -110,7 +106,7 @@ func TestEagerFailureIsRetried(t *testing.T) {
 	}))
 	c := startClient(t, pool, &core.Config{Workers: ws, RetryPolicy: core.RetryPolicyFunc(func(int, error) time.Duration { return 0 })})
 	ctx := context.Background()
-	cl, err := eg.of(c).Insert(ctx, echoArgs{}, nil, nil)
+	cl, err := insertClaimed(ctx, pool, eg.of(c), echoArgs{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +132,7 @@ func TestEagerLeaseRenewedByHeartbeats(t *testing.T) {
 	// handler.
 	const lease = 2 * time.Second
 	c := startClient(t, pool, &core.Config{Workers: ws, LeaseDuration: lease, RescueInterval: 20 * time.Millisecond})
-	cl, err := eg.of(c).Insert(ctx, blockArgs{}, nil, nil)
+	cl, err := insertClaimed(ctx, pool, eg.of(c), blockArgs{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +171,7 @@ func TestEagerKilledIsRescued(t *testing.T) {
 	// One slot, the eager job's: A cannot claim the job back.
 	a := startClient(t, pool, &core.Config{Workers: wsA, ID: "eager-a", LeaseDuration: time.Minute, RescueInterval: -1,
 		Queues: map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: 1}}})
-	cl, err := c0(eg.of(a).Insert(ctx, blockArgs{}, nil, nil))
+	cl, err := c0(insertClaimed(ctx, pool, eg.of(a), blockArgs{}, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,14 +217,14 @@ func TestEagerStop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := eg.of(c).Insert(ctx, blockArgs{}, nil, nil); !errors.Is(err, eager.ErrUnavailable) {
+	if _, err := insertClaimed(ctx, pool, eg.of(c), blockArgs{}, nil); !errors.Is(err, eager.ErrUnavailable) {
 		t.Fatalf("before Start: %v, want eager.ErrUnavailable", err)
 	}
 	if err := c.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	// A graceful stop waits for the job.
-	cl, err := c0(eg.of(c).Insert(ctx, blockArgs{}, nil, nil))
+	cl, err := c0(insertClaimed(ctx, pool, eg.of(c), blockArgs{}, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,7 +250,7 @@ func TestEagerStop(t *testing.T) {
 	if j.Attempt != 0 || len(j.History) != 1 || !strings.Contains(j.History[0].Error, "attempt not counted") {
 		t.Fatalf("interrupted eager job: %+v", j)
 	}
-	if _, err := eg.of(c).Insert(ctx, blockArgs{}, nil, nil); !errors.Is(err, eager.ErrUnavailable) {
+	if _, err := insertClaimed(ctx, pool, eg.of(c), blockArgs{}, nil); !errors.Is(err, eager.ErrUnavailable) {
 		t.Fatalf("after Stop: %v, want eager.ErrUnavailable", err)
 	}
 }
@@ -273,7 +269,7 @@ func TestEagerStopWaits(t *testing.T) {
 	if err := c.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	cl, err := c0(eg.of(c).Insert(ctx, blockArgs{}, nil, nil))
+	cl, err := c0(insertClaimed(ctx, pool, eg.of(c), blockArgs{}, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -306,24 +302,24 @@ func TestEagerRefusals(t *testing.T) {
 	eg := catchEager(ws)
 	core.MustAddWorker(ws, core.WorkFunc[echoArgs](func(context.Context, *core.Job[echoArgs]) error { return nil }))
 	c := startClient(t, pool, &core.Config{Workers: ws, Queues: map[string]core.QueueConfig{"q": {MaxWorkers: 1}}})
-	if _, err := eg.of(c).Insert(ctx, blockArgs{}, &core.EnqueueOpts{Queue: "other"}, nil); !errors.Is(err, eager.ErrNotWorked) {
+	if _, err := insertClaimed(ctx, pool, eg.of(c), blockArgs{}, &core.EnqueueOpts{Queue: "other"}); !errors.Is(err, eager.ErrNotWorked) {
 		t.Fatalf("queue not served: %v", err)
 	}
-	if _, err := eg.of(c).Insert(ctx, unknownArgs{}, &core.EnqueueOpts{Queue: "q"}, nil); !errors.Is(err, eager.ErrNotWorked) {
+	if _, err := insertClaimed(ctx, pool, eg.of(c), unknownArgs{}, &core.EnqueueOpts{Queue: "q"}); !errors.Is(err, eager.ErrNotWorked) {
 		t.Fatalf("kind not registered: %v", err)
 	}
 	if n := count(t, pool, `SELECT count(*) FROM relay_jobs`); n != 0 {
 		t.Fatalf("%d jobs written by refused calls", n)
 	}
 	// The one slot busy: unavailable.
-	cl, err := c0(eg.of(c).Insert(ctx, blockArgs{}, &core.EnqueueOpts{Queue: "q"}, nil))
+	cl, err := c0(insertClaimed(ctx, pool, eg.of(c), blockArgs{}, &core.EnqueueOpts{Queue: "q"}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
 	go func() { done <- cl.Execute(ctx) }()
 	<-started
-	if _, err := eg.of(c).Insert(ctx, echoArgs{}, &core.EnqueueOpts{Queue: "q"}, nil); !errors.Is(err, eager.ErrUnavailable) {
+	if _, err := insertClaimed(ctx, pool, eg.of(c), echoArgs{}, &core.EnqueueOpts{Queue: "q"}); !errors.Is(err, eager.ErrUnavailable) {
 		t.Fatalf("no free slot: %v", err)
 	}
 	release <- nil
@@ -335,7 +331,7 @@ func TestEagerRefusals(t *testing.T) {
 	if _, err := core.PauseQueue(ctx, pool, "q", "test"); err != nil {
 		t.Fatal(err)
 	}
-	paused, err := eg.of(c).Insert(ctx, echoArgs{}, &core.EnqueueOpts{Queue: "q"}, nil)
+	paused, err := insertClaimed(ctx, pool, eg.of(c), echoArgs{}, &core.EnqueueOpts{Queue: "q"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -354,7 +350,7 @@ func TestEagerRefusals(t *testing.T) {
 	if err := core.SetLimit(ctx, pool, core.Limit{Kind: "echo", MaxRunning: 1}); err != nil {
 		t.Fatal(err)
 	}
-	limited, err := eg.of(c).Insert(ctx, echoArgs{}, &core.EnqueueOpts{Queue: "q"}, nil)
+	limited, err := insertClaimed(ctx, pool, eg.of(c), echoArgs{}, &core.EnqueueOpts{Queue: "q"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -367,7 +363,7 @@ func TestEagerRefusals(t *testing.T) {
 	if err := core.DeleteLimit(ctx, pool, core.Limit{Kind: "echo"}); err != nil {
 		t.Fatal(err)
 	}
-	cl, err = c0(eg.of(c).Insert(ctx, echoArgs{}, &core.EnqueueOpts{Queue: "q"}, nil))
+	cl, err = c0(insertClaimed(ctx, pool, eg.of(c), echoArgs{}, &core.EnqueueOpts{Queue: "q"}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -400,7 +396,7 @@ func TestEagerCallerGone(t *testing.T) {
 	}))
 	c := startClient(t, pool, &core.Config{Workers: ws})
 	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), callerKey{}, "eager"))
-	cl, err := c0(eg.of(c).Insert(ctx, echoArgs{Msg: "wait"}, nil, nil))
+	cl, err := c0(insertClaimed(ctx, pool, eg.of(c), echoArgs{Msg: "wait"}, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -511,4 +507,43 @@ func TestEagerLendOwnSlot(t *testing.T) {
 		t.Fatalf("after the adopted job's Execute: %v", err)
 	}
 	again.Release()
+}
+
+// insertClaimed inserts a job of args already claimed for the client of
+// ins, as the workflow layer's eager start does: a worker slot reserved
+// (Lend with no lending job), the job written claimed in one statement
+// (jobinsert.SQLIntoClaimed), then adopted. The job's Row is nil, and its
+// Execute ErrNotClaimed, when the statement left it queued (a paused queue,
+// a global limit).
+func insertClaimed(ctx context.Context, pool *pgxpool.Pool, ins inserter, args core.JobArgs, opts *core.EnqueueOpts) (eager.Job[*core.JobRow], error) {
+	queue := core.DefaultQueue
+	if opts != nil && opts.Queue != "" {
+		queue = opts.Queue
+	}
+	l, err := ins.Lend(ctx, args.Kind(), queue, nil)
+	if err != nil {
+		return eager.Job[*core.JobRow]{}, err
+	}
+	enc, err := json.Marshal(args)
+	if err != nil {
+		l.Release()
+		return eager.Job[*core.JobRow]{}, err
+	}
+	row := jobinsert.Row{Kind: args.Kind(), Queue: queue, Args: enc, MaxAttempts: core.DefaultMaxAttempts, Metadata: []byte(`{}`)}
+	var id int64
+	var at *time.Time
+	err = pool.QueryRow(ctx, `
+WITH ids AS (SELECT nextval(pg_get_serial_sequence('relay_jobs', 'id')) AS id), job AS (`+
+		jobinsert.SQLIntoClaimed("ids", "id", 1, jobinsert.NotifyAtCommit, jobinsert.Claim{By: 2, Token: 3, LeaseMS: 4})+`
+)
+SELECT id, attempted_at FROM job`, string(jobinsert.AppendBatch(nil, []jobinsert.Row{row})), l.By, l.Token.String(), l.LeaseMS).Scan(&id, &at)
+	if err != nil {
+		l.Release()
+		return eager.Job[*core.JobRow]{}, err
+	}
+	if at == nil {
+		l.Release()
+		return eager.Job[*core.JobRow]{ID: id, Execute: func(context.Context) error { return eager.ErrNotClaimed }}, nil
+	}
+	return l.Adopt(ctx, id, row, *at), nil
 }

@@ -5,7 +5,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/relayq/relay/internal/eager"
 	"github.com/relayq/relay/internal/jobinsert"
 )
 
@@ -704,29 +703,16 @@ const sqlDeleteLimit = `DELETE FROM relay_limits WHERE scope = $1 AND name = $2`
 // sqlListLimits reads every limit.
 const sqlListLimits = `SELECT scope, name, max_running, rate, per_us FROM relay_limits ORDER BY scope, name`
 
-// sqlClaimInserted claims the job an eager insert's batch (eager.go) has just inserted
-// (queued, without a wake-up) for worker $1, with lease token $2 for $3
-// milliseconds: the claim of sqlClaim for one known job, as if the
-// client's fetch loop had claimed it. It claims nothing, leaving the job
-// queued for the queues' normal claims, when the queue is paused or a
-// global limit names the job's queue, kind or one of its tags: an eager
-// start never bypasses them (the limits are counted and taken by
-// claimLimited's serialised claims, which this statement cannot join).
-// The job's kind ($4) and queue ($5) are checked too: a statement of the
-// caller's (eager.With) or a trigger that inserted another job would have moved
-// the sequence eager.InsertedJobID reads, and that job is not this claim's.
-var sqlClaimInserted = "\n" + claimUpdate(1, 2, 3, `WHERE j.id = `+eager.InsertedJobID+` AND j.state = 'queued'
-  AND j.kind = $4 AND j.queue = $5 AND j.attempt = 0
-  AND NOT EXISTS (SELECT 1 FROM relay_queue_pauses AS p WHERE p.queue = j.queue)
-  AND NOT EXISTS (SELECT 1 FROM relay_limits AS l
-                  WHERE (l.scope = 'queue' AND l.name = j.queue) OR (l.scope = 'kind' AND l.name = j.kind)
-                     OR (l.scope = 'tag' AND l.name = ANY (j.tags)))`)
-
-// sqlClaimKnown is sqlClaimInserted for job $6, already queued (an
-// eager caller claiming the job it waits for, eagerInserter.Claim): the
-// same claim, the same refusals (paused queue, global limits), and only a
+// sqlClaimKnown claims job $6, already queued, for worker $1 with lease
+// token $2 for $3 milliseconds (an eager caller claiming the job it waits
+// for, eagerInserter.Claim): the claim of sqlClaim for one known job, as
+// if the client's fetch loop had claimed it, of kind $4 on queue $5. It
+// claims nothing, leaving the job queued, when the queue is paused or a
+// global limit names the job's queue, kind or one of its tags (an eager
+// caller never bypasses them: the limits are counted by claimLimited's
+// serialised claims, which this statement cannot join), and claims only a
 // runnable job never attempted, without an ordering key (whose order the
-// fetch loop's claims keep).
+// fetch loop's claims keep). jobinsert.SQLIntoClaimed refuses the same.
 var sqlClaimKnown = "\n" + claimUpdate(1, 2, 3, `WHERE j.id = $6 AND j.state = 'queued' AND j.run_at <= now()
   AND j.kind = $4 AND j.queue = $5 AND j.attempt = 0 AND j.ordering_key IS NULL
   AND NOT EXISTS (SELECT 1 FROM relay_queue_pauses AS p WHERE p.queue = j.queue)

@@ -15,18 +15,11 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/relayq/relay/internal/jobinsert"
 )
-
-// InsertedJobID is an SQL expression for the id of the job an Insert batch
-// has just inserted, for the statements of With.Queue to name it: the
-// insert is the batch's first statement, and it draws the id from
-// relay_jobs' sequence, which currval reads back in the same session.
-const InsertedJobID = `(SELECT currval(pg_get_serial_sequence('relay_jobs', 'id')))`
 
 var (
 	// ErrUnavailable: the client cannot take an eager job now (no free
@@ -36,27 +29,19 @@ var (
 	// ErrNotWorked: the client does not serve the job's queue or has no
 	// worker for its kind, so it cannot claim the job. Nothing was written.
 	ErrNotWorked = errors.New("core: this client does not work that queue or kind")
-	// ErrNotClaimed: Execute was called on a job Insert left queued (a
-	// paused queue or a global limit), or a second time.
+	// ErrNotClaimed: Execute was called on a job not claimed for the
+	// caller (left queued by a paused queue or a global limit), or a
+	// second time.
 	ErrNotClaimed = errors.New("core: the job is not claimed by this caller")
 )
 
-// With is more work for Insert's round trip and transaction: the
-// statements Queue adds run after the job's insert (InsertedJobID names its
-// id in their SQL) and before its claim, and Read reads their results in
-// order. An error of any of them rolls everything back.
-type With struct {
-	Queue func(b *pgx.Batch)
-	Read  func(br pgx.BatchResults) error
-}
-
-// Job is a job Insert inserted, Row its claimed attempt (a *core.JobRow).
+// Job is a job claimed for an eager caller (Claim, Lent.Adopt), Row its
+// claimed attempt (a *core.JobRow).
 type Job[Row any] struct {
 	// ID is the job's id.
 	ID int64
-	// Row is the claimed attempt, nil when the job was left queued (its
-	// queue is paused or a global limit applies to it): it then waits for
-	// a worker like any enqueued job, and the queue's workers were woken.
+	// Row is the claimed attempt, nil when the job was not claimed for
+	// the caller: it then waits for a worker like any enqueued job.
 	Row Row
 	// Execute runs the claimed job in the caller's goroutine, through the
 	// client's worker path (the kind's worker and middleware, its Timeout
@@ -72,19 +57,10 @@ type Job[Row any] struct {
 // Inserter inserts jobs claimed by one core.Client: Args is core.JobArgs,
 // Opts *core.EnqueueOpts, Row *core.JobRow.
 type Inserter[Args, Opts, Row any] interface {
-	// Insert writes a job of args already claimed by the client (state
-	// claimed, attempt 1, a fresh lease token, the client's
-	// LeaseDuration), with the work of with, in one round trip and one
-	// transaction on the client's pool. It refuses, writing nothing, a
-	// queue the client does not serve or a kind it has no worker for
-	// (ErrNotWorked), and returns ErrUnavailable when the client is not
-	// running or the queue has no free slot. A job of a paused queue, or
-	// one a global limit applies to, is inserted queued (Job.Row nil).
-	// Ordering keys, unique jobs and a delay or future run-at are refused.
-	Insert(ctx context.Context, args Args, opts Opts, with *With) (Job[Row], error)
 	// Claim claims job id, already in the queue (queued, never attempted,
-	// of kind on queue), for the client, with the claim Insert makes, in
-	// one statement: a job that is not so (claimed by another worker
+	// of kind on queue), for the client, as the fetch loop would claim it
+	// (state claimed, attempt 1, a fresh lease token, the client's
+	// LeaseDuration), in one statement: a job that is not so (claimed by another worker
 	// meanwhile, say), or that a pause or a global limit holds, is not
 	// claimed (ErrUnavailable; nothing written). lend is the caller's own
 	// job, a handler of the client's running on queue, which waits for
@@ -102,9 +78,12 @@ type Inserter[Args, Opts, Row any] interface {
 	// the Lent's Adopt (the insert committed the job claimed) or Release
 	// (it did not: left queued by a pause or a limit, not inserted, or
 	// failed). Stop waits for the reservation until then. With lend nil
-	// (the zero Row) the job takes a worker slot of its queue's own, as
-	// Insert's does (ErrUnavailable when none is free or the client is
-	// not running), freed when its Execute returns or at Release.
+	// (the zero Row) the job takes a worker slot of its queue's own
+	// (ErrUnavailable when none is free or the client is
+	// not running), freed when its Execute returns or at Release: the
+	// eager start's way (workflow.RunNow). Ordering keys, unique jobs and
+	// a delay or future run-at belong to the queue: the insert
+	// (SQLIntoClaimed) inserts such a job queued.
 	Lend(ctx context.Context, kind, queue string, lend Row) (*Lent[Row], error)
 }
 
