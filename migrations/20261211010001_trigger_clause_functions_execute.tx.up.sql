@@ -1,0 +1,17 @@
+-- Every role that writes relay_jobs may execute the function the key
+-- triggers' WHEN clauses call.
+--
+-- PostgreSQL checks EXECUTE on a function named in a trigger's WHEN clause
+-- whenever a statement prepares the clause, for every row it updates, keyed
+-- or not (a trigger's own function needs no EXECUTE to fire). Since
+-- 20261210010001_after_triggers_small_when every claim and outcome names
+-- relay_jobs_key_moved there. PostgreSQL grants EXECUTE on new functions to
+-- PUBLIC by default, but an install whose owner revoked that
+-- (ALTER DEFAULT PRIVILEGES ... REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC)
+-- and granted its application role the functions there were at install
+-- time would fail every claim and outcome after that migration
+-- ("permission denied for function relay_jobs_key_moved"). The function
+-- is a pure comparison of its arguments: granting it to everyone gives
+-- nothing away. migrations.TestTriggerClauseFunctionsExecutableByAll keeps
+-- every function a trigger's clause calls so granted.
+GRANT EXECUTE ON FUNCTION relay_jobs_key_moved(text, text, text, text, text, text) TO PUBLIC;
