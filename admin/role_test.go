@@ -112,6 +112,10 @@ func newRoleDB(t *testing.T) *roleDB {
 		"CREATE ROLE " + r.owner + " LOGIN",
 		"CREATE ROLE " + r.app + " LOGIN",
 		"GRANT CREATE ON DATABASE " + db + " TO " + r.owner,
+		// Hardened as PostgreSQL's docs suggest: the owner's new
+		// functions are not executable by PUBLIC, so the docs' grants
+		// must give the application role EXECUTE itself.
+		"ALTER DEFAULT PRIVILEGES FOR ROLE " + r.owner + " REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC",
 		// No temporary tables either: Relay makes none.
 		"REVOKE TEMPORARY ON DATABASE " + db + " FROM PUBLIC",
 		"REVOKE CREATE ON SCHEMA public FROM PUBLIC",
@@ -277,8 +281,13 @@ func TestRunsAsRoleThatOwnsNothing(t *testing.T) {
 	stopBounded(t, disp.Stop)
 	stopBounded(t, sched.Stop)
 	stopBounded(t, client.Stop)
-	if _, err := r.super.Exec(ctx, "REVOKE UPDATE ON relay.relay_jobs FROM "+r.app); err != nil {
-		t.Fatal(err)
+	for _, stmt := range []string{
+		"REVOKE UPDATE ON relay.relay_jobs FROM " + r.app,
+		"REVOKE EXECUTE ON FUNCTION relay.relay_process_live(timestamptz, float8) FROM " + r.app,
+	} {
+		if _, err := r.super.Exec(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
 	}
 	other, err := core.NewClient(pool, &core.Config{Workers: ws})
 	if err != nil {
@@ -288,8 +297,9 @@ func TestRunsAsRoleThatOwnsNothing(t *testing.T) {
 	if err == nil {
 		stopBounded(t, other.Stop)
 	}
-	if !errors.Is(err, core.ErrMissingGrants) || !strings.Contains(err.Error(), r.app) || !strings.Contains(err.Error(), "relay_jobs (UPDATE)") {
-		t.Errorf("Start without UPDATE on relay_jobs: %v; want ErrMissingGrants naming %s and relay_jobs (UPDATE)", err, r.app)
+	if !errors.Is(err, core.ErrMissingGrants) || !strings.Contains(err.Error(), r.app) || !strings.Contains(err.Error(), "relay_jobs (UPDATE)") ||
+		!strings.Contains(err.Error(), "relay_process_live(timestamp with time zone,double precision) (EXECUTE)") {
+		t.Errorf("Start without UPDATE on relay_jobs and EXECUTE on relay_process_live: %v; want ErrMissingGrants naming %s, relay_jobs (UPDATE) and relay_process_live(timestamp with time zone,double precision) (EXECUTE)", err, r.app)
 	}
 }
 

@@ -19,26 +19,36 @@ import (
 var ErrStatementCache = errors.New("core: the connections are pooled per transaction (PgBouncer pool_mode=transaction?) but pgx prepares and caches statements on them: add default_query_exec_mode=exec (or simple_protocol, cache_describe, describe_exec) to the database URL (docs/deploy.md)")
 
 // ErrMissingGrants says the role the client connects as lacks a privilege
-// on one of Relay's tables that its work needs; the error wrapping it
-// names the role, each table and each privilege (docs/deploy.md lists the
-// grants).
-var ErrMissingGrants = errors.New("core: the role lacks privileges on Relay's tables")
+// on one of Relay's tables or functions that its work needs; the error
+// wrapping it names the role, each table or function and each privilege
+// (docs/deploy.md lists the grants).
+var ErrMissingGrants = errors.New("core: the role lacks privileges on Relay's tables or functions")
 
 // sqlMissingGrants lists the privileges the connected role lacks on the
-// relay_* tables of the schema relay_jobs resolves to through search_path:
-// SELECT, INSERT, UPDATE and DELETE on each, but only SELECT on the
-// migrations' bookkeeping, which only the owner writes. Nothing when
-// relay_jobs is not found (an unmigrated database is another error).
+// relay_* tables and functions of the schema relay_jobs resolves to
+// through search_path: SELECT, INSERT, UPDATE and DELETE on each table,
+// but only SELECT on the migrations' bookkeeping, which only the owner
+// writes; EXECUTE on each function but the trigger functions (a trigger's
+// own function needs no EXECUTE to fire; the functions Relay's statements
+// and its triggers' WHEN clauses call do). PostgreSQL grants EXECUTE to
+// PUBLIC by default, so only an install that revoked it can lack one.
+// Nothing when relay_jobs is not found (an unmigrated database is another
+// error).
 const sqlMissingGrants = `
-SELECT current_user::text, coalesce(string_agg(format('%s (%s)', relname, missing), '; ' ORDER BY relname), '')
+WITH ns AS (SELECT relnamespace AS oid FROM pg_class WHERE oid = to_regclass('relay_jobs'))
+SELECT current_user::text, coalesce(string_agg(format('%s (%s)', name, missing), '; ' ORDER BY name), '')
 FROM (
-    SELECT c.relname, array_to_string(ARRAY(
+    SELECT c.relname::text AS name, array_to_string(ARRAY(
         SELECT p FROM unnest(CASE WHEN c.relname IN ('relay_migrations', 'relay_migration_locks')
                                   THEN ARRAY['SELECT'] ELSE ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE'] END) AS p
         WHERE NOT has_table_privilege(c.oid, p)), ', ') AS missing
-    FROM pg_class AS c
-    WHERE c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = to_regclass('relay_jobs'))
-      AND c.relname LIKE 'relay\_%' AND c.relkind IN ('r', 'p')
+    FROM pg_class AS c, ns
+    WHERE c.relnamespace = ns.oid AND c.relname LIKE 'relay\_%' AND c.relkind IN ('r', 'p')
+    UNION ALL
+    SELECT f.oid::regprocedure::text, 'EXECUTE'
+    FROM pg_proc AS f, ns
+    WHERE f.pronamespace = ns.oid AND f.proname LIKE 'relay\_%' AND f.prokind = 'f'
+      AND f.prorettype <> 'trigger'::regtype AND NOT has_function_privilege(f.oid, 'EXECUTE')
 ) AS t
 WHERE missing <> ''`
 
