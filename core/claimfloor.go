@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"time"
 )
@@ -29,8 +30,9 @@ import (
 // per queue maintains it:
 //
 //   - Off while the front of the index is cheap to walk: every
-//     PollInterval (at least a second) it EXPLAINs a probe from the front
-//     and counts the buffers it touches. Below floorOffBuffers (or
+//     PollInterval (at least a second; see floorCheckSpacing for a client
+//     of many queues) it EXPLAINs a probe from the front and counts the
+//     buffers it touches. Below floorOffBuffers (or
 //     floorOnBuffers, when off) the floor is off and claims are exactly as
 //     without it.
 //   - On, a full probe from the front (sqlFloorProbe) finds the first job
@@ -79,6 +81,17 @@ const (
 	// (or waits this long for a connection) turns the floor off, so a job
 	// behind the floor never waits on a keeper that cannot run.
 	floorProbeTimeout = 10 * time.Second
+	// floorCheckSpacing spreads the EXPLAINs of a client's keepers while
+	// their floors are off: each queue's is sent every PollInterval, at
+	// least a second, or every floorCheckSpacing times the client's number
+	// of queues if that is longer, so a client sends at most about 100 a
+	// second however many queues it serves. An EXPLAIN is planned afresh
+	// each time (~0.5 ms of server time); 1,000 queues checked every
+	// second spent more of PostgreSQL's CPU on them than on their claims
+	// (docs/benchmarks.md, "Cost as the work grows"). A queue of a client
+	// of many shares the work with them, so its front fills with dead
+	// entries more slowly, and the check's delay matters less.
+	floorCheckSpacing = 10 * time.Millisecond
 )
 
 // get returns the floor, if on.
@@ -97,10 +110,11 @@ func (f *claimFloor) set(on bool, at claimCursor) {
 // keepFloor maintains q.floor until ctx is done (see claimFloor).
 func (q *queue) keepFloor(ctx context.Context) {
 	c := q.client
-	idle := max(c.cfg.PollInterval, time.Second)
+	idle := c.floorCheckPeriod()
 	// Nothing to look at before the client has claimed for a while; and
-	// a client's start is busy enough.
-	sleepCtx(ctx, idle)
+	// a client's start is busy enough. A random part spreads the keepers
+	// of a client's queues over the period.
+	sleepCtx(ctx, idle+rand.N(idle))
 	for ctx.Err() == nil {
 		_, on := q.floor.get()
 		began := time.Now()
@@ -141,6 +155,15 @@ func (q *queue) keepFloor(ctx context.Context) {
 		}
 	}
 	q.floor.set(false, claimCursor{})
+}
+
+// floorCheckPeriod is how often each of c's keepers measures the front of
+// its queue's claim index while its floor is off: every PollInterval, at
+// least a second, and at least floorCheckSpacing times the number of
+// queues c serves, so that c sends at most about 100 such EXPLAINs a
+// second.
+func (c *Client) floorCheckPeriod() time.Duration {
+	return max(c.cfg.PollInterval, time.Second, time.Duration(len(c.queues))*floorCheckSpacing)
 }
 
 // probeFloor returns a floor for queue q from a probe: from the front of

@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"testing"
 	"time"
@@ -211,4 +212,36 @@ func claimBuffersTB(t testing.TB, pool *pgxpool.Pool, sql, queue string, extra .
 		t.Fatalf("explain: %v", err)
 	}
 	return plan[0].Plan.Hit + plan[0].Plan.Read
+}
+
+// A client's keepers measure their queues' fronts (an EXPLAIN each, planned
+// afresh every time) every PollInterval, at least a second, but a client of
+// many queues spaces them so that it sends at most about 100 a second: at
+// 1,000 queues checked every second they cost PostgreSQL more than the
+// queues' claims did.
+func TestFloorChecksSpacedOverManyQueues(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		queues int
+		poll   time.Duration
+		want   time.Duration
+	}{
+		{1, 50 * time.Millisecond, time.Second},
+		{1, 3 * time.Second, 3 * time.Second},
+		{100, time.Second, time.Second},
+		{1000, time.Second, 10 * time.Second},
+		{1000, 30 * time.Second, 30 * time.Second},
+	} {
+		c := &Client{cfg: Config{PollInterval: tc.poll}, queues: map[string]*queue{}}
+		for i := range tc.queues {
+			c.queues[fmt.Sprint("q", i)] = &queue{client: c}
+		}
+		got := c.floorCheckPeriod()
+		if got != tc.want {
+			t.Errorf("%d queues, PollInterval %v: a keeper checks every %v, want %v", tc.queues, tc.poll, got, tc.want)
+		}
+		if perSecond := float64(tc.queues) / got.Seconds(); perSecond > 100 {
+			t.Errorf("%d queues, PollInterval %v: %.0f checks a second, want at most 100", tc.queues, tc.poll, perSecond)
+		}
+	}
 }
