@@ -57,3 +57,45 @@ func TestEagerStartCountedAndSpannedByTheClient(t *testing.T) {
 		t.Fatalf("%d producer spans (send default) on the client's tracer provider, want 1", sends)
 	}
 }
+
+// Counted once: an eager run's attempt is started once (relay.jobs.started)
+// and its job enqueued once; the refused duplicate starts count nothing.
+func TestEagerCountedOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	wf := workflow.MustRegister(b.reg, "eager.counted", func(wctx workflow.Context, in int) (int, error) { return in, nil })
+	c := b.startWith(&core.Config{MeterProvider: mp})
+	for i := 0; i < 3; i++ {
+		if out, err := workflow.RunNow(callerCtx(t), c, wf, 7, &workflow.StartOpts{ID: "counted"}); err != nil || out != 7 {
+			t.Fatalf("RunNow: %d, %v", out, err)
+		}
+	}
+	b.waitFor("the job recorded succeeded", func() bool {
+		return b.count(`SELECT count(*) FROM relay_jobs WHERE state = 'succeeded'`) == 1
+	})
+	sum := func(name string) int64 {
+		var rm metricdata.ResourceMetrics
+		if err := reader.Collect(context.Background(), &rm); err != nil {
+			t.Fatal(err)
+		}
+		var n int64
+		for _, sm := range rm.ScopeMetrics {
+			for _, m := range sm.Metrics {
+				if s, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == name {
+					for _, dp := range s.DataPoints {
+						n += dp.Value
+					}
+				}
+			}
+		}
+		return n
+	}
+	b.waitFor("succeeded counted", func() bool { return sum("relay.jobs.succeeded") >= 1 })
+	for name, want := range map[string]int64{"relay.jobs.enqueued": 1, "relay.jobs.started": 1, "relay.jobs.succeeded": 1} {
+		if got := sum(name); got != want {
+			t.Errorf("%s = %d, want %d", name, got, want)
+		}
+	}
+}
