@@ -297,3 +297,107 @@ func TestEagerStopWaitsForTheInsert(t *testing.T) {
 		t.Fatalf("step ran %d times", runs.Load())
 	}
 }
+
+// A start of the same id in a transaction still open (the caller's own
+// Start in its business transaction, committed 16 s later): RunNow waits
+// for that transaction's row, as Start would, and then finds the run and
+// returns its result. ctx (60 s) bounds the wait, as documented: no
+// internal bound of RunNow's ends it with the caller's context still live.
+// Nor does the wait hold a worker slot meanwhile: on a queue of one slot,
+// another RunNow runs in its caller while the first waits.
+func TestEagerWaitsForAnOpenStartOfTheSameID(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var callerRuns atomic.Int32
+	wf := workflow.MustRegister(b.reg, "eager.held", func(wctx workflow.Context, in int) (int, error) {
+		return workflow.Step(wctx, "s", func(ctx context.Context) (int, error) {
+			if inCaller(ctx) {
+				callerRuns.Add(1)
+			}
+			return in, nil
+		}, nil)
+	})
+	c := b.startWith(&core.Config{Queues: map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: 1}}})
+	ctx := callerCtx(t)
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := workflow.Start(ctx, tx, wf, 5, &workflow.StartOpts{ID: "held"}); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	done := make(chan error, 1)
+	var out int
+	go func() {
+		var err error
+		out, err = workflow.RunNow(ctx, c, wf, 9, &workflow.StartOpts{ID: "held"})
+		done <- err
+	}()
+	// RunNow waits for the open start's row (past the eager statement's
+	// brief lock wait, which sets lock_timeout: not that one).
+	b.waitFor("RunNow waiting for the open start's row", func() bool {
+		return b.count(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'
+			AND query NOT LIKE '%set_config(''lock_timeout''%'`) == 1
+	})
+	if out, err := workflow.RunNow(ctx, c, wf, 1, nil); err != nil || out != 1 {
+		t.Fatalf("another run meanwhile: %d, %v", out, err)
+	}
+	if callerRuns.Load() != 1 {
+		t.Fatal("another run meanwhile did not run in its caller: the waiting RunNow holds the queue's one slot")
+	}
+	time.Sleep(time.Until(began.Add(16 * time.Second)))
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil || out != 5 {
+		t.Fatalf("RunNow of an id whose start committed after 16 s: %d, %v (want the run's 5)", out, err)
+	}
+}
+
+// A caller whose context ends while the eager statement is in flight gets
+// its context's error at once, not when the statement answers; the
+// statement still runs to its answer, and the job it committed claimed is
+// handed back to the queue (not left claimed by nobody until its lease
+// expires): a worker runs the run to its end, once.
+func TestEagerCallerGoneDuringTheInsert(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if _, err := b.pool.Exec(context.Background(), `
+		CREATE FUNCTION test_slow_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_sleep(1); RETURN NEW; END $$;
+		CREATE TRIGGER test_slow_insert BEFORE INSERT ON relay_workflow_runs
+		    FOR EACH ROW WHEN (NEW.id = 'slow') EXECUTE FUNCTION test_slow_insert();`); err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int32
+	wf := workflow.MustRegister(b.reg, "eager.gone", func(wctx workflow.Context, in int) (int, error) {
+		return workflow.Step(wctx, "s", func(ctx context.Context) (int, error) { runs.Add(1); return in, nil }, nil)
+	})
+	c := b.startWith(&core.Config{LeaseDuration: time.Minute})
+	ctx, cancel := context.WithCancel(callerCtx(t))
+	done := make(chan error, 1)
+	go func() { _, err := workflow.RunNow(ctx, c, wf, 6, &workflow.StartOpts{ID: "slow"}); done <- err }()
+	b.waitFor("the insert sleeping in its trigger", func() bool {
+		return b.count(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event = 'PgSleep'`) == 1
+	})
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("RunNow: %v, want context.Canceled", err)
+		}
+	case <-time.After(500 * time.Millisecond):
+		t.Fatal("RunNow still waiting for its statement after its context ended")
+	}
+	b.waitFor("the statement committed", func() bool {
+		return b.count(`SELECT count(*) FROM relay_workflow_runs WHERE id = 'slow'`) == 1
+	})
+	if out, err := result[int](t, b.pool, "slow"); err != nil || out != 6 {
+		t.Fatalf("the run: %d, %v", out, err)
+	}
+	if runs.Load() != 1 {
+		t.Fatalf("step ran %d times", runs.Load())
+	}
+}

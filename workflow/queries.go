@@ -529,14 +529,32 @@ const sqlRequestCancelChildren = `SELECT relay_workflow_cancel_tree($1, false)`
 // inserted queued (a paused queue, a global limit). No ON CONFLICT: a run
 // id in use fails the statement (23505, relay_workflow_runs_pkey), nothing
 // written, and RunNow then reads the existing run.
+//
+// The run's row is selected from a set_config of lock_timeout (local to
+// the statement's own transaction) so that the setting is made before the
+// row is inserted: a start of the same id not yet committed makes the
+// insert wait for that start's transaction, which holds the caller's
+// worker slot; past 100 ms the statement fails (55P03), nothing written,
+// and RunNow waits for the run with a queued start instead, which holds
+// no slot. The same bound covers the job's insert.
 var sqlEagerStartClaimed = `
 WITH run AS (
     INSERT INTO relay_workflow_runs (id, workflow, input, queue, trace, job_id, tags)
-    VALUES ($1, $2, $3::jsonb, $4, $5::jsonb, nextval(pg_get_serial_sequence('relay_jobs', 'id')), $6::text[])
+    SELECT $1, $2, $3::jsonb, $4, $5::jsonb, nextval(pg_get_serial_sequence('relay_jobs', 'id')), $6::text[]
+    FROM (SELECT set_config('lock_timeout', '100ms', true)) AS bounded
     RETURNING job_id
 ), job AS (` + jobinsert.SQLIntoClaimed("run", "job_id", 7, jobinsert.NotifyAfter, jobinsert.Claim{By: 8, Token: 9, LeaseMS: 10}) + `
 )
 SELECT id, attempted_at FROM job`
+
+// sqlEagerReadBack reads run $1's job after its eager start's statement
+// went unanswered: the job's id and attempted_at, and whether it carries
+// the start's lease token $2 (the statement committed it claimed). No row:
+// no such run.
+const sqlEagerReadBack = `
+SELECT coalesce(j.id, 0), j.attempted_at, coalesce(j.lease_token = $2::uuid, false)
+FROM relay_workflow_runs AS r LEFT JOIN relay_jobs AS j ON j.id = r.job_id
+WHERE r.id = $1`
 
 // sqlTerminateRun ends unfinished run $1 terminated with error $2 and
 // returns its job (0: none). The same statement asks the run's unfinished
