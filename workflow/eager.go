@@ -80,7 +80,6 @@ func RunNow[In, Out any](ctx context.Context, c *core.Client, wf *Workflow[In, O
 	}
 	sink := &eagerSink{runID: o.ID}
 	cl, err := insertEager(context.WithValue(ctx, eagerKey{}, sink), c, reg, wf.name, input, o)
-	var pgErr *pgconn.PgError
 	switch {
 	case errors.Is(err, eager.ErrUnavailable):
 		reg.logger.Debug("relay: eager start unavailable; starting the run queued", "run_id", o.ID, "workflow", wf.name, "reason", err)
@@ -89,8 +88,7 @@ func RunNow[In, Out any](ctx context.Context, c *core.Client, wf *Workflow[In, O
 			return zero, err
 		}
 		return h.Result(ctx, reg.pool)
-	case errors.Is(err, errRunExists),
-		errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "relay_workflow_runs_pkey":
+	case errors.Is(err, errRunExists):
 		var holder, parentID string // a run with a parent is no eager caller's
 		var parentPos *int
 		if err := reg.pool.QueryRow(ctx, sqlRunIdentity, o.ID).Scan(&holder, &parentID, &parentPos); err != nil {
@@ -295,9 +293,11 @@ func insertEager(ctx context.Context, c *core.Client, reg *Registry, name string
 	settle := func(a eagerAnswer) (eager.Job[*core.JobRow], error) {
 		var pgErr *pgconn.PgError
 		switch {
-		case a.exists:
-			// Another start's run (read back): nothing of this call's
-			// was written.
+		case a.exists, errors.As(a.err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "relay_workflow_runs_pkey":
+			// The run exists (the statement refused, or another start's
+			// run read back): nothing of this call's was written, and
+			// nothing failed: RunNow returns that run's result, as
+			// startRun does.
 			job.Done(0, nil)
 			lent.Release()
 			return eager.Job[*core.JobRow]{}, errRunExists

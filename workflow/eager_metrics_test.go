@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"go.opentelemetry.io/otel/codes"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -96,6 +97,32 @@ func TestEagerCountedOnce(t *testing.T) {
 	for name, want := range map[string]int64{"relay.jobs.enqueued": 1, "relay.jobs.started": 1, "relay.jobs.succeeded": 1} {
 		if got := sum(name); got != want {
 			t.Errorf("%s = %d, want %d", name, got, want)
+		}
+	}
+}
+
+// A RunNow of an id in use (IDConflictUseExisting, the default) is no
+// failure: it returns the existing run's result. Its spans should not say
+// it failed.
+func TestEagerDuplicateIDSpansNoError(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	b.reg = workflow.NewRegistry(b.pool, &workflow.Config{TracerProvider: tp})
+	wf := workflow.MustRegister(b.reg, "eager.dupspan", func(wctx workflow.Context, in int) (int, error) { return in, nil })
+	c := b.startWith(&core.Config{TracerProvider: tp})
+	ctx := callerCtx(t)
+	if _, err := workflow.RunNow(ctx, c, wf, 1, &workflow.StartOpts{ID: "dupspan"}); err != nil {
+		t.Fatal(err)
+	}
+	before := len(spans.Ended())
+	if out, err := workflow.RunNow(ctx, c, wf, 1, &workflow.StartOpts{ID: "dupspan"}); err != nil || out != 1 {
+		t.Fatalf("duplicate: %d, %v", out, err)
+	}
+	for _, s := range spans.Ended()[before:] {
+		if s.Status().Code == codes.Error {
+			t.Errorf("span %q of the duplicate start ended with error %q", s.Name(), s.Status().Description)
 		}
 	}
 }
