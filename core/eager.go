@@ -131,8 +131,7 @@ func (e eagerInserter) Lend(ctx context.Context, kind, queue string, lend *JobRo
 	// counts from here, as for a claim.
 	sent := time.Now()
 	var settled atomic.Bool
-	l := &eager.Lent[*JobRow]{By: c.cfg.ID, Token: uuid.New(), LeaseMS: c.cfg.LeaseDuration.Milliseconds(),
-		TracerProvider: c.cfg.TracerProvider, Enqueued: c.metrics.enqueued}
+	l := &eager.Lent[*JobRow]{By: c.cfg.ID, Token: uuid.New(), LeaseMS: c.cfg.LeaseDuration.Milliseconds(), Producer: e.Producer()}
 	l.Release = func() {
 		if settled.CompareAndSwap(false, true) {
 			q.active.Add(-1)
@@ -160,6 +159,12 @@ func (e eagerInserter) Lend(ctx context.Context, kind, queue string, lend *JobRo
 		return eager.Job[*JobRow]{ID: id, Row: cl.row, Execute: func(ctx context.Context) error { return c.execute(ctx, cl) }}
 	}
 	return l, nil
+}
+
+// Producer implements eager.Inserter: the client's tracer provider and
+// relay.jobs.enqueued counter, as its own enqueues use them.
+func (e eagerInserter) Producer() eager.Producer {
+	return eager.Producer{TracerProvider: e.c.cfg.TracerProvider, Enqueued: e.c.metrics.enqueued}
 }
 
 // claimKnown claims queued job id (sqlClaimKnown) and makes it a claimed

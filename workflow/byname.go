@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel"
 
 	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/internal/eager"
 )
 
 // NamedHandle names a run started by name (StartByName), without its
@@ -58,7 +59,7 @@ func StartByName(ctx context.Context, db core.DB, name string, input any, opts *
 			return NamedHandle{}, fmt.Errorf("workflow: start %s: %w", name, err)
 		}
 	}
-	id, existing, err := startRun(ctx, db, otel.Tracer(instrumentationName), name, enc, opts, nil)
+	id, existing, err := startRun(ctx, db, otel.Tracer(instrumentationName), eager.Producer{}, name, enc, opts, nil)
 	if err != nil {
 		return NamedHandle{}, err
 	}

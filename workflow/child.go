@@ -369,7 +369,7 @@ func (x *execution) startChildTx(name string, input []byte, so *StartOpts, paren
 		defer span.End()
 		ctx = trace.ContextWithSpan(ctx, span)
 		link.wake, link.jobID = nil, 0 // a retried transaction starts it again
-		_, _, err := startRun(ctx, tx, x.r.tracer, name, input, so, link)
+		_, _, err := startRun(ctx, tx, x.r.tracer, eager.Producer{}, name, input, so, link)
 		if errors.Is(err, ErrIDInUse) {
 			// Another run holds the id: the step fails, on this execution
 			// and every replay, with an error the workflow can handle.

@@ -68,26 +68,23 @@ func RunNow[In, Out any](ctx context.Context, c *core.Client, wf *Workflow[In, O
 	if err != nil {
 		return zero, err
 	}
+	ins, worked := reg.eagerFor(c)
+	var prod eager.Producer // c's, for a start that does not go through Lend
+	if worked {
+		prod = ins.Producer()
+	}
 	if o.IDConflict != IDConflictUseExisting || o.IDReuse != IDReuseUseExisting || o.ExecutionTimeout != 0 {
 		// The id policies decide on the run that holds the id, and a
 		// deadline is written with the run, which the eager insert does
 		// not do: start it as Start does, and wait.
-		h, err := Start(ctx, reg.pool, wf, in, &o)
-		if err != nil {
-			return zero, err
-		}
-		return h.Result(ctx, reg.pool)
+		return startQueued[Out](ctx, reg, wf.name, input, o, prod)
 	}
 	sink := &eagerSink{runID: o.ID}
 	cl, err := insertEager(context.WithValue(ctx, eagerKey{}, sink), c, reg, wf.name, input, o)
 	switch {
 	case errors.Is(err, eager.ErrUnavailable):
 		reg.logger.Debug("relay: eager start unavailable; starting the run queued", "run_id", o.ID, "workflow", wf.name, "reason", err)
-		h, err := Start(ctx, reg.pool, wf, in, &o)
-		if err != nil {
-			return zero, err
-		}
-		return h.Result(ctx, reg.pool)
+		return startQueued[Out](ctx, reg, wf.name, input, o, prod)
 	case errors.Is(err, errRunExists):
 		var holder, parentID string // a run with a parent is no eager caller's
 		var parentPos *int
@@ -107,6 +104,19 @@ func RunNow[In, Out any](ctx context.Context, c *core.Client, wf *Workflow[In, O
 	}
 	// Suspended, retried, handed back, left queued (a paused or limited
 	// queue), or another caller's run: wait for it.
+	return result[Out](ctx, reg.pool, o.ID, &reg.waiter)
+}
+
+// startQueued starts run o as Start does, its job counted and spanned as
+// an enqueue of the client whose telemetry prod is (the claimed path's
+// jobinsert.BeginFor), and waits for its result: RunNow's start when the
+// client cannot take the run now.
+func startQueued[Out any](ctx context.Context, reg *Registry, name string, input []byte, o StartOpts, prod eager.Producer) (Out, error) {
+	_, _, err := startRun(ctx, reg.pool, reg.tracer, prod, name, input, &o, nil)
+	if err = reg.explainMissingSchema(ctx, name, err); err != nil {
+		var zero Out
+		return zero, err
+	}
 	return result[Out](ctx, reg.pool, o.ID, &reg.waiter)
 }
 

@@ -2,6 +2,7 @@ package workflow_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 
 	"go.opentelemetry.io/otel/codes"
@@ -124,5 +125,71 @@ func TestEagerDuplicateIDSpansNoError(t *testing.T) {
 		if s.Status().Code == codes.Error {
 			t.Errorf("span %q of the duplicate start ended with error %q", s.Name(), s.Status().Description)
 		}
+	}
+}
+
+// A RunNow that falls back to a queued start (every slot of the queue
+// busy) is still the client's start: its job is counted on the client's
+// relay.jobs.enqueued and spanned by the client's tracer provider, as the
+// RunNow whose job is inserted queued by a pause is: the same call is
+// counted in the same place however busy the queue was.
+func TestEagerFallbackCountedByTheClient(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	release := make(chan struct{})
+	var started atomic.Int32
+	wf := workflow.MustRegister(b.reg, "eager.fallback.counted", func(wctx workflow.Context, block bool) (int, error) {
+		return workflow.Step(wctx, "s", func(ctx context.Context) (int, error) {
+			started.Add(1)
+			if block {
+				<-release
+			}
+			return 1, nil
+		}, nil)
+	})
+	c := b.startWith(&core.Config{MeterProvider: mp, TracerProvider: tp,
+		Queues: map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: 1}}})
+	ctx := callerCtx(t)
+	first := make(chan error, 1)
+	go func() { _, err := workflow.RunNow(ctx, c, wf, true, nil); first <- err }()
+	b.waitFor("the first run holds the only slot", func() bool { return started.Load() == 1 })
+	second := make(chan error, 1)
+	go func() { _, err := workflow.RunNow(ctx, c, wf, false, nil); second <- err }()
+	b.waitFor("the second run started queued", func() bool {
+		return b.count(`SELECT count(*) FROM relay_jobs WHERE state = 'queued'`) == 1
+	})
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-second; err != nil {
+		t.Fatal(err)
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	var enqueued int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if s, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == "relay.jobs.enqueued" {
+				for _, dp := range s.DataPoints {
+					enqueued += dp.Value
+				}
+			}
+		}
+	}
+	var sends int
+	for _, s := range spans.Ended() {
+		if s.Name() == "send default" {
+			sends++
+		}
+	}
+	if enqueued != 2 || sends != 2 {
+		t.Fatalf("two RunNow calls on the client: relay.jobs.enqueued %d, producer spans %d on the client's providers, want 2 and 2", enqueued, sends)
 	}
 }

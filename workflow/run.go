@@ -13,6 +13,7 @@ import (
 
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/internal/dbx"
+	"github.com/relayq/relay/internal/eager"
 	"github.com/relayq/relay/internal/jobinsert"
 )
 
@@ -100,7 +101,7 @@ func Start[In, Out any](ctx context.Context, db core.DB, wf *Workflow[In, Out], 
 	if err != nil {
 		return Handle[Out]{}, fmt.Errorf("workflow: start %s: %w", wf.name, err)
 	}
-	id, existing, err := startRun(ctx, db, wf.reg.tracer, wf.name, input, opts, nil)
+	id, existing, err := startRun(ctx, db, wf.reg.tracer, eager.Producer{}, wf.name, input, opts, nil)
 	return Handle[Out]{ID: id, Existing: existing, reg: wf.reg}, wf.reg.explainMissingSchema(ctx, wf.name, err)
 }
 
@@ -120,7 +121,7 @@ func StartNamed(ctx context.Context, db core.DB, reg *Registry, name string, inp
 	if len(input) > MaxPayloadBytes {
 		return "", false, fmt.Errorf("workflow: start %s: %w: input is %d bytes", name, ErrTooLarge, len(input))
 	}
-	id, existing, err = startRun(ctx, db, reg.tracer, name, input, opts, nil)
+	id, existing, err = startRun(ctx, db, reg.tracer, eager.Producer{}, name, input, opts, nil)
 	return id, existing, reg.explainMissingSchema(ctx, name, err)
 }
 
@@ -142,8 +143,9 @@ type parentLink struct {
 }
 
 // startRun writes the run and its job in one statement (in the caller's
-// transaction, or its own).
-func startRun(ctx context.Context, db core.DB, tracer trace.Tracer, name string, input []byte, opts *StartOpts, parent *parentLink) (string, bool, error) {
+// transaction, or its own), the job spanned and counted with prod (the
+// zero Producer: the global tracer provider and meter, as core.Enqueue).
+func startRun(ctx context.Context, db core.DB, tracer trace.Tracer, prod eager.Producer, name string, input []byte, opts *StartOpts, parent *parentLink) (string, bool, error) {
 	o, err := startDefaults(name, opts)
 	if err != nil {
 		return "", false, err
@@ -155,7 +157,7 @@ func startRun(ctx context.Context, db core.DB, tracer trace.Tracer, name string,
 		var existing bool
 		err := inTx(ctx, db, func(tx core.DB) error {
 			var err error
-			id, existing, err = startRun(ctx, tx, tracer, name, input, &o, nil)
+			id, existing, err = startRun(ctx, tx, tracer, prod, name, input, &o, nil)
 			return err
 		})
 		return id, existing, err
@@ -181,7 +183,7 @@ func startRun(ctx context.Context, db core.DB, tracer trace.Tracer, name string,
 	if err != nil {
 		return "", false, fmt.Errorf("workflow: start %s: %w", name, err)
 	}
-	job, err := jobinsert.Begin(ctx, row)
+	job, err := jobinsert.BeginFor(ctx, row, prod.TracerProvider, prod.Enqueued)
 	if err != nil {
 		return "", false, fmt.Errorf("workflow: start %s: %w", name, err)
 	}
@@ -248,7 +250,7 @@ func startRun(ctx context.Context, db core.DB, tracer trace.Tracer, name string,
 		// row lock, then finds the new run).
 		again := o
 		again.IDConflict, again.IDReuse = IDConflictUseExisting, IDReuseUseExisting
-		return startRun(ctx, db, tracer, name, input, &again, nil)
+		return startRun(ctx, db, tracer, prod, name, input, &again, nil)
 	}
 	return o.ID, existing, nil
 }

@@ -85,6 +85,19 @@ type Inserter[Args, Opts, Row any] interface {
 	// a delay or future run-at belong to the queue: the insert
 	// (SQLIntoClaimed) inserts such a job queued.
 	Lend(ctx context.Context, kind, queue string, lend Row) (*Lent[Row], error)
+	// Producer is the client's telemetry for the jobs of its enqueues, for
+	// a job the caller inserts on the client's behalf without a reservation
+	// (an eager start that fell back to a queued one), counted and spanned
+	// as a Lent's job is.
+	Producer() Producer
+}
+
+// Producer is a client's telemetry for the jobs it enqueues: its tracer
+// provider and relay.jobs.enqueued counter (nil: the global ones), which
+// jobinsert.BeginFor takes.
+type Producer struct {
+	TracerProvider trace.TracerProvider
+	Enqueued       metric.Int64Counter
 }
 
 // Lent is a worker slot Inserter.Lend reserved for a job the caller
@@ -95,11 +108,10 @@ type Lent[Row any] struct {
 	By      string
 	Token   uuid.UUID
 	LeaseMS int64
-	// TracerProvider and Enqueued are the client's (nil: the global
-	// ones): the caller's insert is the client's enqueue
-	// (jobinsert.BeginFor), spanned and counted as its own are.
-	TracerProvider trace.TracerProvider
-	Enqueued       metric.Int64Counter
+	// Producer is the client's (Inserter.Producer): the caller's insert
+	// is the client's enqueue (jobinsert.BeginFor), spanned and counted as
+	// its own are.
+	Producer
 	// Adopt makes job id, committed claimed with By and Token, a job in
 	// flight of the client from then on (its lease renewed, Stop waiting
 	// for it), to Execute once: row is the job as the caller inserted it,
