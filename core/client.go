@@ -247,6 +247,12 @@ type Client struct {
 	queues   map[string]*queue
 
 	inflight sync.Map // job id → *running
+	// cancelNotes counts the cancel notifications heard (onNotify) and
+	// the listener's connections: a job claimed by a statement of its
+	// own and made a job in flight after its commit (adopt) checks for a
+	// cancel of it when this moved meanwhile, since a notification heard
+	// in between found nothing in flight to cancel.
+	cancelNotes atomic.Uint64
 	// snoozing holds the attempts whose snooze is being written (*running
 	// → struct{}): their handlers returned, and the heartbeat renews them.
 	snoozing  sync.Map
@@ -502,7 +508,7 @@ func (c *Client) Start(ctx context.Context) error {
 				ConnConfig: c.listener,
 				Channels:   []string{"relay_jobs", "relay_control"},
 				OnNotify:   c.onNotify,
-				OnConnect:  func() { c.wakeAll(); c.cancelMissed(bgCtx); c.handOffSoon() },
+				OnConnect:  func() { c.wakeAll(); c.cancelNotes.Add(1); c.cancelMissed(bgCtx); c.handOffSoon() },
 				Logger:     c.logger,
 				AppName:    appname.For(c.pool.Config().ConnConfig.RuntimeParams["application_name"], "listener", c.cfg.ID),
 			})
@@ -677,6 +683,7 @@ func (c *Client) onNotify(channel, payload string) {
 			if err != nil {
 				return
 			}
+			c.cancelNotes.Add(1) // before the look-up: see adopt
 			if v, ok := c.inflight.Load(id); ok {
 				r := v.(*running)
 				if token != "" && token != r.row.LeaseToken.String() {
@@ -699,6 +706,12 @@ func (c *Client) onNotify(channel, payload string) {
 func (c *Client) cancelMissed(ctx context.Context) {
 	var ids []int64
 	c.inflight.Range(func(k, _ any) bool { ids = append(ids, k.(int64)); return true })
+	c.cancelCancelled(ctx, ids)
+}
+
+// cancelCancelled cancels, with ErrJobCancelled, those of the running jobs
+// ids that are cancelled in the database (cancelMissed, adopt).
+func (c *Client) cancelCancelled(ctx context.Context, ids []int64) {
 	if len(ids) == 0 {
 		return
 	}

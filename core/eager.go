@@ -128,8 +128,9 @@ func (e eagerInserter) Lend(ctx context.Context, kind, queue string, lend *JobRo
 		}
 	}
 	// The lease runs, at the earliest, from now: the local deadline
-	// counts from here, as for a claim.
-	sent := time.Now()
+	// counts from here, as for a claim. The job's cancel can only be
+	// heard after this (after the insert's commit).
+	sent, notes := time.Now(), c.cancelNotes.Load()
 	var settled atomic.Bool
 	l := &eager.Lent[*JobRow]{By: c.cfg.ID, Token: uuid.New(), LeaseMS: c.cfg.LeaseDuration.Milliseconds(), Producer: e.Producer()}
 	l.Release = func() {
@@ -154,7 +155,7 @@ func (e eagerInserter) Lend(ctx context.Context, kind, queue string, lend *JobRo
 			if len(row.Tags) > 0 {
 				jr.Tags = row.Tags
 			}
-			c.adopt(ctx, cl, jr, sent)
+			c.adopt(ctx, cl, jr, sent, notes)
 		}
 		return eager.Job[*JobRow]{ID: id, Row: cl.row, Execute: func(ctx context.Context) error { return c.execute(ctx, cl) }}
 	}
@@ -171,7 +172,7 @@ func (e eagerInserter) Producer() eager.Producer {
 // job of the client; cl.row is nil when nothing was claimed.
 func (c *Client) claimKnown(ctx context.Context, q *queue, id int64, kind, queue string) (*claimedJob, error) {
 	token := uuid.New()
-	sent := time.Now()
+	sent, notes := time.Now(), c.cancelNotes.Load()
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -192,13 +193,21 @@ func (c *Client) claimKnown(ctx context.Context, q *queue, id int64, kind, queue
 	if len(claimed) == 0 {
 		return cl, nil
 	}
-	c.adopt(ctx, cl, claimed[0], sent)
+	c.adopt(ctx, cl, claimed[0], sent, notes)
 	return cl, nil
 }
 
 // adopt makes jr, claimed by this client's statement sent at sent, a job in
-// flight of the client, for cl's caller to execute.
-func (c *Client) adopt(ctx context.Context, cl *claimedJob, jr *JobRow, sent time.Time) {
+// flight of the client, for cl's caller to execute. notes is cancelNotes
+// when the statement was sent: a cancel notification of jr heard between
+// the statement's commit and now found nothing in flight, and was dropped;
+// if any was heard since (cancelNotes moved), the job is checked for a
+// cancel (cancelCancelled), so that its handler learns of it at once, with
+// ErrJobCancelled, not at its next heartbeat (as ErrLeaseLost). onNotify
+// counts a notification before it looks for its job, and adopt stores the
+// job before it reads the count: a notification either finds the job or
+// is counted here.
+func (c *Client) adopt(ctx context.Context, cl *claimedJob, jr *JobRow, sent time.Time, notes uint64) {
 	c.stats.claimed.Add(1)
 	// The handler's context carries the caller's values (its logger, its
 	// span) but not its cancellation (see Execute): it ends with the
@@ -211,6 +220,9 @@ func (c *Client) adopt(ctx context.Context, cl *claimedJob, jr *JobRow, sent tim
 	c.metrics.pickup.Record(ctx, jr.AttemptedAt.Sub(jr.CreatedAt).Seconds(), r.attrs)
 	c.inflight.Store(jr.ID, r)
 	cl.row, cl.r = jr, r
+	if c.cancelNotes.Load() != notes {
+		c.cancelCancelled(ctx, []int64{jr.ID})
+	}
 }
 
 // execute runs a job claimed for an eager caller (eager.Job.Execute).
