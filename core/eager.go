@@ -232,6 +232,11 @@ func (c *Client) execute(ctx context.Context, cl *claimedJob) error {
 	}
 	r, q := cl.r, cl.q
 	cl.r = nil
+	if ctx.Err() != nil {
+		// Gone already: cancelled now, not by AfterFunc's goroutine,
+		// which executeOne could outrun and start the handler.
+		r.cancel(ErrCallerGone)
+	}
 	defer context.AfterFunc(ctx, func() { r.cancel(ErrCallerGone) })()
 	err := q.executeOne(r)
 	if !cl.lent {

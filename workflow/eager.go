@@ -44,13 +44,15 @@ import (
 // say). A paused queue or a global limit on the queue or on RunKind is
 // never bypassed: the run is then started queued, and RunNow waits for it.
 //
-// ctx bounds the whole wait. If it ends while the run executes here, the
+// ctx bounds the wait. If it ends while the run executes here, the
 // execution is cancelled and its job returned to the queue (the attempt
 // not counted) for any worker to continue; the run goes on without the
-// caller. If it ends while the run is being started, RunNow returns at
-// once, and a start that commits after is handed to the queue in the same
-// way. A start of the same id in a transaction not yet committed is
-// waited for as Start waits for it, holding no worker slot meanwhile.
+// caller. The start itself is one statement that ctx does not cancel once
+// sent (a cancel could hide its commit): if ctx ends meanwhile, RunNow
+// returns when the statement answers, its job handed to the queue in the
+// same way. The statement waits at most 100 ms for a lock: a start of the
+// same id in a transaction not yet committed is then waited for as Start
+// waits for it, under ctx, holding no worker slot meanwhile.
 func RunNow[In, Out any](ctx context.Context, c *core.Client, wf *Workflow[In, Out], in In, opts *StartOpts) (Out, error) {
 	var zero Out
 	if wf == nil || c == nil {
@@ -281,116 +283,61 @@ func insertEager(ctx context.Context, c *core.Client, reg *Registry, name string
 	}
 	// The statement commits a job claimed by c: cancelled between its
 	// commit and its reply, it would leave a claimed job with no handler
-	// until its lease expired. So it runs to its answer whatever ctx does
-	// (bounded by eagerStatementBound), in a goroutine of its own, and the
-	// caller waits for that answer until ctx ends; an answer that comes
-	// later is settled without the caller (an adopted job is handed straight
-	// back to the queue by its Execute under the ended ctx).
-	answer := make(chan eagerAnswer, 1)
-	go func() {
-		bctx, bcancel := context.WithTimeout(context.WithoutCancel(ctx), eagerStatementBound)
-		defer bcancel()
-		var a eagerAnswer
-		a.err = reg.pool.QueryRow(bctx, sqlEagerStartClaimed, o.ID, name, string(input), o.Queue, string(traceJSON),
-			nonNil(o.Tags), job.Param(), lent.By, lent.Token.String(), lent.LeaseMS).Scan(&a.id, &a.at)
-		if a.err != nil && !isServerError(a.err) {
-			// No answer (the bound, a broken connection): the statement
-			// may have committed. Read the run back.
-			a = readBackEager(context.WithoutCancel(ctx), reg, o.ID, lent.Token.String(), a.err)
-		}
-		answer <- a
-	}()
-	settle := func(a eagerAnswer) (eager.Job[*core.JobRow], error) {
-		var pgErr *pgconn.PgError
-		switch {
-		case a.exists, errors.As(a.err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "relay_workflow_runs_pkey":
-			// The run exists (the statement refused, or another start's
-			// run read back): nothing of this call's was written, and
-			// nothing failed: RunNow returns that run's result, as
-			// startRun does.
-			job.Done(0, nil)
-			lent.Release()
-			return eager.Job[*core.JobRow]{}, errRunExists
-		case errors.As(a.err, &pgErr) && pgErr.Code == "55P03":
-			// The run's id is locked by a start not yet committed (or
-			// the job's insert waited on a lock): the caller waits for
-			// it with a queued start, which waits under ctx and holds no
-			// worker slot meanwhile.
-			job.Done(0, nil)
-			lent.Release()
-			return eager.Job[*core.JobRow]{}, fmt.Errorf("%w: %v", eager.ErrUnavailable, a.err)
-		case a.err != nil:
-			job.Done(a.id, a.err)
-			return fail(a.err)
-		}
-		job.Done(a.id, nil)
-		if a.at == nil {
-			// Inserted queued, as a claim would have left it: its workers
-			// take it, and the caller waits for its result.
-			lent.Release()
-			job.Wake(ctx, reg.pool)
-			return eager.Job[*core.JobRow]{ID: a.id}, nil
-		}
-		return lent.Adopt(ctx, a.id, job.Row(), *a.at), nil
+	// until its lease expired. So it is sent under a context of its own,
+	// bounded by eagerStatementBound, not the caller's: the caller's
+	// context can end only the waits before and after it. Its lock waits
+	// are bounded by its own lock_timeout, so a start of the same id not
+	// yet committed costs the caller at most that long here, and then a
+	// queued start, which waits under ctx and holds no slot.
+	bctx, bcancel := context.WithTimeout(context.WithoutCancel(ctx), eagerStatementBound)
+	defer bcancel()
+	var a eagerAnswer
+	a.err = reg.pool.QueryRow(bctx, sqlEagerStartClaimed, o.ID, name, string(input), o.Queue, string(traceJSON),
+		nonNil(o.Tags), job.Param(), lent.By, lent.Token.String(), lent.LeaseMS).Scan(&a.id, &a.at)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(a.err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "relay_workflow_runs_pkey":
+		// The run exists: nothing of this call's was written, and nothing
+		// failed: RunNow returns that run's result, as startRun does.
+		job.Done(0, nil)
+		lent.Release()
+		return eager.Job[*core.JobRow]{}, errRunExists
+	case errors.As(a.err, &pgErr) && pgErr.Code == "55P03":
+		// The run's id is locked by a start not yet committed: the caller
+		// waits for it with a queued start, which waits under ctx and
+		// holds no worker slot meanwhile.
+		job.Done(0, nil)
+		lent.Release()
+		return eager.Job[*core.JobRow]{}, fmt.Errorf("%w: %v", eager.ErrUnavailable, a.err)
+	case a.err != nil:
+		// No answer (the bound, a broken connection) may hide a commit:
+		// the run, if written, is found by its id.
+		job.Done(a.id, a.err)
+		return fail(fmt.Errorf("start unanswered, the run may have been written: %w", a.err))
 	}
-	select {
-	case a := <-answer:
-		return settle(a)
-	case <-ctx.Done():
-		// The reservation stays until the answer settles it.
-		go func() {
-			if cl, err := settle(<-answer); err == nil && cl.Row != nil {
-				cl.Execute(ctx) //nolint:errcheck // ctx has ended: the attempt goes back to the queue uncounted
-			}
-		}()
-		span.RecordError(ctx.Err())
-		span.SetStatus(codes.Error, ctx.Err().Error())
-		return eager.Job[*core.JobRow]{}, ctx.Err()
+	job.Done(a.id, nil)
+	if a.at == nil {
+		// Inserted queued, as a claim would have left it: its workers
+		// take it, and the caller waits for its result.
+		lent.Release()
+		job.Wake(ctx, reg.pool)
+		return eager.Job[*core.JobRow]{ID: a.id}, nil
 	}
+	return lent.Adopt(ctx, a.id, job.Row(), *a.at), nil
 }
 
 // eagerStatementBound bounds the round trip of an eager start's statement,
-// which runs whatever its caller's context does (insertEager). Its lock
+// which its caller's context does not cancel (insertEager). Its lock
 // waits are bounded far below it (sqlEagerStartClaimed's lock_timeout).
 const eagerStatementBound = 15 * time.Second
 
 // eagerAnswer is the answer to an eager start's statement: the job's id
-// and attempted_at (nil: inserted queued), or the statement's error;
-// exists when the run read back after an unanswered statement is not this
-// start's.
+// and attempted_at (nil: inserted queued), or the statement's error.
 type eagerAnswer struct {
-	id     int64
-	at     *time.Time
-	err    error
-	exists bool
+	id  int64
+	at  *time.Time
+	err error
 }
 
 // errRunExists: an eager start found its run id in use, and wrote nothing.
 var errRunExists = errors.New("workflow: the run exists")
-
-// isServerError reports whether err is the server's answer to a statement
-// (which then did not commit), rather than no answer at all.
-func isServerError(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr)
-}
-
-// readBackEager reads run id back after its eager start's statement went
-// unanswered (cause): the statement committed if the run's job carries
-// the start's lease token (then claimed for the caller: the answer is the
-// statement's), and the run is another start's if it exists otherwise
-// (or this one's, inserted queued: the caller waits for it either way).
-// No run, or no answer again: the answer is cause.
-func readBackEager(ctx context.Context, reg *Registry, id, token string, cause error) eagerAnswer {
-	ctx, cancel := context.WithTimeout(ctx, eagerStatementBound)
-	defer cancel()
-	var a eagerAnswer
-	var mine bool
-	if err := reg.pool.QueryRow(ctx, sqlEagerReadBack, id, token).Scan(&a.id, &a.at, &mine); err != nil {
-		return eagerAnswer{err: cause}
-	}
-	if !mine {
-		return eagerAnswer{exists: true}
-	}
-	return a
-}

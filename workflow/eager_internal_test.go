@@ -2,7 +2,6 @@ package workflow
 
 import (
 	"context"
-	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -88,46 +87,5 @@ func TestEagerCrashBeforeAdoptIsRescued(t *testing.T) {
 	}
 	if attempt != 2 {
 		t.Fatalf("attempt %d, want 2 (the dead client's counted, then the rescued one)", attempt)
-	}
-}
-
-// An eager start's statement that went unanswered is settled by reading
-// the run back (readBackEager): committed with the start's lease token,
-// the answer is the statement's (the job to adopt); another token (another
-// start's run) is the existing-run path; no run is the statement's error.
-func TestEagerReadBackAfterNoAnswer(t *testing.T) {
-	t.Parallel()
-	pool := testdb.New(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	reg := NewRegistry(pool, nil)
-	o, err := startDefaults("eager.readback", &StartOpts{ID: "unanswered"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	row, err := runJobRow(o, runJobMetadata(o.ID, map[string]string{}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	job, err := jobinsert.BeginFor(ctx, row, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	token := uuid.New().String()
-	var id int64
-	var at *time.Time
-	if err := pool.QueryRow(ctx, sqlEagerStartClaimed, o.ID, "eager.readback", "1", o.Queue, "{}",
-		o.Tags, job.Param(), "w", token, int64(60000)).Scan(&id, &at); err != nil || at == nil {
-		t.Fatalf("insert: %v (attempted_at %v)", err, at)
-	}
-	lost := errors.New("connection lost")
-	if a := readBackEager(ctx, reg, o.ID, token, lost); a.err != nil || a.exists || a.id != id || a.at == nil || !a.at.Equal(*at) {
-		t.Fatalf("read back with the start's token: %+v, want job %d at %v", a, id, *at)
-	}
-	if a := readBackEager(ctx, reg, o.ID, uuid.New().String(), lost); !a.exists || a.err != nil {
-		t.Fatalf("read back with another token: %+v, want the existing-run path", a)
-	}
-	if a := readBackEager(ctx, reg, "never-written", token, lost); a.err != lost || a.exists {
-		t.Fatalf("read back of no run: %+v, want the statement's error", a)
 	}
 }

@@ -547,15 +547,6 @@ WITH run AS (
 )
 SELECT id, attempted_at FROM job`
 
-// sqlEagerReadBack reads run $1's job after its eager start's statement
-// went unanswered: the job's id and attempted_at, and whether it carries
-// the start's lease token $2 (the statement committed it claimed). No row:
-// no such run.
-const sqlEagerReadBack = `
-SELECT coalesce(j.id, 0), j.attempted_at, coalesce(j.lease_token = $2::uuid, false)
-FROM relay_workflow_runs AS r LEFT JOIN relay_jobs AS j ON j.id = r.job_id
-WHERE r.id = $1`
-
 // sqlTerminateRun ends unfinished run $1 terminated with error $2 and
 // returns its job (0: none). The same statement asks the run's unfinished
 // descendants to cancel, wakes its parent's job (never waiting for that

@@ -1,0 +1,107 @@
+package workflow_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/testkit/devpg"
+	"github.com/relayq/relay/testkit/testdb"
+	"github.com/relayq/relay/workflow"
+)
+
+// The eager statement's lock_timeout is its own transaction's: on a pool
+// of one connection, and through a transaction-pooling PgBouncer of one
+// server connection, the next statement sees the server's default, after
+// a start, duplicates, and a 55P03 fallback alike.
+func TestEagerLockTimeoutStaysInTheStatement(t *testing.T) {
+	t.Parallel()
+	bouncer := testdb.PgBouncer(t, devpg.BouncerOptions{PoolSize: 1})
+	for _, via := range []string{"direct", "exec", "simple_protocol"} {
+		t.Run(via, func(t *testing.T) {
+			direct := testdb.URL(t)
+			u := direct + "&pool_max_conns=1"
+			if via != "direct" {
+				u = testdb.Through(bouncer, direct) + "&pool_max_conns=1&default_query_exec_mode=" + via
+			}
+			pool, err := pgxpool.New(context.Background(), u)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			reg := workflow.NewRegistry(pool, nil)
+			wf := workflow.MustRegister(reg, "eager.lt", func(wctx workflow.Context, in int) (int, error) { return in, nil })
+			ws := core.NewWorkers()
+			if err := reg.AddWorkers(ws); err != nil {
+				t.Fatal(err)
+			}
+			c, err := core.NewClient(pool, &core.Config{Workers: ws, ListenerURL: direct, PollInterval: 50 * time.Millisecond,
+				Queues: map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: 2}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Start(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				c.Stop(sctx) //nolint:errcheck
+			}()
+			ctx := callerCtx(t)
+			var before string
+			if err := pool.QueryRow(ctx, `SHOW lock_timeout`).Scan(&before); err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i < 3; i++ {
+				if out, err := workflow.RunNow(ctx, c, wf, i, &workflow.StartOpts{ID: "lt"}); err != nil || out != 0 {
+					t.Fatalf("RunNow %d: %d, %v", i, out, err)
+				}
+				var lt string
+				if err := pool.QueryRow(ctx, `SHOW lock_timeout`).Scan(&lt); err != nil {
+					t.Fatal(err)
+				}
+				if lt != before {
+					t.Fatalf("after RunNow %d: lock_timeout %q on the pool, was %q", i, lt, before)
+				}
+			}
+			// A 55P03: the id held by an open start on another pool.
+			tx, err := openSide(t, direct).Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(context.Background())
+			if _, err := workflow.Start(ctx, tx, wf, 7, &workflow.StartOpts{ID: "lt-held"}); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { _, err := workflow.RunNow(ctx, c, wf, 8, &workflow.StartOpts{ID: "lt-held"}); done <- err }()
+			time.Sleep(500 * time.Millisecond) // past the eager statement's 100 ms
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			var lt string
+			if err := pool.QueryRow(ctx, `SHOW lock_timeout`).Scan(&lt); err != nil {
+				t.Fatal(err)
+			}
+			if lt != before {
+				t.Fatalf("after a 55P03 fallback: lock_timeout %q on the pool, was %q", lt, before)
+			}
+		})
+	}
+}
+
+func openSide(t *testing.T, u string) *pgxpool.Pool {
+	p, err := pgxpool.New(context.Background(), u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
