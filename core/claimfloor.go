@@ -82,16 +82,23 @@ const (
 	// behind the floor never waits on a keeper that cannot run.
 	floorProbeTimeout = 10 * time.Second
 	// floorCheckSpacing spreads the EXPLAINs of a client's keepers while
-	// their floors are off: each queue's is sent every PollInterval, at
-	// least a second, or every floorCheckSpacing times the client's number
-	// of queues if that is longer, so a client sends at most about 100 a
-	// second however many queues it serves. An EXPLAIN is planned afresh
-	// each time (~0.5 ms of server time); 1,000 queues checked every
-	// second spent more of PostgreSQL's CPU on them than on their claims
-	// (docs/benchmarks.md, "Cost as the work grows"). A queue of a client
-	// of many shares the work with them, so its front fills with dead
-	// entries more slowly, and the check's delay matters less.
+	// their floors are off: a queue that claimed fewer than floorCheckJobs
+	// jobs since its last check is checked every PollInterval, at least a
+	// second, or every floorCheckSpacing times the client's number of
+	// queues if that is longer, so a client of many quiet queues sends at
+	// most about 100 a second. An EXPLAIN is planned afresh each time
+	// (~0.5 ms of server time); 1,000 queues checked every second spent
+	// more of PostgreSQL's CPU on them than on their claims
+	// (docs/benchmarks.md, "Cost as the work grows"). Dead entries come
+	// from claims: a queue that claimed few jobs since its last check has
+	// few more of them, and the spaced check (which also sees other
+	// processes' claims) is soon enough.
 	floorCheckSpacing = 10 * time.Millisecond
+	// floorCheckJobs claimed since a queue's last check make it due at
+	// the unspaced period: a queue that hot (500 jobs a second or more)
+	// lays hundreds of dead entries a second while a horizon is held, a
+	// claim index walk of floorOnBuffers within a few seconds.
+	floorCheckJobs = 500
 )
 
 // get returns the floor, if on.
@@ -110,13 +117,22 @@ func (f *claimFloor) set(on bool, at claimCursor) {
 // keepFloor maintains q.floor until ctx is done (see claimFloor).
 func (q *queue) keepFloor(ctx context.Context) {
 	c := q.client
-	idle := c.floorCheckPeriod()
+	idle := max(c.cfg.PollInterval, time.Second)
+	spaced := c.floorCheckPeriod()
 	// Nothing to look at before the client has claimed for a while; and
-	// a client's start is busy enough. A random part spreads the keepers
-	// of a client's queues over the period.
-	sleepCtx(ctx, idle+rand.N(idle))
+	// a client's start is busy enough.
+	sleepCtx(ctx, idle)
+	// A random part spreads the spaced checks of a client's queues over
+	// their period.
+	last := time.Now().Add(-rand.N(spaced))
 	for ctx.Err() == nil {
 		_, on := q.floor.get()
+		if !on && !q.floorCheckDue(time.Since(last), spaced) {
+			sleepCtx(ctx, idle)
+			continue
+		}
+		last = time.Now()
+		q.floorClaims.Store(0)
 		began := time.Now()
 		bufs, err := q.frontCost(ctx)
 		if err != nil || bufs < floorOffBuffers || (!on && bufs < floorOnBuffers) {
@@ -158,12 +174,20 @@ func (q *queue) keepFloor(ctx context.Context) {
 }
 
 // floorCheckPeriod is how often each of c's keepers measures the front of
-// its queue's claim index while its floor is off: every PollInterval, at
-// least a second, and at least floorCheckSpacing times the number of
-// queues c serves, so that c sends at most about 100 such EXPLAINs a
-// second.
+// a quiet queue's claim index while its floor is off: every PollInterval,
+// at least a second, and at least floorCheckSpacing times the number of
+// queues c serves, so that c's quiet queues send at most about 100 such
+// EXPLAINs a second.
 func (c *Client) floorCheckPeriod() time.Duration {
 	return max(c.cfg.PollInterval, time.Second, time.Duration(len(c.queues))*floorCheckSpacing)
+}
+
+// floorCheckDue says whether q's front is to be measured now, since after
+// its last measurement: the spaced period has passed, or q claimed
+// floorCheckJobs jobs since (the keeper wakes every PollInterval, at least
+// a second, to ask).
+func (q *queue) floorCheckDue(since, spaced time.Duration) bool {
+	return since >= spaced || q.floorClaims.Load() >= floorCheckJobs
 }
 
 // probeFloor returns a floor for queue q from a probe: from the front of

@@ -245,3 +245,29 @@ func TestFloorChecksSpacedOverManyQueues(t *testing.T) {
 		}
 	}
 }
+
+// A queue that claims many jobs is measured at the unspaced period even
+// in a client of many queues: its front fills with dead entries at its own
+// rate while a horizon is held (a hostile review found a hot queue among
+// 1,000 waiting 10-20 s for its floor). A quiet one waits for the spaced
+// period.
+func TestFloorCheckDueForAHotQueueAmongMany(t *testing.T) {
+	t.Parallel()
+	c := &Client{cfg: Config{PollInterval: time.Second}, queues: map[string]*queue{}}
+	for i := range 1000 {
+		c.queues[fmt.Sprint("q", i)] = &queue{client: c}
+	}
+	spaced := c.floorCheckPeriod()
+	hot, quiet := c.queues["q0"], c.queues["q1"]
+	hot.floorClaims.Store(floorCheckJobs)
+	quiet.floorClaims.Store(floorCheckJobs - 1)
+	if !hot.floorCheckDue(time.Second, spaced) {
+		t.Errorf("a queue that claimed %d jobs since its check a second ago is not due (spaced period %v)", floorCheckJobs, spaced)
+	}
+	if quiet.floorCheckDue(time.Second, spaced) {
+		t.Errorf("a queue that claimed %d jobs since its check a second ago is due before the spaced period %v", floorCheckJobs-1, spaced)
+	}
+	if !quiet.floorCheckDue(spaced, spaced) {
+		t.Errorf("a quiet queue is not due after the spaced period %v", spaced)
+	}
+}

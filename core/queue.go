@@ -50,6 +50,9 @@ type queue struct {
 	limits limitState
 	// floor bounds the claims' walk when VACUUM falls behind (claimfloor.go).
 	floor claimFloor
+	// floorClaims counts the jobs claimed since the floor's keeper last
+	// measured the front of the claim index (floorCheckDue).
+	floorClaims atomic.Int64
 }
 
 // claimCursor is a position in claim order: (priority, run_at, id).
@@ -142,6 +145,7 @@ func (q *queue) run(ctx, workCtx context.Context) {
 				continue
 			}
 			failures = 0
+			q.floorClaims.Add(int64(len(rows)))
 			q.more.Store(len(rows) == limit)
 			cursor = nil
 			if len(rows) == limit {
