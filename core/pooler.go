@@ -26,7 +26,8 @@ var ErrMissingGrants = errors.New("core: the role lacks privileges on Relay's ta
 
 // sqlMissingGrants lists the privileges the connected role lacks on the
 // relay_* tables and functions of the schema relay_jobs resolves to
-// through search_path: SELECT, INSERT, UPDATE and DELETE on each table,
+// through search_path, owned by relay_jobs' owner (the migrations' role:
+// an application's own relay_-named objects beside them are not Relay's): SELECT, INSERT, UPDATE and DELETE on each table,
 // but only SELECT on the migrations' bookkeeping, which only the owner
 // writes; EXECUTE on each function but the trigger functions (a trigger's
 // own function needs no EXECUTE to fire; the functions Relay's statements
@@ -35,7 +36,7 @@ var ErrMissingGrants = errors.New("core: the role lacks privileges on Relay's ta
 // Nothing when relay_jobs is not found (an unmigrated database is another
 // error).
 const sqlMissingGrants = `
-WITH ns AS (SELECT relnamespace AS oid FROM pg_class WHERE oid = to_regclass('relay_jobs'))
+WITH ns AS (SELECT relnamespace AS oid, relowner AS owner FROM pg_class WHERE oid = to_regclass('relay_jobs'))
 SELECT current_user::text, coalesce(string_agg(format('%s (%s)', name, missing), '; ' ORDER BY name), '')
 FROM (
     SELECT c.relname::text AS name, array_to_string(ARRAY(
@@ -43,11 +44,11 @@ FROM (
                                   THEN ARRAY['SELECT'] ELSE ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE'] END) AS p
         WHERE NOT has_table_privilege(c.oid, p)), ', ') AS missing
     FROM pg_class AS c, ns
-    WHERE c.relnamespace = ns.oid AND c.relname LIKE 'relay\_%' AND c.relkind IN ('r', 'p')
+    WHERE c.relnamespace = ns.oid AND c.relowner = ns.owner AND c.relname LIKE 'relay\_%' AND c.relkind IN ('r', 'p')
     UNION ALL
     SELECT f.oid::regprocedure::text, 'EXECUTE'
     FROM pg_proc AS f, ns
-    WHERE f.pronamespace = ns.oid AND f.proname LIKE 'relay\_%' AND f.prokind = 'f'
+    WHERE f.pronamespace = ns.oid AND f.proowner = ns.owner AND f.proname LIKE 'relay\_%' AND f.prokind = 'f'
       AND f.prorettype <> 'trigger'::regtype AND NOT has_function_privilege(f.oid, 'EXECUTE')
 ) AS t
 WHERE missing <> ''`
