@@ -50,9 +50,11 @@ import (
 // caller. The start itself is one statement that ctx does not cancel once
 // sent (a cancel could hide its commit): if ctx ends meanwhile, RunNow
 // returns when the statement answers, its job handed to the queue in the
-// same way. The statement waits at most 100 ms for a lock: a start of the
-// same id in a transaction not yet committed is then waited for as Start
-// waits for it, under ctx, holding no worker slot meanwhile.
+// same way. The statement waits at most 100 ms for a row lock: a start of
+// the same id in a transaction not yet committed is then waited for as
+// Start waits for it, under ctx, holding no worker slot meanwhile. A wait
+// for a table lock (a migration's, say) is taken before that bound is set,
+// and is bounded only by the statement's 15 s.
 func RunNow[In, Out any](ctx context.Context, c *core.Client, wf *Workflow[In, Out], in In, opts *StartOpts) (Out, error) {
 	var zero Out
 	if wf == nil || c == nil {
@@ -277,10 +279,13 @@ func insertEager(ctx context.Context, c *core.Client, reg *Registry, name string
 	if err != nil {
 		return fail(err)
 	}
-	if err := ctx.Err(); err != nil {
+	// The connection is waited for under ctx: nothing is sent before it.
+	conn, err := reg.pool.Acquire(ctx)
+	if err != nil {
 		job.Done(0, err)
 		return fail(err)
 	}
+	defer conn.Release()
 	// The statement commits a job claimed by c: cancelled between its
 	// commit and its reply, it would leave a claimed job with no handler
 	// until its lease expired. So it is sent under a context of its own,
@@ -292,7 +297,7 @@ func insertEager(ctx context.Context, c *core.Client, reg *Registry, name string
 	bctx, bcancel := context.WithTimeout(context.WithoutCancel(ctx), eagerStatementBound)
 	defer bcancel()
 	var a eagerAnswer
-	a.err = reg.pool.QueryRow(bctx, sqlEagerStartClaimed, o.ID, name, string(input), o.Queue, string(traceJSON),
+	a.err = conn.QueryRow(bctx, sqlEagerStartClaimed, o.ID, name, string(input), o.Queue, string(traceJSON),
 		nonNil(o.Tags), job.Param(), lent.By, lent.Token.String(), lent.LeaseMS).Scan(&a.id, &a.at)
 	var pgErr *pgconn.PgError
 	switch {
