@@ -7,7 +7,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/testkit/devpg"
 	"github.com/relayq/relay/testkit/testdb"
 	"github.com/relayq/relay/workflow"
@@ -27,30 +26,7 @@ func TestEagerLockTimeoutStaysInTheStatement(t *testing.T) {
 			if via != "direct" {
 				u = testdb.Through(bouncer, direct) + "&pool_max_conns=1&default_query_exec_mode=" + via
 			}
-			pool, err := pgxpool.New(context.Background(), u)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pool.Close()
-			reg := workflow.NewRegistry(pool, nil)
-			wf := workflow.MustRegister(reg, "eager.lt", func(wctx workflow.Context, in int) (int, error) { return in, nil })
-			ws := core.NewWorkers()
-			if err := reg.AddWorkers(ws); err != nil {
-				t.Fatal(err)
-			}
-			c, err := core.NewClient(pool, &core.Config{Workers: ws, ListenerURL: direct, PollInterval: 50 * time.Millisecond,
-				Queues: map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: 2}}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := c.Start(context.Background()); err != nil {
-				t.Fatal(err)
-			}
-			defer func() {
-				sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer cancel()
-				c.Stop(sctx) //nolint:errcheck
-			}()
+			pool, c, wf := eagerOnOnePool(t, u, direct, "eager.lt")
 			ctx := callerCtx(t)
 			var before string
 			if err := pool.QueryRow(ctx, `SHOW lock_timeout`).Scan(&before); err != nil {

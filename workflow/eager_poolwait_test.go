@@ -21,30 +21,7 @@ import (
 func TestEagerPoolWaitHonoursCtx(t *testing.T) {
 	t.Parallel()
 	direct := testdb.URL(t)
-	pool, err := pgxpool.New(context.Background(), direct+"&pool_max_conns=1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	reg := workflow.NewRegistry(pool, nil)
-	wf := workflow.MustRegister(reg, "eager.poolwait", func(wctx workflow.Context, in int) (int, error) { return in, nil })
-	ws := core.NewWorkers()
-	if err := reg.AddWorkers(ws); err != nil {
-		t.Fatal(err)
-	}
-	c, err := core.NewClient(pool, &core.Config{Workers: ws, ListenerURL: direct, PollInterval: 50 * time.Millisecond,
-		Queues: map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: 2}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		c.Stop(sctx) //nolint:errcheck
-	}()
+	pool, c, wf := eagerOnOnePool(t, direct+"&pool_max_conns=1", direct, "eager.poolwait")
 	held, err := pool.Acquire(context.Background()) // a handler holding the pool's one connection
 	if err != nil {
 		t.Fatal(err)
@@ -81,3 +58,36 @@ func TestEagerPoolWaitHonoursCtx(t *testing.T) {
 }
 
 // A RunNow whose ctx is already cancelled writes nothing and says so.
+
+// eagerOnOnePool starts a client of two slots on a pool of URL u (the
+// workflow's connections and the client's), listening on direct, and
+// registers workflow name (its input for output) on it; both end with
+// the test.
+func eagerOnOnePool(t *testing.T, u, direct, name string) (*pgxpool.Pool, *core.Client, *workflow.Workflow[int, int]) {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	reg := workflow.NewRegistry(pool, nil)
+	wf := workflow.MustRegister(reg, name, func(wctx workflow.Context, in int) (int, error) { return in, nil })
+	ws := core.NewWorkers()
+	if err := reg.AddWorkers(ws); err != nil {
+		t.Fatal(err)
+	}
+	c, err := core.NewClient(pool, &core.Config{Workers: ws, ListenerURL: direct, PollInterval: 50 * time.Millisecond,
+		Queues: map[string]core.QueueConfig{core.DefaultQueue: {MaxWorkers: 2}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c.Stop(sctx) //nolint:errcheck
+	})
+	return pool, c, wf
+}
