@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/embedded"
 
 	"github.com/relayq/relay/core"
 	"github.com/relayq/relay/internal/eager"
@@ -81,14 +82,21 @@ func RunNow[In, Out any](ctx context.Context, c *core.Client, wf *Workflow[In, O
 		// The id policies decide on the run that holds the id, and a
 		// deadline is written with the run, which the eager insert does
 		// not do: start it as Start does, and wait.
-		return startQueued[Out](ctx, reg, wf.name, input, o, prod)
+		return startQueued[Out](ctx, reg, reg.tracer, wf.name, input, o, prod)
 	}
 	sink := &eagerSink{runID: o.ID}
 	cl, err := insertEager(context.WithValue(ctx, eagerKey{}, sink), c, reg, wf.name, input, o)
+	var held *idHeld
 	switch {
+	case errors.As(err, &held):
+		// The eager statement's root span stands for this start: the
+		// queued start joins it, so the caller's trace has one root span.
+		defer held.span.End()
+		reg.logger.Debug("relay: eager start found the run's id held; starting the run queued", "run_id", o.ID, "workflow", wf.name, "reason", err)
+		return startQueued[Out](trace.ContextWithSpan(ctx, held.span), reg, currentSpan{}, wf.name, input, o, prod)
 	case errors.Is(err, eager.ErrUnavailable):
 		reg.logger.Debug("relay: eager start unavailable; starting the run queued", "run_id", o.ID, "workflow", wf.name, "reason", err)
-		return startQueued[Out](ctx, reg, wf.name, input, o, prod)
+		return startQueued[Out](ctx, reg, reg.tracer, wf.name, input, o, prod)
 	case errors.Is(err, errRunExists):
 		var holder, parentID string // a run with a parent is no eager caller's
 		var parentPos *int
@@ -111,12 +119,12 @@ func RunNow[In, Out any](ctx context.Context, c *core.Client, wf *Workflow[In, O
 	return result[Out](ctx, reg.pool, o.ID, &reg.waiter)
 }
 
-// startQueued starts run o as Start does, its job counted and spanned as
-// an enqueue of the client whose telemetry prod is (the claimed path's
-// jobinsert.BeginFor), and waits for its result: RunNow's start when the
-// client cannot take the run now.
-func startQueued[Out any](ctx context.Context, reg *Registry, name string, input []byte, o StartOpts, prod eager.Producer) (Out, error) {
-	_, _, err := startRun(ctx, reg.pool, reg.tracer, prod, name, input, &o, nil)
+// startQueued starts run o as Start does, its root span from tracer, its
+// job counted and spanned as an enqueue of the client whose telemetry prod
+// is (the claimed path's jobinsert.BeginFor), and waits for its result:
+// RunNow's start when the client cannot take the run now.
+func startQueued[Out any](ctx context.Context, reg *Registry, tracer trace.Tracer, name string, input []byte, o StartOpts, prod eager.Producer) (Out, error) {
+	_, _, err := startRun(ctx, reg.pool, tracer, prod, name, input, &o, nil)
 	if err = reg.explainMissingSchema(ctx, name, err); err != nil {
 		var zero Out
 		return zero, err
@@ -258,7 +266,12 @@ func insertEager(ctx context.Context, c *core.Client, reg *Registry, name string
 	ctx, span := reg.tracer.Start(ctx, "workflow "+name, trace.WithAttributes(
 		attribute.String("relay.workflow.name", name), attribute.String("relay.workflow.run_id", o.ID),
 		attribute.Bool("relay.workflow.eager", true)))
-	defer span.End()
+	keepSpan := false // handed to the queued start that follows (idHeld)
+	defer func() {
+		if !keepSpan {
+			span.End()
+		}
+	}()
 	fail := func(err error) (eager.Job[*core.JobRow], error) {
 		lent.Release()
 		span.RecordError(err)
@@ -310,10 +323,13 @@ func insertEager(ctx context.Context, c *core.Client, reg *Registry, name string
 	case errors.As(a.err, &pgErr) && pgErr.Code == "55P03":
 		// The run's id is locked by a start not yet committed: the caller
 		// waits for it with a queued start, which waits under ctx and
-		// holds no worker slot meanwhile.
+		// holds no worker slot meanwhile, under this span.
 		job.Done(0, nil)
 		lent.Release()
-		return eager.Job[*core.JobRow]{}, fmt.Errorf("%w: %v", eager.ErrUnavailable, a.err)
+		span.SetAttributes(attribute.Bool("relay.workflow.eager", false))
+		span.AddEvent("run id held by a start not yet committed: starting the run queued")
+		keepSpan = true
+		return eager.Job[*core.JobRow]{}, &idHeld{span: span, err: a.err}
 	case a.err != nil:
 		// No answer (the bound, a broken connection) may hide a commit:
 		// the run, if written, is found by its id.
@@ -329,6 +345,30 @@ func insertEager(ctx context.Context, c *core.Client, reg *Registry, name string
 		return eager.Job[*core.JobRow]{ID: a.id}, nil
 	}
 	return lent.Adopt(ctx, a.id, job.Row(), *a.at), nil
+}
+
+// idHeld is insertEager's answer when the run's id was locked by a start
+// not yet committed (55P03): nothing was written, and span, the run's root
+// span, is still open for the queued start that follows (RunNow), which
+// ends it.
+type idHeld struct {
+	span trace.Span
+	err  error
+}
+
+func (e *idHeld) Error() string {
+	return "run id held by a start not yet committed: " + e.err.Error()
+}
+
+func (e *idHeld) Unwrap() error { return e.err }
+
+// currentSpan is a tracer whose spans are the context's own: a start made
+// under a span that already stands for the run (RunNow's queued start after
+// its eager statement found the id held) adds no second root span.
+type currentSpan struct{ embedded.Tracer }
+
+func (currentSpan) Start(ctx context.Context, _ string, _ ...trace.SpanStartOption) (context.Context, trace.Span) {
+	return ctx, trace.SpanFromContext(ctx)
 }
 
 // eagerStatementBound bounds the round trip of an eager start's statement,

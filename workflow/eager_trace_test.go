@@ -1,0 +1,97 @@
+package workflow_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/relayq/relay/core"
+	"github.com/relayq/relay/testkit/testdb"
+	"github.com/relayq/relay/workflow"
+)
+
+// A RunNow whose eager statement finds the run's id held by a start not
+// yet committed falls back to a queued start, and that start joins the
+// eager attempt's root span: the caller's start is one root span (marked
+// not eager, with the fallback as an event), not two.
+func TestEagerHeldIDFallbackIsOneRootSpan(t *testing.T) {
+	t.Parallel()
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	url := testdb.URL(t)
+	pool := openSide(t, url)
+	reg := workflow.NewRegistry(pool, &workflow.Config{TracerProvider: tp})
+	b := &bundle{t: t, pool: pool, reg: reg}
+	wf := workflow.MustRegister(reg, "eager.held", func(wctx workflow.Context, in int) (int, error) { return in, nil })
+	c := b.startWith(&core.Config{ID: "eager-held"})
+	ctx := callerCtx(t)
+
+	// The id held by an open start on another pool (the same registry's
+	// tracer: that start has its own root span).
+	tx, err := openSide(t, url).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := workflow.Start(ctx, tx, wf, 7, &workflow.StartOpts{ID: "held"}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	var out int
+	go func() {
+		var err error
+		out, err = workflow.RunNow(ctx, c, wf, 8, &workflow.StartOpts{ID: "held"})
+		done <- err
+	}()
+	// Wait until the queued start (startRun's statement, which names
+	// deadline_at; the eager one does not) waits for the held id's lock.
+	for {
+		var waiting bool
+		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO relay_workflow_runs%deadline_at%')`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("RunNow returned before the held start committed: %d, %v", out, err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil || out != 7 {
+		t.Fatalf("RunNow: %d, %v; want the held run's 7", out, err)
+	}
+	var roots []sdktrace.ReadOnlySpan
+	for _, s := range rec.Ended() {
+		if s.Name() == "workflow eager.held" && !s.Parent().IsValid() {
+			roots = append(roots, s)
+		}
+	}
+	if len(roots) != 2 {
+		t.Fatalf("%d root spans named %q, want 2 (the held start's and RunNow's)", len(roots), "workflow eager.held")
+	}
+	var fallback sdktrace.ReadOnlySpan
+	for _, s := range roots {
+		for _, e := range s.Events() {
+			if e.Name == "run id held by a start not yet committed: starting the run queued" {
+				fallback = s
+			}
+		}
+	}
+	if fallback == nil {
+		t.Fatal("no root span records the fallback to a queued start")
+	}
+	for _, a := range fallback.Attributes() {
+		if a.Key == "relay.workflow.eager" && a.Value.AsBool() {
+			t.Error("the fallback's root span is marked eager")
+		}
+	}
+}
