@@ -3,7 +3,6 @@ package workflow_test
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -45,7 +44,8 @@ func TestEagerLockTimeoutStaysInTheStatement(t *testing.T) {
 				}
 			}
 			// A 55P03: the id held by an open start on another pool.
-			tx, err := openSide(t, direct).Begin(ctx)
+			side := openSide(t, direct)
+			tx, err := side.Begin(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -55,7 +55,7 @@ func TestEagerLockTimeoutStaysInTheStatement(t *testing.T) {
 			}
 			done := make(chan error, 1)
 			go func() { _, err := workflow.RunNow(ctx, c, wf, 8, &workflow.StartOpts{ID: "lt-held"}); done <- err }()
-			time.Sleep(500 * time.Millisecond) // past the eager statement's 100 ms
+			waitForQueuedStartBlocked(t, ctx, side, done)
 			if err := tx.Commit(ctx); err != nil {
 				t.Fatal(err)
 			}

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
@@ -46,23 +47,7 @@ func TestEagerHeldIDFallbackIsOneRootSpan(t *testing.T) {
 		out, err = workflow.RunNow(ctx, c, wf, 8, &workflow.StartOpts{ID: "held"})
 		done <- err
 	}()
-	// Wait until the queued start (startRun's statement, which names
-	// deadline_at; the eager one does not) waits for the held id's lock.
-	for {
-		var waiting bool
-		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO relay_workflow_runs%deadline_at%')`).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		if waiting {
-			break
-		}
-		select {
-		case err := <-done:
-			t.Fatalf("RunNow returned before the held start committed: %d, %v", out, err)
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+	waitForQueuedStartBlocked(t, ctx, pool, done)
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -92,6 +77,32 @@ func TestEagerHeldIDFallbackIsOneRootSpan(t *testing.T) {
 	for _, a := range fallback.Attributes() {
 		if a.Key == "relay.workflow.eager" && a.Value.AsBool() {
 			t.Error("the fallback's root span is marked eager")
+		}
+	}
+}
+
+// waitForQueuedStartBlocked waits until a queued start (startRun's
+// statement, which names deadline_at; the eager one does not) waits for a
+// lock, as RunNow's does after its eager statement found the run's id held,
+// reading pg_stat_activity on pool (which must have a connection free). It
+// fails the test if done (RunNow's answer) comes first or ctx ends.
+func waitForQueuedStartBlocked(t *testing.T, ctx context.Context, pool *pgxpool.Pool, done <-chan error) {
+	t.Helper()
+	for {
+		var waiting bool
+		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO relay_workflow_runs%deadline_at%')`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			return
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("RunNow returned before the held start committed: %v", err)
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		case <-time.After(10 * time.Millisecond):
 		}
 	}
 }
