@@ -62,7 +62,6 @@ func TestEagerStopDuringAnInsertWhoseCallerLeft(t *testing.T) {
 	b.waitFor("the statement committed", func() bool {
 		return b.count(`SELECT count(*) FROM relay_workflow_runs WHERE id = 'slow'`) == 1
 	})
-	time.Sleep(time.Second) // the background settlement runs
 	claimed := b.count(`SELECT count(*) FROM relay_jobs j JOIN relay_workflow_runs r ON r.job_id = j.id
 		WHERE r.id = 'slow' AND j.state = 'claimed' AND j.lease_expires_at > now()`)
 	if stopErr == nil && claimed == 1 {
