@@ -82,7 +82,7 @@ func RunNow[In, Out any](ctx context.Context, c *core.Client, wf *Workflow[In, O
 		// The id policies decide on the run that holds the id, and a
 		// deadline is written with the run, which the eager insert does
 		// not do: start it as Start does, and wait.
-		return startQueued[Out](ctx, reg, reg.tracer, wf.name, input, o, prod)
+		return startQueued[Out](ctx, reg, wf.name, input, o, prod)
 	}
 	sink := &eagerSink{runID: o.ID}
 	cl, err := insertEager(context.WithValue(ctx, eagerKey{}, sink), c, reg, wf.name, input, o)
@@ -90,13 +90,25 @@ func RunNow[In, Out any](ctx context.Context, c *core.Client, wf *Workflow[In, O
 	switch {
 	case errors.As(err, &held):
 		// The eager statement's root span stands for this start: the
-		// queued start joins it, so the caller's trace has one root span.
-		defer held.span.End()
+		// queued start joins it (currentSpan), so the caller's trace has
+		// one root span, which ends here, once the start is written.
 		reg.logger.Debug("relay: eager start found the run's id held; starting the run queued", "run_id", o.ID, "workflow", wf.name, "reason", err)
-		return startQueued[Out](trace.ContextWithSpan(ctx, held.span), reg, currentSpan{}, wf.name, input, o, prod)
+		err := func() error {
+			defer held.span.End()
+			_, _, err := startRun(trace.ContextWithSpan(ctx, held.span), reg.pool, currentSpan{}, prod, wf.name, input, &o, nil)
+			if err != nil {
+				held.span.RecordError(err)
+				held.span.SetStatus(codes.Error, err.Error())
+			}
+			return err
+		}()
+		if err = reg.explainMissingSchema(ctx, wf.name, err); err != nil {
+			return zero, err
+		}
+		return result[Out](ctx, reg.pool, o.ID, &reg.waiter)
 	case errors.Is(err, eager.ErrUnavailable):
 		reg.logger.Debug("relay: eager start unavailable; starting the run queued", "run_id", o.ID, "workflow", wf.name, "reason", err)
-		return startQueued[Out](ctx, reg, reg.tracer, wf.name, input, o, prod)
+		return startQueued[Out](ctx, reg, wf.name, input, o, prod)
 	case errors.Is(err, errRunExists):
 		var holder, parentID string // a run with a parent is no eager caller's
 		var parentPos *int
@@ -119,12 +131,12 @@ func RunNow[In, Out any](ctx context.Context, c *core.Client, wf *Workflow[In, O
 	return result[Out](ctx, reg.pool, o.ID, &reg.waiter)
 }
 
-// startQueued starts run o as Start does, its root span from tracer, its
-// job counted and spanned as an enqueue of the client whose telemetry prod
-// is (the claimed path's jobinsert.BeginFor), and waits for its result:
-// RunNow's start when the client cannot take the run now.
-func startQueued[Out any](ctx context.Context, reg *Registry, tracer trace.Tracer, name string, input []byte, o StartOpts, prod eager.Producer) (Out, error) {
-	_, _, err := startRun(ctx, reg.pool, tracer, prod, name, input, &o, nil)
+// startQueued starts run o as Start does, its job counted and spanned as
+// an enqueue of the client whose telemetry prod is (the claimed path's
+// jobinsert.BeginFor), and waits for its result: RunNow's start when the
+// client cannot take the run now.
+func startQueued[Out any](ctx context.Context, reg *Registry, name string, input []byte, o StartOpts, prod eager.Producer) (Out, error) {
+	_, _, err := startRun(ctx, reg.pool, reg.tracer, prod, name, input, &o, nil)
 	if err = reg.explainMissingSchema(ctx, name, err); err != nil {
 		var zero Out
 		return zero, err
@@ -349,8 +361,7 @@ func insertEager(ctx context.Context, c *core.Client, reg *Registry, name string
 
 // idHeld is insertEager's answer when the run's id was locked by a start
 // not yet committed (55P03): nothing was written, and span, the run's root
-// span, is still open for the queued start that follows (RunNow), which
-// ends it.
+// span, is still open for the queued start that follows; RunNow ends it.
 type idHeld struct {
 	span trace.Span
 	err  error
@@ -364,12 +375,19 @@ func (e *idHeld) Unwrap() error { return e.err }
 
 // currentSpan is a tracer whose spans are the context's own: a start made
 // under a span that already stands for the run (RunNow's queued start after
-// its eager statement found the id held) adds no second root span.
+// its eager statement found the id held) adds no second root span. The
+// context must carry that span (without one, the start's trace context is
+// empty); the span's owner ends it, not the start (unended).
 type currentSpan struct{ embedded.Tracer }
 
 func (currentSpan) Start(ctx context.Context, _ string, _ ...trace.SpanStartOption) (context.Context, trace.Span) {
-	return ctx, trace.SpanFromContext(ctx)
+	return ctx, unended{trace.SpanFromContext(ctx)}
 }
+
+// unended is a span whose End is its owner's to call (currentSpan).
+type unended struct{ trace.Span }
+
+func (unended) End(...trace.SpanEndOption) {}
 
 // eagerStatementBound bounds the round trip of an eager start's statement,
 // which its caller's context does not cancel (insertEager). Its lock

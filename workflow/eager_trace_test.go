@@ -2,10 +2,13 @@ package workflow_test
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
@@ -81,17 +84,66 @@ func TestEagerHeldIDFallbackIsOneRootSpan(t *testing.T) {
 	}
 }
 
+// The same fallback, its caller's ctx ending while the queued start waits
+// for the held id: RunNow returns the ctx's error, and the one root span
+// says the start failed (it ended with the start, before RunNow returned).
+func TestEagerHeldIDFallbackFailureMarksTheSpan(t *testing.T) {
+	t.Parallel()
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	url := testdb.URL(t)
+	pool := openSide(t, url)
+	reg := workflow.NewRegistry(pool, &workflow.Config{TracerProvider: tp})
+	b := &bundle{t: t, pool: pool, reg: reg}
+	wf := workflow.MustRegister(reg, "eager.heldgone", func(wctx workflow.Context, in int) (int, error) { return in, nil })
+	c := b.startWith(&core.Config{ID: "eager-heldgone"})
+	ctx := callerCtx(t)
+	tx, err := openSide(t, url).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := workflow.Start(ctx, tx, wf, 7, &workflow.StartOpts{ID: "held"}); err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := workflow.RunNow(runCtx, c, wf, 8, &workflow.StartOpts{ID: "held"})
+		done <- err
+	}()
+	waitForQueuedStartBlocked(t, ctx, pool, done)
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("RunNow: %v, want context.Canceled", err)
+	}
+	var fallback sdktrace.ReadOnlySpan
+	for _, s := range rec.Ended() {
+		if s.Name() == "workflow eager.heldgone" && !s.Parent().IsValid() && len(s.Events()) > 0 {
+			fallback = s
+		}
+	}
+	if fallback == nil {
+		t.Fatal("no ended root span of RunNow's start")
+	}
+	if st := fallback.Status(); st.Code != codes.Error || !strings.Contains(st.Description, "context canceled") {
+		t.Fatalf("the failed start's root span has status %v %q, want an error naming the ctx's end", st.Code, st.Description)
+	}
+}
+
 // waitForQueuedStartBlocked waits until a queued start (startRun's
 // statement, which names deadline_at; the eager one does not) waits for a
 // lock, as RunNow's does after its eager statement found the run's id held,
-// reading pg_stat_activity on pool (which must have a connection free). It
+// reading pg_stat_activity on pool (which must have a connection free; only
+// its database's statements count: other tests share the cluster). It
 // fails the test if done (RunNow's answer) comes first or ctx ends.
 func waitForQueuedStartBlocked(t *testing.T, ctx context.Context, pool *pgxpool.Pool, done <-chan error) {
 	t.Helper()
 	for {
 		var waiting bool
 		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO relay_workflow_runs%deadline_at%')`).Scan(&waiting); err != nil {
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO relay_workflow_runs%deadline_at%')`).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
 		if waiting {
