@@ -132,6 +132,41 @@ func TestEagerHeldIDFallbackFailureMarksTheSpan(t *testing.T) {
 	}
 }
 
+// A start that replaces a finished run of its id (IDReuseAllow) is one
+// span, as any start: the new run's insert joins the span of the start
+// that found and deleted the old one, and the new run's trace is that
+// span's.
+func TestReplacingStartIsOneSpan(t *testing.T) {
+	t.Parallel()
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	pool := testdb.New(t)
+	reg := workflow.NewRegistry(pool, &workflow.Config{TracerProvider: tp})
+	b := &bundle{t: t, pool: pool, reg: reg}
+	wf := workflow.MustRegister(reg, "reuse", func(wctx workflow.Context, in int) (int, error) { return in, nil })
+	c := b.start()
+	ctx := callerCtx(t)
+	for i, reuse := range []workflow.IDReusePolicy{workflow.IDReuseRefuse, workflow.IDReuseAllow} {
+		if out, err := workflow.RunNow(ctx, c, wf, i, &workflow.StartOpts{ID: "r", IDReuse: reuse}); err != nil || out != i {
+			t.Fatalf("RunNow %d: %d, %v", i, out, err)
+		}
+	}
+	var starts []sdktrace.ReadOnlySpan
+	for _, s := range rec.Ended() {
+		if s.Name() == "workflow reuse" {
+			starts = append(starts, s)
+		}
+	}
+	if len(starts) != 2 {
+		t.Fatalf("%d spans named %q for two starts, want 2", len(starts), "workflow reuse")
+	}
+	for _, s := range starts {
+		if s.Parent().IsValid() {
+			t.Errorf("a start's span has a parent (%s): a start nested in another", s.Parent().SpanID())
+		}
+	}
+}
+
 // waitForQueuedStartBlocked waits until a queued start (startRun's
 // statement, which names deadline_at; the eager one does not) waits for a
 // lock, as RunNow's does after its eager statement found the run's id held,

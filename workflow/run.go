@@ -247,10 +247,11 @@ func startRun(ctx context.Context, db core.DB, tracer trace.Tracer, prod eager.P
 	if replaced {
 		// The old run is gone, in this transaction: start the new one (the
 		// id is free now; a start racing this one waits for the delete's
-		// row lock, then finds the new run).
+		// row lock, then finds the new run), under this start's span: one
+		// root span per start.
 		again := o
 		again.IDConflict, again.IDReuse = IDConflictUseExisting, IDReuseUseExisting
-		return startRun(ctx, db, tracer, prod, name, input, &again, nil)
+		return startRun(ctx, db, currentSpan{}, prod, name, input, &again, nil)
 	}
 	return o.ID, existing, nil
 }
