@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -23,34 +24,16 @@ import (
 // not eager, with the fallback as an event), not two.
 func TestEagerHeldIDFallbackIsOneRootSpan(t *testing.T) {
 	t.Parallel()
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	url := testdb.URL(t)
-	pool := openSide(t, url)
-	reg := workflow.NewRegistry(pool, &workflow.Config{TracerProvider: tp})
-	b := &bundle{t: t, pool: pool, reg: reg}
-	wf := workflow.MustRegister(reg, "eager.held", func(wctx workflow.Context, in int) (int, error) { return in, nil })
-	c := b.startWith(&core.Config{ID: "eager-held"})
-	ctx := callerCtx(t)
-
-	// The id held by an open start on another pool (the same registry's
-	// tracer: that start has its own root span).
-	tx, err := openSide(t, url).Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(context.Background())
-	if _, err := workflow.Start(ctx, tx, wf, 7, &workflow.StartOpts{ID: "held"}); err != nil {
-		t.Fatal(err)
-	}
+	h := holdRunID(t, "eager.held")
+	ctx, tx := h.ctx, h.tx
 	done := make(chan error, 1)
 	var out int
 	go func() {
 		var err error
-		out, err = workflow.RunNow(ctx, c, wf, 8, &workflow.StartOpts{ID: "held"})
+		out, err = workflow.RunNow(ctx, h.c, h.wf, 8, &workflow.StartOpts{ID: "held"})
 		done <- err
 	}()
-	waitForQueuedStartBlocked(t, ctx, pool, done)
+	waitForQueuedStartBlocked(t, ctx, h.pool, done)
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +41,7 @@ func TestEagerHeldIDFallbackIsOneRootSpan(t *testing.T) {
 		t.Fatalf("RunNow: %d, %v; want the held run's 7", out, err)
 	}
 	var roots []sdktrace.ReadOnlySpan
-	for _, s := range rec.Ended() {
+	for _, s := range h.rec.Ended() {
 		if s.Name() == "workflow eager.held" && !s.Parent().IsValid() {
 			roots = append(roots, s)
 		}
@@ -89,37 +72,22 @@ func TestEagerHeldIDFallbackIsOneRootSpan(t *testing.T) {
 // says the start failed (it ended with the start, before RunNow returned).
 func TestEagerHeldIDFallbackFailureMarksTheSpan(t *testing.T) {
 	t.Parallel()
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	url := testdb.URL(t)
-	pool := openSide(t, url)
-	reg := workflow.NewRegistry(pool, &workflow.Config{TracerProvider: tp})
-	b := &bundle{t: t, pool: pool, reg: reg}
-	wf := workflow.MustRegister(reg, "eager.heldgone", func(wctx workflow.Context, in int) (int, error) { return in, nil })
-	c := b.startWith(&core.Config{ID: "eager-heldgone"})
-	ctx := callerCtx(t)
-	tx, err := openSide(t, url).Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(context.Background())
-	if _, err := workflow.Start(ctx, tx, wf, 7, &workflow.StartOpts{ID: "held"}); err != nil {
-		t.Fatal(err)
-	}
+	h := holdRunID(t, "eager.heldgone")
+	ctx := h.ctx
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		_, err := workflow.RunNow(runCtx, c, wf, 8, &workflow.StartOpts{ID: "held"})
+		_, err := workflow.RunNow(runCtx, h.c, h.wf, 8, &workflow.StartOpts{ID: "held"})
 		done <- err
 	}()
-	waitForQueuedStartBlocked(t, ctx, pool, done)
+	waitForQueuedStartBlocked(t, ctx, h.pool, done)
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("RunNow: %v, want context.Canceled", err)
 	}
 	var fallback sdktrace.ReadOnlySpan
-	for _, s := range rec.Ended() {
+	for _, s := range h.rec.Ended() {
 		if s.Name() == "workflow eager.heldgone" && !s.Parent().IsValid() && len(s.Events()) > 0 {
 			fallback = s
 		}
@@ -165,6 +133,43 @@ func TestReplacingStartIsOneSpan(t *testing.T) {
 			t.Errorf("a start's span has a parent (%s): a start nested in another", s.Parent().SpanID())
 		}
 	}
+}
+
+// heldRunID is a workflow whose run "held" is started, not committed, in tx
+// on another pool, with spans recorded by rec, and a client c executing it.
+type heldRunID struct {
+	ctx  context.Context
+	pool *pgxpool.Pool
+	rec  *tracetest.SpanRecorder
+	wf   *workflow.Workflow[int, int]
+	c    *core.Client
+	tx   pgx.Tx
+}
+
+// holdRunID registers workflow name (its output its input), starts its
+// client, and holds run id "held" with a start of input 7 in an open
+// transaction (rolled back at the test's end), the same registry's tracer
+// spanning that start too.
+func holdRunID(t *testing.T, name string) heldRunID {
+	t.Helper()
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	url := testdb.URL(t)
+	pool := openSide(t, url)
+	reg := workflow.NewRegistry(pool, &workflow.Config{TracerProvider: tp})
+	b := &bundle{t: t, pool: pool, reg: reg}
+	wf := workflow.MustRegister(reg, name, func(wctx workflow.Context, in int) (int, error) { return in, nil })
+	c := b.startWith(&core.Config{ID: name})
+	ctx := callerCtx(t)
+	tx, err := openSide(t, url).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tx.Rollback(context.Background()) }) //nolint:errcheck
+	if _, err := workflow.Start(ctx, tx, wf, 7, &workflow.StartOpts{ID: "held"}); err != nil {
+		t.Fatal(err)
+	}
+	return heldRunID{ctx: ctx, pool: pool, rec: rec, wf: wf, c: c, tx: tx}
 }
 
 // waitForQueuedStartBlocked waits until a queued start (startRun's
