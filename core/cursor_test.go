@@ -63,10 +63,11 @@ func TestUrgentJobDuringDrain(t *testing.T) {
 	}
 }
 
-// A drain's claims from its cursor stop at the end of the cursor's
+// A drain's walks from its cursor stop at the end of the cursor's
 // priority (walkClaimStatement); the next priority's jobs notify nobody
-// again, so the claim that finds its priority's end is followed by one
-// from the front at once. Polling is off here, and the jobs of priorities
+// again, so the walk that finds its priority's end is followed by a claim
+// from the front at once. A claim of one job from the cursor, as here,
+// reads every priority after it instead (see queue.claim). Polling is off here, and the jobs of priorities
 // 1 to 3 are inserted behind the API, with no notification, once the
 // client listens: one job enqueued through the API (priority 0) starts
 // the drain. Without that claim the drain stopped after priority 1.
