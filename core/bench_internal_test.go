@@ -42,7 +42,7 @@ func BenchmarkClaimComplete(b *testing.B) {
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				t0 := nanotime()
-				rows, _, err := q.claim(ctx, n, nil)
+				rows, err := q.claim(ctx, n, nil)
 				if err != nil || len(rows) != n {
 					b.Fatalf("claim: %d rows, %v", len(rows), err)
 				}

@@ -37,7 +37,7 @@ func enqueueFloor(t *testing.T, pool *pgxpool.Pool, o EnqueueOpts) int64 {
 
 func claimIDs(t *testing.T, q *queue) []int64 {
 	t.Helper()
-	rows, _, err := q.claim(context.Background(), 10, nil)
+	rows, err := q.claim(context.Background(), 10, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +87,7 @@ func TestClaimFloorStaysBeforeBlockedKey(t *testing.T) {
 	past := time.Now().Add(-time.Hour)
 	first := enqueueFloor(t, pool, EnqueueOpts{Queue: q.name, RunAt: past, OrderingKey: "k"})
 	second := enqueueFloor(t, pool, EnqueueOpts{Queue: q.name, RunAt: past, OrderingKey: "k"})
-	rows, _, err := q.claim(ctx, 10, nil)
+	rows, err := q.claim(ctx, 10, nil)
 	if err != nil || len(rows) != 1 || rows[0].ID != first {
 		t.Fatalf("first claim: %v, %v; want job %d alone", rows, err, first)
 	}
@@ -168,7 +168,7 @@ func TestClaimFloorKeeper(t *testing.T) {
 
 	behind := enqueueFloor(t, pool, EnqueueOpts{Queue: q.name, RunAt: time.Now().Add(-time.Hour)})
 	testdb.WaitFor(t, "the job behind the floor to be claimed", func() bool {
-		rows, _, err := q.claim(ctx, 10, nil)
+		rows, err := q.claim(ctx, 10, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

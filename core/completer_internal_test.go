@@ -84,7 +84,7 @@ func TestCompleterGathersWhatCameDuringAWrite(t *testing.T) {
 	for range 4 {
 		enqueueFloor(t, pool, EnqueueOpts{Queue: q.name})
 	}
-	rows, _, err := q.claim(ctx, 10, nil)
+	rows, err := q.claim(ctx, 10, nil)
 	if err != nil || len(rows) != 4 {
 		t.Fatalf("claim: %d rows, %v; want 4", len(rows), err)
 	}

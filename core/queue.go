@@ -109,11 +109,6 @@ func (q *queue) run(ctx, workCtx context.Context) {
 		if q.rescan.Swap(false) {
 			cursor = nil
 		}
-		// front: a short walk from a drain's cursor is followed by a claim
-		// from the front, at once: the walk stops at the end of its
-		// cursor's priority's due range (walkClaimStatement), and the
-		// queued jobs of the priorities after it notify nobody again.
-		front := false
 		for ctx.Err() == nil {
 			free := q.max + q.prefetch - int(q.active.Load())
 			if free <= 0 {
@@ -127,7 +122,7 @@ func (q *queue) run(ctx, workCtx context.Context) {
 			// is sent: the local lease deadline counts from here.
 			sent := time.Now()
 			lastClaim = sent
-			rows, walked, err := q.claim(claimCtx, limit, cursor)
+			rows, err := q.claim(claimCtx, limit, cursor)
 			cancel()
 			if err != nil {
 				if ctx.Err() != nil {
@@ -201,10 +196,6 @@ func (q *queue) run(ctx, workCtx context.Context) {
 			}
 			leases.seal()
 			if len(rows) < limit {
-				if walked && !front {
-					front = true // cursor is nil: the next claim is from the front
-					continue
-				}
 				break
 			}
 		}
@@ -235,15 +226,11 @@ func (q *queue) coalesce(ctx context.Context, lastClaim time.Time) bool {
 	return true
 }
 
-// claim claims up to limit jobs, from after when not nil (a drain's
-// cursor). walked says the claim was a walk of after's priority only
-// (walkClaimStatement): a short one leaves the priorities after it unread.
-func (q *queue) claim(ctx context.Context, limit int, after *claimCursor) (rows []*JobRow, walked bool, err error) {
+func (q *queue) claim(ctx context.Context, limit int, after *claimCursor) ([]*JobRow, error) {
 	c := q.client
 	c.stats.claims.Add(1)
 	if q.limits.apply(ctx, c, q.name) {
-		rows, err := q.claimLimited(ctx, limit)
-		return rows, false, err
+		return q.claimLimited(ctx, limit)
 	}
 	sql, args := sqlClaim, []any{q.name, limit, c.cfg.LeaseDuration.Milliseconds(), c.cfg.ID, leaseToken(uuid.New())}
 	if c.cfg.SynchronousClaims {
@@ -256,32 +243,21 @@ func (q *queue) claim(ctx context.Context, limit int, after *claimCursor) (rows 
 		if c.cfg.SynchronousClaims {
 			sql = sqlClaimFromSync
 		}
-	case after != nil && limit == 1:
-		// One job from a cursor, over every priority after it, as from
-		// the floor: a one-slot queue's every claim that finds work is
-		// full, so its claim after each job is from the cursor and usually
-		// finds nothing. A walk of the cursor's priority would then need a
-		// claim from the front as well (see run), two statements where
-		// this is one.
-		sql, args = sqlClaimFrom, append(args, int16(after.priority), after.runAt, after.id)
-		if c.cfg.SynchronousClaims {
-			sql = sqlClaimFromSync
-		}
 	case after != nil:
-		// A drain's next claim: the rest of its priority's due range.
+		// A drain's next claim: the rest of its priority's due range,
+		// then the priorities after it.
 		sql, args = walkClaimSQL(c.cfg.SynchronousClaims, limit), append(args, int16(after.priority), after.runAt, after.id)
-		walked = true
 	}
-	res, err := c.own.Query(ctx, sql, args...)
+	rows, err := c.own.Query(ctx, sql, args...)
 	if err != nil {
-		return nil, walked, fmt.Errorf("claim: %w", err)
+		return nil, fmt.Errorf("claim: %w", err)
 	}
-	out, err := scanClaimed(res, c.cfg.ID)
+	out, err := scanClaimed(rows, c.cfg.ID)
 	if err != nil {
-		return nil, walked, err
+		return nil, err
 	}
 	c.stats.claimed.Add(int64(len(out)))
-	return out, walked, nil
+	return out, nil
 }
 
 // execute is an executor goroutine: it runs a claimed job holding a slot,

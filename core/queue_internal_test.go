@@ -10,9 +10,9 @@ import (
 
 // A one-slot queue's every claim that finds work is full, so it keeps a
 // cursor and claims again when the job ends. Fed one job at a time, that
-// claim finds nothing; it must not be followed by a claim from the front
-// as well (a walk of the cursor's priority is: see run). Claims per job:
-// the notification's and the one after the job, two; it was three.
+// claim finds nothing; it reads the priorities after the cursor's itself
+// (walkClaimStatement), so no claim from the front follows it. Claims per
+// job: the notification's and the one after the job, two; it was three.
 // Polling is off, so no claim comes from the clock.
 func TestOneSlotQueueClaimsTwicePerJob(t *testing.T) {
 	t.Parallel()

@@ -85,7 +85,7 @@ func BenchmarkClaimAfterChurn(b *testing.B) {
 				for _, on := range []bool{false, true} {
 					q.floor.set(on, at)
 					t0 := nanotime()
-					rows, _, err := q.claim(ctx, 1, nil)
+					rows, err := q.claim(ctx, 1, nil)
 					if err != nil || len(rows) != 0 {
 						b.Fatalf("claim: %d rows, %v", len(rows), err)
 					}
@@ -123,7 +123,7 @@ func churnJobs(b *testing.B, ctx context.Context, pool *pgxpool.Pool, c *Client,
 		if _, err := pool.Exec(ctx, `INSERT INTO relay_jobs (kind) SELECT 'bench' FROM generate_series(1, $1)`, batch); err != nil {
 			b.Fatal(err)
 		}
-		rows, _, err := q.claim(ctx, batch, after)
+		rows, err := q.claim(ctx, batch, after)
 		if err != nil || len(rows) != batch {
 			b.Fatalf("churn claim: %d rows of %d, %v", len(rows), batch, err)
 		}
