@@ -340,8 +340,6 @@ func (c *Client) loseLease(r *running, why string) {
 
 type counters struct {
 	claimed, succeeded, retried, dead, released, leaseLost, rescued, deleted atomic.Int64
-	// claims counts the claim statements of the queues' fetch loops.
-	claims atomic.Int64
 }
 
 // NewClient returns a client on pool. It validates cfg but does not touch the

@@ -63,13 +63,13 @@ func TestUrgentJobDuringDrain(t *testing.T) {
 	}
 }
 
-// A drain's claim from its cursor walks the cursor's priority's due range
-// and, when that runs short, the priorities after it (walkClaimStatement):
-// the next priority's jobs notify nobody again. Polling is off here, and
-// the jobs of priorities 1 to 3 are inserted behind the API, with no
-// notification, once the client listens: one job enqueued through the
-// API (priority 0) starts the drain. Without a claim of the priorities
-// after the cursor's, the drain stopped after priority 1.
+// A drain's claims from its cursor stop at the end of the cursor's
+// priority (walkClaimStatement); the next priority's jobs notify nobody
+// again, so the claim that finds its priority's end is followed by one
+// from the front at once. Polling is off here, and the jobs of priorities
+// 1 to 3 are inserted behind the API, with no notification, once the
+// client listens: one job enqueued through the API (priority 0) starts
+// the drain. Without that claim the drain stopped after priority 1.
 func TestDrainCrossesPriorities(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)

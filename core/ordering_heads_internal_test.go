@@ -139,9 +139,7 @@ func TestClaimSkipsKeyBacklog(t *testing.T) {
 
 // claimPlansOK fails the test unless sqlClaim and sqlClaimAfter, claiming
 // 10 jobs, read 10 entries of the claim index, filter none out, scan no
-// table, and probe the ordering index probes times. A branch never
-// executed (sqlClaimAfter's priorities after the cursor's, when the walk
-// of its own finds all it asks for) reads nothing.
+// table, and probe the ordering index probes times.
 func claimPlansOK(t *testing.T, pool *pgxpool.Pool, probes int) {
 	t.Helper()
 	for name, sql := range map[string]string{"sqlClaim": sqlClaim, "sqlClaimAfter": sqlClaimAfter} {
@@ -153,12 +151,8 @@ func claimPlansOK(t *testing.T, pool *pgxpool.Pool, probes int) {
 		if !strings.Contains(text, "relay_jobs_claim_idx") || strings.Contains(text, "Seq Scan") {
 			t.Fatalf("%s does not walk the claim index:\n%s", name, text)
 		}
-		probed := false
 		for _, l := range strings.Split(text, "\n") {
-			if strings.Contains(l, "(never executed)") && probes > 0 {
-				continue
-			}
-			if strings.Contains(l, "relay_jobs_claim_idx on relay_jobs c") && !strings.Contains(l, "rows=10 ") && !strings.Contains(l, "(never executed)") {
+			if strings.Contains(l, "relay_jobs_claim_idx on relay_jobs c") && !strings.Contains(l, "rows=10 ") {
 				t.Fatalf("%s: the claim index scan read more than the 10 jobs claimed: %s\n%s", name, l, text)
 			}
 			if strings.Contains(l, "relay_jobs_claim_idx on relay_jobs p") && !strings.Contains(l, "rows=1 ") && !strings.Contains(l, "rows=0 ") {
@@ -175,11 +169,7 @@ func claimPlansOK(t *testing.T, pool *pgxpool.Pool, probes int) {
 				if !strings.Contains(l, want) {
 					t.Fatalf("%s: want the ordering index probed %d times: %s\n%s", name, probes, l, text)
 				}
-				probed = true
 			}
-		}
-		if probes > 0 && !probed {
-			t.Fatalf("%s: want the ordering index probed %d times, it was not:\n%s", name, probes, text)
 		}
 	}
 }

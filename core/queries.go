@@ -104,8 +104,8 @@ const sqlNotifyQueues = jobinsert.SQLNotifyQueues
 //
 // sqlClaimSync and sqlClaimAfterSync commit synchronously
 // (Config.SynchronousClaims); sqlClaimAfter and sqlClaimAfterSync claim
-// from a drain's cursor, in one walk of its priority's due range and
-// then, if short, the priorities after it (see walkClaimStatement); sqlClaimFrom and sqlClaimFromSync from the claim
+// from a drain's cursor, in one walk of its priority's due range (see
+// walkClaimStatement); sqlClaimFrom and sqlClaimFromSync from the claim
 // floor (claimfloor.go), over every priority after it (claimStatement).
 var (
 	sqlClaim          = claimStatement(false, asyncCommit)
@@ -119,23 +119,16 @@ var (
 // walkClaimStatement is the claim from the cursor of a drain ($6
 // priority, $7 run_at, $8 id: the last job of the previous claim, which
 // took all it asked for) as one walk of the claim index over the rest of
-// the cursor's priority's due range: its end is (priority $6, now()), so
-// it never reaches the scheduled jobs behind the due ones. It costs
-// PostgreSQL less per claim than claimStatement's walk over priorities
-// (docs/benchmarks.md, "Cost as the work grows"). Only when that walk
-// finds fewer jobs than asked for does the UNION ALL's second branch run
-// (the LIMIT stops the Append before it otherwise): the priorities after
-// $6, one index probe each, each walked over its due range, as in
-// claimStatement. So a claim that finds fewer jobs than it asks for has
-// read every priority from the cursor on, and the fetch loop needs no
-// claim from the front after it: a one-slot queue's claim after each job
-// (its every claim that finds work is full, so it keeps a cursor) was two
-// statements, this and one from the front, for nothing
-// (TestOneSlotQueueClaimsTwicePerJob). The walk used to go on past the
-// cursor's priority: whenever a backlog ran out it stepped over every
-// scheduled job of that priority (beside 1M scheduled jobs, ~1,400
-// buffers and ~49 ms a claim, and a steady load fell behind:
-// TestClaimBesideScheduledJobs).
+// the cursor's priority's due range, and no further: its end is
+// (priority $6, now()), so it never reaches the scheduled jobs behind the
+// due ones nor the priorities after it. It costs PostgreSQL less per claim
+// than claimStatement's walk over priorities (docs/benchmarks.md, "Cost as
+// the work grows"). A claim that finds fewer jobs than it asks for ends the
+// drain: the fetch loop drops the cursor, and its next claim, from the
+// front, walks the priorities. The walk used to go on past the cursor's
+// priority: whenever a backlog ran out it stepped over every scheduled job
+// of that priority (beside 1M scheduled jobs, ~1,400 buffers and ~49 ms a
+// claim, and a steady load fell behind: TestClaimBesideScheduledJobs).
 //
 // bound, when not 0, is a literal bound on $2 (a claim of at most bound
 // jobs), which lets PostgreSQL keep one plan for the prepared statement.
@@ -147,11 +140,7 @@ var (
 // what any claim of more than bound/2 jobs asks for: the generic plan is
 // chosen after the first five calls and kept (the walk of the claim index
 // and a primary-key probe per picked row, TestWalkClaimKeepsOnePlan). The
-// second branch is bounded by bound as well: unbounded, its estimate (the
-// 101 rows PostgreSQL supposes of a recursive CTE, each a lateral LIMIT
-// $2) made the generic plan dearer than each call's own, and the statement
-// was planned on every call again. The outer LIMIT $2 stops the walk, and
-// its row locks, at $2 rows.
+// outer LIMIT $2 stops the walk, and its row locks, at $2 rows.
 func walkClaimStatement(commit string, bound int) string {
 	walk := `SELECT id
     FROM relay_jobs AS c
@@ -163,46 +152,20 @@ func walkClaimStatement(commit string, bound int) string {
           WHERE e.queue = c.queue AND e.ordering_key = c.ordering_key
             AND e.state IN ('queued', 'claimed', 'dead')))
     ORDER BY run_at, id`
-	limit := "$2"
-	if bound != 0 {
-		limit = strconv.Itoa(bound)
+	if bound == 0 {
+		walk += `
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED`
+	} else {
+		walk = `SELECT id FROM (
+    ` + walk + `
+    LIMIT ` + strconv.Itoa(bound) + `
+    FOR UPDATE SKIP LOCKED) AS c
+    LIMIT $2`
 	}
 	return `
-WITH RECURSIVE prios AS (
-    (SELECT priority FROM relay_jobs AS p
-     WHERE state = 'queued' AND NOT key_waiting AND queue = $1 AND priority > $6::smallint
-     ORDER BY priority, run_at, id
-     LIMIT 1)
-    UNION ALL
-    SELECT (SELECT p.priority FROM relay_jobs AS p
-            WHERE p.state = 'queued' AND NOT p.key_waiting AND p.queue = $1 AND p.priority > prios.priority
-            ORDER BY p.priority
-            LIMIT 1)
-    FROM prios
-    WHERE prios.priority IS NOT NULL
-),
-picked AS (
-    SELECT id FROM (
+WITH picked AS (
     ` + walk + `
-    LIMIT ` + limit + `
-    FOR UPDATE SKIP LOCKED) AS c
-    UNION ALL
-    SELECT id FROM (
-    SELECT c.id
-    FROM (SELECT priority FROM prios LIMIT $2 + 65536) AS prios CROSS JOIN LATERAL (
-        SELECT id
-        FROM relay_jobs AS c
-        WHERE state = 'queued' AND NOT key_waiting AND queue = $1 AND priority = prios.priority AND run_at <= now()
-          AND NOT EXISTS (SELECT 1 FROM relay_queue_pauses WHERE queue = $1)
-          AND (ordering_key IS NULL OR c.id = (
-              SELECT min(e.id) FROM relay_jobs AS e
-              WHERE e.queue = c.queue AND e.ordering_key = c.ordering_key
-                AND e.state IN ('queued', 'claimed', 'dead')))
-        ORDER BY run_at, id
-        LIMIT $2
-        FOR UPDATE SKIP LOCKED) AS c
-    LIMIT ` + limit + `) AS c
-    LIMIT $2
 )
 ` + claimUpdate(4, 5, 3, `FROM picked, `+commit+`
 WHERE j.id = picked.id`)

@@ -109,6 +109,11 @@ func (q *queue) run(ctx, workCtx context.Context) {
 		if q.rescan.Swap(false) {
 			cursor = nil
 		}
+		// front: a short claim from a drain's cursor is followed by one
+		// from the front, at once: the cursor's claim stops at the end of
+		// its priority's due range (walkClaimStatement), and the queued
+		// jobs of the priorities after it notify nobody again.
+		front := false
 		for ctx.Err() == nil {
 			free := q.max + q.prefetch - int(q.active.Load())
 			if free <= 0 {
@@ -122,6 +127,7 @@ func (q *queue) run(ctx, workCtx context.Context) {
 			// is sent: the local lease deadline counts from here.
 			sent := time.Now()
 			lastClaim = sent
+			fromCursor := cursor != nil
 			rows, err := q.claim(claimCtx, limit, cursor)
 			cancel()
 			if err != nil {
@@ -196,6 +202,10 @@ func (q *queue) run(ctx, workCtx context.Context) {
 			}
 			leases.seal()
 			if len(rows) < limit {
+				if fromCursor && !front {
+					front = true // cursor is nil: the next claim is from the front
+					continue
+				}
 				break
 			}
 		}
@@ -228,7 +238,6 @@ func (q *queue) coalesce(ctx context.Context, lastClaim time.Time) bool {
 
 func (q *queue) claim(ctx context.Context, limit int, after *claimCursor) ([]*JobRow, error) {
 	c := q.client
-	c.stats.claims.Add(1)
 	if q.limits.apply(ctx, c, q.name) {
 		return q.claimLimited(ctx, limit)
 	}
@@ -244,8 +253,7 @@ func (q *queue) claim(ctx context.Context, limit int, after *claimCursor) ([]*Jo
 			sql = sqlClaimFromSync
 		}
 	case after != nil:
-		// A drain's next claim: the rest of its priority's due range,
-		// then the priorities after it.
+		// A drain's next claim: the rest of its priority's due range.
 		sql, args = walkClaimSQL(c.cfg.SynchronousClaims, limit), append(args, int16(after.priority), after.runAt, after.id)
 	}
 	rows, err := c.own.Query(ctx, sql, args...)

@@ -55,8 +55,8 @@ func TestClaimBesideScheduledJobs(t *testing.T) {
 		"sqlClaimSync":      {sqlClaimSync, front, 5},
 		"sqlClaimFrom":      {sqlClaimFrom, cursor, 5},
 		"sqlClaimFromSync":  {sqlClaimFromSync, cursor, 5},
-		"sqlClaimAfter":     {sqlClaimAfter, cursor, 5},
-		"sqlClaimAfterSync": {sqlClaimAfterSync, cursor, 5},
+		"sqlClaimAfter":     {sqlClaimAfter, cursor, 3}, // priority 0's only
+		"sqlClaimAfterSync": {sqlClaimAfterSync, cursor, 3},
 	} {
 		sql, args := c.sql, c.args
 		tx, err := pool.Begin(ctx)
